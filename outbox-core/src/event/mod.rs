@@ -1,0 +1,17 @@
+//! The event model (DESIGN.md §3).
+
+mod headers;
+mod id;
+mod limits;
+mod new_event;
+mod payload;
+mod stored;
+mod typed;
+
+pub use headers::Headers;
+pub use id::EventId;
+pub use limits::{EventLimits, InvalidEvent};
+pub use new_event::{NewEvent, NewEventBuilder};
+pub use payload::Payload;
+pub use stored::StoredEvent;
+pub use typed::TypedEvent;

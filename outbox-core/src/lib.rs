@@ -1,0 +1,27 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+pub mod clock;
+mod error;
+pub mod event;
+mod inbox;
+pub mod memory;
+pub mod policy;
+pub mod publisher;
+pub mod relay;
+pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{BoxError, StoreError};
+pub use event::{
+    EventId, EventLimits, Headers, InvalidEvent, NewEvent, Payload, StoredEvent, TypedEvent,
+};
+pub use inbox::InboxStore;
+pub use policy::{Ordering, PoisonPolicy, RetryPolicy};
+pub use publisher::{ErrorClass, PublishError, PublishOutcome, Publisher, PublisherCapabilities};
+pub use relay::{Relay, RelayConfig, RelayReport, WakeUp};
+pub use store::{OutboxAdmin, OutboxStore, OutboxWriter};
+/// Re-exported so callers need not depend on `tokio-util` to stop a relay.
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,501 @@
+//! [`MemoryStore`]: the reference implementation of the store traits.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use super::state::{RowStatus, State};
+use crate::clock::{Clock, SystemClock, elapsed_between};
+use crate::error::StoreError;
+use crate::event::{EventId, EventLimits, NewEvent};
+use crate::relay::WakeUp;
+use crate::store::{
+    AttemptKind, AttemptRecord, BlockedKey, ClaimRequest, ClaimedBatch, EnqueueOutcome, EventState,
+    EventTypeStats, FailedEvent, Lease, Nack, OperatorAction, OutboxAdmin, OutboxStore,
+    OutboxWriter, RelayId, RelayStatus, Release, SettleReport,
+};
+
+/// An outbox held in memory, with the same semantics as the SQL stores.
+/// Clones share the same rows.
+///
+/// For unit tests of code that enqueues and relays, and as the executable
+/// reference the conformance suites are checked against.
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    pub(super) state: Arc<Mutex<State>>,
+    pub(super) clock: Arc<dyn Clock>,
+    limits: EventLimits,
+    enqueued: Arc<watch::Sender<u64>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock with default limits.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// A store on `clock` (e.g. a [`crate::ManualClock`]).
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            state: Arc::default(),
+            clock,
+            limits: EventLimits::default(),
+            enqueued: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    /// Replaces the enqueue limits.
+    pub fn with_limits(mut self, limits: EventLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// A wake-up that fires whenever events are committed to this store.
+    pub fn wake_up(&self) -> MemoryWakeUp {
+        MemoryWakeUp(self.enqueued.subscribe())
+    }
+
+    /// Opens a write transaction: events enqueued in it take their sequence
+    /// now but become visible only at commit, like rows of an open database
+    /// transaction. Dropping it rolls back.
+    pub fn begin_write(&self) -> MemoryWriteTx {
+        MemoryWriteTx {
+            store: self.clone(),
+            staged: Vec::new(),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("memory store lock poisoned")
+    }
+
+    fn validate(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        for event in events {
+            self.limits.check(event)?;
+        }
+        Ok(())
+    }
+
+    fn notify_enqueued(&self) {
+        self.enqueued.send_modify(|n| *n += 1);
+    }
+}
+
+/// Wakes a relay when events are committed to a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemoryWakeUp(watch::Receiver<u64>);
+
+#[async_trait]
+impl WakeUp for MemoryWakeUp {
+    async fn wait(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// An open write transaction on a [`MemoryStore`]; see [`MemoryStore::begin_write`].
+#[derive(Debug)]
+pub struct MemoryWriteTx {
+    store: MemoryStore,
+    staged: Vec<(i64, NewEvent)>,
+}
+
+impl MemoryWriteTx {
+    /// Stages `event`, taking its sequence now. Invalid events are refused.
+    pub fn enqueue(&mut self, event: NewEvent) -> Result<(), StoreError> {
+        self.store.validate(std::slice::from_ref(&event))?;
+        let mut state = self.store.lock();
+        let sequence = state.reserve_sequence();
+        state.open_writes.insert(sequence);
+        self.staged.push((sequence, event));
+        Ok(())
+    }
+
+    /// Makes the staged events visible, in one step.
+    pub fn commit(mut self) -> Vec<EnqueueOutcome> {
+        let staged = std::mem::take(&mut self.staged);
+        let now = self.store.clock.now();
+        let outcomes = {
+            let mut state = self.store.lock();
+            staged
+                .into_iter()
+                .map(|(sequence, event)| {
+                    state.open_writes.remove(&sequence);
+                    state.insert(sequence, sequence, event, now)
+                })
+                .collect()
+        };
+        self.store.notify_enqueued();
+        outcomes
+    }
+}
+
+impl Drop for MemoryWriteTx {
+    fn drop(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let mut state = self.store.lock();
+        for (sequence, _) in &self.staged {
+            state.open_writes.remove(sequence);
+        }
+    }
+}
+
+#[async_trait]
+impl OutboxWriter for MemoryStore {
+    async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        self.validate(events)?;
+        let now = self.clock.now();
+        let outcomes = {
+            let mut state = self.lock();
+            events
+                .iter()
+                .map(|event| {
+                    let sequence = state.reserve_sequence();
+                    state.insert(sequence, sequence, event.clone(), now)
+                })
+                .collect()
+        };
+        self.notify_enqueued();
+        Ok(outcomes)
+    }
+}
+
+#[async_trait]
+impl OutboxStore for MemoryStore {
+    async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
+        let now = self.clock.now();
+        Ok(self.lock().claim(request, now))
+    }
+
+    async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let mut report = SettleReport::default();
+        for lease in leases {
+            match state.leased_row(lease) {
+                Some(row) => {
+                    row.status = RowStatus::Published { at: now };
+                    row.unfinished_claims = 0;
+                    report.applied += 1;
+                }
+                None => report.fenced.push(lease.event_id),
+            }
+        }
+        Ok(report)
+    }
+
+    async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let mut report = SettleReport::default();
+        for nack in nacks {
+            let owner = match state.rows.get(&nack.lease.sequence).map(|r| &r.status) {
+                Some(RowStatus::InFlight { owner, .. }) => owner.to_string(),
+                _ => String::new(),
+            };
+            match state.leased_row(&nack.lease) {
+                Some(row) => {
+                    State::apply_nack(
+                        row,
+                        &nack.action,
+                        nack.error_class,
+                        &nack.error,
+                        &owner,
+                        now,
+                    );
+                    report.applied += 1;
+                }
+                None => report.fenced.push(nack.lease.event_id),
+            }
+        }
+        Ok(report)
+    }
+
+    async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
+        let mut state = self.lock();
+        let mut report = SettleReport::default();
+        for release in releases {
+            match state.leased_row(&release.lease) {
+                Some(row) => {
+                    row.status = RowStatus::Pending;
+                    if !release.attempt_started {
+                        row.unfinished_claims = row.unfinished_claims.saturating_sub(1);
+                    }
+                    report.applied += 1;
+                }
+                None => report.fenced.push(release.lease.event_id),
+            }
+        }
+        drop(state);
+        if report.applied > 0 {
+            self.notify_enqueued();
+        }
+        Ok(report)
+    }
+
+    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        self.lock().relays.insert(relay.clone(), now);
+        Ok(())
+    }
+}
+
+fn state_of(
+    status: &RowStatus,
+    available_at: chrono::DateTime<chrono::Utc>,
+    attempts: u32,
+) -> EventState {
+    match status {
+        RowStatus::Pending => EventState::Pending {
+            available_at,
+            attempts,
+        },
+        RowStatus::InFlight {
+            owner,
+            lease_expires_at,
+        } => EventState::InFlight {
+            owner: owner.to_string(),
+            lease_expires_at: *lease_expires_at,
+        },
+        RowStatus::Published { at } => EventState::Published { published_at: *at },
+        RowStatus::Failed {
+            blocks_key,
+            superseded_by,
+        } => EventState::Failed {
+            blocks_key: *blocks_key,
+            superseded_by: *superseded_by,
+        },
+    }
+}
+
+#[async_trait]
+impl OutboxAdmin for MemoryStore {
+    async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        let mut by_type: std::collections::BTreeMap<&str, EventTypeStats> = Default::default();
+        for row in state.rows.values() {
+            let stats = by_type
+                .entry(row.stored.event_type.as_str())
+                .or_insert_with(|| EventTypeStats {
+                    event_type: row.stored.event_type.clone(),
+                    ..EventTypeStats::default()
+                });
+            match row.status {
+                RowStatus::Pending if row.stored.available_at <= now => {
+                    stats.claimable += 1;
+                    let age = elapsed_between(now, row.stored.available_at);
+                    stats.oldest_claimable_age = stats.oldest_claimable_age.max(Some(age));
+                }
+                RowStatus::Pending => stats.parked += 1,
+                RowStatus::InFlight { .. } => stats.in_flight += 1,
+                RowStatus::Failed { .. } => stats.failed += 1,
+                RowStatus::Published { .. } => {}
+            }
+        }
+        Ok(by_type.into_values().collect())
+    }
+
+    async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
+        let mut state = self.lock();
+        Ok(state
+            .row_by_id(event_id)
+            .map(|row| state_of(&row.status, row.stored.available_at, row.stored.attempts)))
+    }
+
+    async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .rows
+            .values()
+            .filter_map(|row| match &row.status {
+                RowStatus::Failed {
+                    blocks_key,
+                    superseded_by,
+                } => Some(FailedEvent {
+                    event: row.stored.clone(),
+                    blocks_key: *blocks_key,
+                    superseded_by: *superseded_by,
+                    history: row.history.clone(),
+                }),
+                _ => None,
+            })
+            .take(limit)
+            .collect())
+    }
+
+    async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
+        let mut state = self.lock();
+        let row = state
+            .row_by_id(event_id)
+            .ok_or(StoreError::NotFound(event_id))?;
+        Ok(row.history.clone())
+    }
+
+    async fn blocked_keys(&self) -> Result<Vec<BlockedKey>, StoreError> {
+        let state = self.lock();
+        let mut blocked: Vec<BlockedKey> = Vec::new();
+        let mut rows: Vec<_> = state.rows.values().collect();
+        rows.sort_by_key(|r| (r.position, r.stored.sequence));
+        for row in rows {
+            let key = &row.stored.partition_key;
+            if let Some(entry) = blocked.iter_mut().find(|b| &b.partition_key == key) {
+                if matches!(row.status, RowStatus::Pending | RowStatus::InFlight { .. }) {
+                    entry.backlog += 1;
+                }
+                continue;
+            }
+            if let RowStatus::Failed {
+                blocks_key: true, ..
+            } = row.status
+            {
+                blocked.push(BlockedKey {
+                    partition_key: key.clone(),
+                    blocking_event_id: row.stored.event_id,
+                    backlog: 0,
+                });
+            }
+        }
+        Ok(blocked)
+    }
+
+    async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        {
+            let mut state = self.lock();
+            let row = failed_row(&mut state, event_id)?;
+            row.status = RowStatus::Pending;
+            row.stored.attempts = 0;
+            row.stored.available_at = now;
+            row.record(
+                AttemptKind::Requeued,
+                now,
+                &action.operator,
+                None,
+                &action.reason,
+            );
+        }
+        self.notify_enqueued();
+        Ok(())
+    }
+
+    async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        {
+            let mut state = self.lock();
+            let row = failed_row(&mut state, event_id)?;
+            if let RowStatus::Failed { blocks_key, .. } = &mut row.status {
+                *blocks_key = false;
+            }
+            row.record(
+                AttemptKind::Skipped,
+                now,
+                &action.operator,
+                None,
+                &action.reason,
+            );
+        }
+        self.notify_enqueued();
+        Ok(())
+    }
+
+    async fn supersede(
+        &self,
+        event_id: EventId,
+        replacement: NewEvent,
+        action: &OperatorAction,
+    ) -> Result<EnqueueOutcome, StoreError> {
+        self.validate(std::slice::from_ref(&replacement))?;
+        let now = self.clock.now();
+        let outcome = {
+            let mut state = self.lock();
+            let position = failed_row(&mut state, event_id)?.position;
+            let replacement_id = replacement.event_id;
+            let sequence = state.reserve_sequence();
+            let outcome = state.insert(sequence, position, replacement, now);
+            if outcome == EnqueueOutcome::AlreadyExists {
+                return Ok(outcome);
+            }
+            let row = failed_row(&mut state, event_id)?;
+            row.status = RowStatus::Failed {
+                blocks_key: false,
+                superseded_by: Some(replacement_id),
+            };
+            let detail = format!("superseded by {replacement_id}: {}", action.reason);
+            row.record(
+                AttemptKind::Superseded,
+                now,
+                &action.operator,
+                None,
+                &detail,
+            );
+            outcome
+        };
+        self.notify_enqueued();
+        Ok(outcome)
+    }
+
+    async fn purge_published(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let doomed: Vec<(i64, EventId)> = state
+            .rows
+            .values()
+            .filter(|row| match row.status {
+                RowStatus::Published { at } => elapsed_between(now, at) >= older_than,
+                _ => false,
+            })
+            .take(batch_size)
+            .map(|row| (row.stored.sequence, row.stored.event_id))
+            .collect();
+        for (sequence, event_id) in &doomed {
+            state.rows.remove(sequence);
+            state.ids.remove(event_id);
+        }
+        Ok(doomed.len() as u64)
+    }
+
+    async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
+        Ok(self
+            .lock()
+            .relays
+            .iter()
+            .map(|(relay, last_seen)| RelayStatus {
+                relay: relay.to_string(),
+                last_seen: *last_seen,
+            })
+            .collect())
+    }
+}
+
+fn failed_row(state: &mut State, event_id: EventId) -> Result<&mut super::state::Row, StoreError> {
+    let row = state
+        .row_by_id(event_id)
+        .ok_or(StoreError::NotFound(event_id))?;
+    match row.status {
+        RowStatus::Failed {
+            superseded_by: None,
+            ..
+        } => Ok(row),
+        _ => Err(StoreError::WrongState {
+            event_id,
+            actual: state_of(&row.status, row.stored.available_at, row.stored.attempts).name(),
+            expected: "failed (not superseded)",
+        }),
+    }
+}

@@ -1,0 +1,15 @@
+//! The relay state machine (DESIGN.md §4–§6).
+
+mod alert;
+mod batch;
+mod config;
+pub mod metrics;
+mod report;
+mod runner;
+mod wake_up;
+
+pub use alert::{AlertHook, FailedAlert, FailureCause, LogAlert};
+pub use config::{ConfigError, OutagePolicy, RelayConfig};
+pub use report::RelayReport;
+pub use runner::Relay;
+pub use wake_up::{PollOnly, WakeUp};

@@ -1,0 +1,22 @@
+//! What a relay did, returned when it stops.
+
+/// Totals over a relay's run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    /// Events acknowledged as published.
+    pub published: u64,
+    /// Transient failures scheduled for retry.
+    pub retried: u64,
+    /// Events moved to `failed` (permanent, exhausted, crash loop).
+    pub failed: u64,
+    /// Settlements refused because another claim held the row.
+    pub fenced: u64,
+    /// Leases returned without an outcome (outage, shutdown, short lease).
+    pub released: u64,
+    /// Broker outages that paused the relay.
+    pub outages: u64,
+    /// Store errors the relay backed off from.
+    pub store_errors: u64,
+    /// False when shutdown's drain timeout cut the last batch short.
+    pub drained: bool,
+}

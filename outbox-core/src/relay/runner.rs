@@ -1,0 +1,306 @@
+//! The relay loop: claim → publish (outside any transaction) → settle,
+//! pipelined, with an outage circuit and graceful shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::alert::{AlertHook, FailedAlert, FailureCause, LogAlert};
+use super::batch::{BatchEnd, BatchWork};
+use super::config::{ConfigError, RelayConfig};
+use super::metrics;
+use super::report::RelayReport;
+use super::wake_up::{PollOnly, WakeUp};
+use crate::error::StoreError;
+use crate::policy::{PoisonPolicy, RandomSource, SplitMix64};
+use crate::publisher::Publisher;
+use crate::store::{ClaimRequest, ClaimedBatch, OutboxStore, Release};
+
+/// What every step of the loop reads.
+pub(super) struct RelayContext<S: ?Sized, P: ?Sized> {
+    pub(super) config: RelayConfig,
+    pub(super) alert: Arc<dyn AlertHook>,
+    pub(super) random: Arc<dyn RandomSource>,
+    pub(super) store: Arc<S>,
+    pub(super) publisher: Arc<P>,
+}
+
+/// Moves committed events from a store to a broker.
+///
+/// Run as many relays as you like over one store: leases keep them off each
+/// other's events and per-key ordering holds across all of them.
+pub struct Relay<S: ?Sized, P: ?Sized> {
+    ctx: RelayContext<S, P>,
+    wake_up: Box<dyn WakeUp>,
+}
+
+struct Claimed {
+    batch: ClaimedBatch,
+    started: Instant,
+}
+
+impl<S, P> Relay<S, P>
+where
+    S: OutboxStore + ?Sized + 'static,
+    P: Publisher + ?Sized + 'static,
+{
+    /// A relay over `store` and `publisher`; fails on settings that cannot work.
+    pub fn new(store: Arc<S>, publisher: Arc<P>, config: RelayConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            ctx: RelayContext {
+                config,
+                alert: Arc::new(LogAlert),
+                random: Arc::new(SplitMix64::from_entropy()),
+                store,
+                publisher,
+            },
+            wake_up: Box::new(PollOnly),
+        })
+    }
+
+    /// Ends idle waits early on hints from `wake_up`.
+    pub fn with_wake_up(mut self, wake_up: impl WakeUp + 'static) -> Self {
+        self.wake_up = Box::new(wake_up);
+        self
+    }
+
+    /// Called for every event moved to `failed` (default: log it).
+    pub fn with_alert_hook(mut self, alert: impl AlertHook + 'static) -> Self {
+        self.ctx.alert = Arc::new(alert);
+        self
+    }
+
+    /// Replaces the jitter source (tests pin it).
+    pub fn with_random(mut self, random: impl RandomSource + 'static) -> Self {
+        self.ctx.random = Arc::new(random);
+        self
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &RelayConfig {
+        &self.ctx.config
+    }
+
+    /// Runs on a new task until `shutdown` is cancelled and the relay drained.
+    pub fn spawn(self, shutdown: CancellationToken) -> tokio::task::JoinHandle<RelayReport> {
+        tokio::spawn(self.run(shutdown))
+    }
+
+    /// Runs until `shutdown` is cancelled: stops claiming, lets the batch in
+    /// flight finish for up to `drain_timeout`, then releases what is left.
+    pub async fn run(mut self, shutdown: CancellationToken) -> RelayReport {
+        let span = tracing::info_span!("outbox_relay", relay = %self.ctx.config.relay_id);
+        async move {
+            let mut report = RelayReport {
+                drained: true,
+                ..RelayReport::default()
+            };
+            let mut next: Option<Claimed> = None;
+            let mut consecutive_outages = 0u32;
+            let mut consecutive_store_errors = 0u32;
+            let mut last_heartbeat: Option<Instant> = None;
+            loop {
+                if shutdown.is_cancelled() {
+                    break;
+                }
+                self.heartbeat_if_due(&mut last_heartbeat).await;
+                let claimed = match next.take() {
+                    Some(claimed) => claimed,
+                    None => match self.claim().await {
+                        Ok(claimed) => claimed,
+                        Err(error) => {
+                            report.store_errors += 1;
+                            consecutive_store_errors += 1;
+                            metrics::count(metrics::STORE_ERRORS, &self.ctx.config.relay_id, 1);
+                            tracing::warn!(%error, "claim failed; backing off");
+                            let pause = self.ctx.config.outage.pause(consecutive_store_errors, self.ctx.random.as_ref());
+                            pause_or_shutdown(pause, &shutdown).await;
+                            continue;
+                        }
+                    },
+                };
+                consecutive_store_errors = 0;
+                self.alert_crash_loops(&claimed.batch);
+                report.failed += claimed.batch.crash_looped.len() as u64;
+                if claimed.batch.events.is_empty() {
+                    self.idle(&shutdown).await;
+                    continue;
+                }
+                let full = claimed.batch.events.len() >= self.ctx.config.batch_size;
+                let prefetch = full && self.ctx.config.prefetch;
+                let mut work = BatchWork::new(claimed.batch.events, claimed.started, self.ctx.config.lease_duration);
+                let (end, prefetched, drained) = {
+                    let ctx = &self.ctx;
+                    let step = async {
+                        if prefetch {
+                            let (end, next) = tokio::join!(work.run(ctx), claim_with(ctx));
+                            (end, next.ok())
+                        } else {
+                            (work.run(ctx).await, None)
+                        }
+                    };
+                    tokio::pin!(step);
+                    tokio::select! {
+                        done = &mut step => (Some(done.0), done.1, true),
+                        _ = shutdown.cancelled() => {
+                            match tokio::time::timeout(ctx.config.drain_timeout, &mut step).await {
+                                Ok(done) => (Some(done.0), done.1, true),
+                                Err(_) => (None, None, false),
+                            }
+                        }
+                    }
+                };
+                if !drained {
+                    // The batch overran the drain timeout: write what was
+                    // decided, release the rest (started attempts still count
+                    // towards crash-loop detection).
+                    tracing::warn!("drain timeout reached; releasing leases of the batch in flight");
+                    if let Err(error) = work.settle(&self.ctx).await {
+                        tracing::error!(%error, "could not release leases at shutdown; they will expire");
+                    }
+                    report.drained = false;
+                }
+                merge(&mut report, &work.report);
+                next = prefetched;
+                match end {
+                    Some(Ok(BatchEnd::Completed)) => {
+                        if consecutive_outages > 0 {
+                            tracing::info!("broker reachable again; relay resumed");
+                            metrics::paused(&self.ctx.config.relay_id, false);
+                        }
+                        consecutive_outages = 0;
+                    }
+                    Some(Ok(BatchEnd::Outage(message))) => {
+                        consecutive_outages += 1;
+                        report.outages += 1;
+                        metrics::count(metrics::OUTAGES, &self.ctx.config.relay_id, 1);
+                        metrics::paused(&self.ctx.config.relay_id, true);
+                        if let Some(prefetched) = next.take() {
+                            self.release_unstarted(prefetched, &mut report).await;
+                        }
+                        let pause = self.ctx.config.outage.pause(consecutive_outages, self.ctx.random.as_ref());
+                        tracing::warn!(error = %message, ?pause, "broker outage; relay paused, no attempts burned");
+                        pause_or_shutdown(pause, &shutdown).await;
+                    }
+                    Some(Err(error)) => {
+                        report.store_errors += 1;
+                        metrics::count(metrics::STORE_ERRORS, &self.ctx.config.relay_id, 1);
+                        tracing::warn!(%error, "settling a batch failed; its leases will expire and the events be published again");
+                    }
+                    None => break,
+                }
+            }
+            if let Some(prefetched) = next.take() {
+                self.release_unstarted(prefetched, &mut report).await;
+            }
+            tracing::info!(?report, "relay stopped");
+            report
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn claim(&self) -> Result<Claimed, StoreError> {
+        claim_with(&self.ctx).await
+    }
+
+    async fn idle(&mut self, shutdown: &CancellationToken) {
+        tokio::select! {
+            _ = tokio::time::sleep(self.ctx.config.poll_interval) => {}
+            _ = self.wake_up.wait() => {}
+            _ = shutdown.cancelled() => {}
+        }
+    }
+
+    async fn heartbeat_if_due(&self, last: &mut Option<Instant>) {
+        let due = last.is_none_or(|at| at.elapsed() >= self.ctx.config.heartbeat_interval);
+        if due {
+            *last = Some(Instant::now());
+            if let Err(error) = self.ctx.store.heartbeat(&self.ctx.config.relay_id).await {
+                tracing::warn!(%error, "heartbeat failed");
+            }
+        }
+    }
+
+    fn alert_crash_loops(&self, batch: &ClaimedBatch) {
+        for event in &batch.crash_looped {
+            metrics::count_failed(&self.ctx.config.relay_id, "crash_loop");
+            self.ctx.alert.event_failed(&FailedAlert {
+                event: event.clone(),
+                cause: FailureCause::CrashLoop,
+                error: "publish attempts kept starting and never finished".into(),
+                key_blocked: self.ctx.config.poison == PoisonPolicy::Block,
+            });
+        }
+    }
+
+    async fn release_unstarted(&self, claimed: Claimed, report: &mut RelayReport) {
+        let releases: Vec<Release> = claimed
+            .batch
+            .events
+            .into_iter()
+            .map(|e| Release {
+                lease: e.lease,
+                attempt_started: false,
+            })
+            .collect();
+        match self.ctx.store.release(&releases).await {
+            Ok(r) => {
+                report.released += r.applied as u64;
+                metrics::count(
+                    metrics::RELEASED,
+                    &self.ctx.config.relay_id,
+                    r.applied as u64,
+                );
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not release prefetched leases; they will expire")
+            }
+        }
+    }
+}
+
+async fn claim_with<S, P>(ctx: &RelayContext<S, P>) -> Result<Claimed, StoreError>
+where
+    S: OutboxStore + ?Sized,
+    P: ?Sized,
+{
+    let request = ClaimRequest {
+        owner: ctx.config.relay_id.clone(),
+        limit: ctx.config.batch_size,
+        lease_duration: ctx.config.lease_duration,
+        ordering: ctx.config.ordering,
+        poison: ctx.config.poison,
+        crash_loop_limit: ctx.config.crash_loop_limit,
+    };
+    let started = Instant::now();
+    let batch = ctx.store.claim_batch(&request).await?;
+    metrics::seconds(
+        metrics::CLAIM_SECONDS,
+        &ctx.config.relay_id,
+        started.elapsed(),
+    );
+    if !batch.events.is_empty() {
+        metrics::batch_size(&ctx.config.relay_id, batch.events.len());
+    }
+    Ok(Claimed { batch, started })
+}
+
+async fn pause_or_shutdown(pause: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(pause) => {}
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+fn merge(total: &mut RelayReport, batch: &RelayReport) {
+    total.published += batch.published;
+    total.retried += batch.retried;
+    total.failed += batch.failed;
+    total.fenced += batch.fenced;
+    total.released += batch.released;
+}

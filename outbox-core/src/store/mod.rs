@@ -1,0 +1,14 @@
+//! The store side of the outbox (DESIGN.md §4, §8).
+
+mod admin;
+mod history;
+mod lease;
+mod traits;
+
+pub use admin::{BlockedKey, EventState, EventTypeStats, FailedEvent, OperatorAction, RelayStatus};
+pub use history::{AttemptKind, AttemptRecord};
+pub use lease::{
+    ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FailReason, FencingToken, Lease,
+    Nack, NackAction, RelayId, Release, SettleReport,
+};
+pub use traits::{OutboxAdmin, OutboxStore, OutboxWriter};

@@ -1,0 +1,101 @@
+//! The store traits: the small hot-path one, the writer, and maintenance.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::admin::{
+    BlockedKey, EventState, EventTypeStats, FailedEvent, OperatorAction, RelayStatus,
+};
+use super::history::AttemptRecord;
+use super::lease::{
+    ClaimRequest, ClaimedBatch, EnqueueOutcome, Lease, Nack, RelayId, Release, SettleReport,
+};
+use crate::error::StoreError;
+use crate::event::{EventId, NewEvent};
+
+/// What the relay needs from a store: the row state machine of DESIGN.md §4.
+///
+/// Every method is a short transaction of its own; none is held open while
+/// publishing.
+#[async_trait]
+pub trait OutboxStore: Send + Sync {
+    /// Leases up to `request.limit` publishable events to `request.owner`.
+    ///
+    /// With [`crate::Ordering::PerKey`] an event is claimable only when every
+    /// earlier event of its key is published or failed without blocking, and
+    /// a batch holds a prefix of each key's backlog in order.
+    async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError>;
+
+    /// Marks leased events published. Rows whose token no longer matches are
+    /// left alone and reported as fenced.
+    async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError>;
+
+    /// Records failed attempts: retry later, or fail. Fenced like `ack`.
+    async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError>;
+
+    /// Returns leases without an outcome; burns no attempt. Fenced like `ack`.
+    async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError>;
+
+    /// Records that `relay` is alive (see [`OutboxAdmin::relays`]).
+    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError>;
+}
+
+/// Enqueue in a transaction of the store's own, committed on return.
+///
+/// Business code enqueues inside its own transaction through the adapter's
+/// `enqueue(&mut tx, ..)`; this trait serves tools, tests and events that
+/// have no business change beside them.
+#[async_trait]
+pub trait OutboxWriter: Send + Sync {
+    /// Writes all events atomically, or none if any is invalid. A duplicate
+    /// `event_id` is a no-op reported as [`EnqueueOutcome::AlreadyExists`].
+    async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError>;
+}
+
+/// Operations and questions for operators (DESIGN.md §4 and §8).
+#[async_trait]
+pub trait OutboxAdmin: Send + Sync {
+    /// Per event type: claimable count and age of the oldest, parked (backoff
+    /// or delay), in-flight and failed counts.
+    async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError>;
+
+    /// Where one event stands.
+    async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError>;
+
+    /// Failed events, oldest first, each with its full attempt history.
+    async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError>;
+
+    /// The append-only history of one event.
+    async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError>;
+
+    /// Keys parked behind a failed event under `PoisonPolicy::Block`.
+    async fn blocked_keys(&self) -> Result<Vec<BlockedKey>, StoreError>;
+
+    /// Moves a failed event back to `pending` with a fresh attempt budget.
+    async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError>;
+
+    /// Leaves a failed event failed but stops it blocking its key.
+    async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError>;
+
+    /// Replaces a failed event by `replacement`, which takes its place in the
+    /// key's order; the old event stays failed for audit, linked to the new one.
+    async fn supersede(
+        &self,
+        event_id: EventId,
+        replacement: NewEvent,
+        action: &OperatorAction,
+    ) -> Result<EnqueueOutcome, StoreError>;
+
+    /// Deletes at most `batch_size` events published longer than `older_than`
+    /// ago. Never touches unpublished rows. Returns the number deleted; call
+    /// again while it returns `batch_size`.
+    async fn purge_published(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError>;
+
+    /// Relays and when each last reported alive.
+    async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError>;
+}

@@ -1,0 +1,76 @@
+//! Macros that turn the suites into named `#[tokio::test]`s.
+
+/// Generates one `#[tokio::test]` per store-suite function, calling each with
+/// `$factory` (an expression of a type implementing
+/// [`StoreFactory`](crate::testing::StoreFactory)).
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($factory:expr) => {
+        $crate::__conformance_tests!(store_suite, $factory;
+            duplicate_enqueue_is_reported_noop,
+            invalid_events_are_refused_atomically,
+            claims_are_exclusive_under_concurrency,
+            per_key_claims_are_ordered_prefixes,
+            lease_expiry_makes_events_claimable_again,
+            stale_settlements_are_fenced,
+            backoff_honours_available_at,
+            delayed_events_wait,
+            skip_policy_lets_the_key_continue,
+            block_policy_parks_the_key_until_an_operator_acts,
+            requeue_appends_history,
+            supersede_takes_the_place_of_the_failed_event,
+            crash_loops_end_in_failed,
+            release_burns_no_attempt,
+            purge_never_touches_unpublished_rows,
+            stats_report_lag_and_parked_events,
+            heartbeats_report_liveness,
+        );
+    };
+}
+
+/// Generates one `#[tokio::test]` per relay-suite function.
+#[macro_export]
+macro_rules! relay_conformance_tests {
+    ($factory:expr) => {
+        $crate::__conformance_tests!(relay_suite, $factory;
+            per_key_order_with_four_relays,
+            outage_burns_no_attempts,
+            crash_after_publish_before_ack_is_absorbed_by_the_inbox,
+            lease_expiry_mid_publish_fences_the_stale_ack,
+            attempts_cap_moves_to_failed,
+            poison_skip_and_block,
+            crash_loop_ends_in_failed,
+            publish_timeout_is_a_transient_failure,
+            backoff_holds_the_key_back,
+            shutdown_drains_the_batch_in_flight,
+            shutdown_drain_timeout_releases_leases,
+        );
+    };
+}
+
+/// Generates one `#[tokio::test]` per inbox-suite function.
+#[macro_export]
+macro_rules! inbox_conformance_tests {
+    ($factory:expr) => {
+        $crate::__conformance_tests!(inbox_suite, $factory;
+            claims_once_per_consumer,
+            rollback_drops_claim_and_effect,
+            redeliveries_apply_once,
+            concurrent_deliveries_apply_once,
+            purge_respects_the_window,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($suite:ident, $factory:expr; $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $crate::testing::$suite::$name(&$factory).await;
+            }
+        )+
+    };
+}

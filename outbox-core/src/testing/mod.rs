@@ -1,0 +1,245 @@
+//! Conformance suites for backends (feature `testing`).
+//!
+//! Plain `pub async fn`s that any store, inbox, publisher or relay setup
+//! calls against its live backend; the in-memory backends run them in the
+//! core's own `cargo test`. Each takes a *factory* that builds a fresh,
+//! isolated backend per call (its own database, schema or table prefix).
+//! The `*_conformance_tests!` macros turn a whole suite into named
+//! `#[tokio::test]`s.
+//!
+//! Stores take their time from the [`ManualClock`] the suite passes to the
+//! factory, so lease expiry and backoff are driven by the test, not by sleeps.
+
+mod fixtures;
+pub mod inbox_suite;
+mod macros;
+pub mod publisher_suite;
+pub mod relay_suite;
+pub mod store_suite;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub use fixtures::{event, event_with_payload, events_over_keys, namespace};
+
+use crate::clock::ManualClock;
+use crate::error::StoreError;
+use crate::event::{EventId, NewEvent, StoredEvent};
+use crate::inbox::InboxStore;
+use crate::memory::{MemoryInbox, MemoryInboxTx, MemoryStore, MemoryWriteTx, RecordingPublisher};
+use crate::publisher::Publisher;
+use crate::store::{EnqueueOutcome, OutboxAdmin, OutboxStore, OutboxWriter};
+
+/// Everything a store suite needs from a backend.
+pub trait ConformingStore: OutboxStore + OutboxWriter + OutboxAdmin + 'static {}
+impl<T: OutboxStore + OutboxWriter + OutboxAdmin + 'static> ConformingStore for T {}
+
+/// Builds a fresh, isolated store on the given clock.
+pub trait StoreFactory: Send + Sync {
+    /// The store type.
+    type Store: ConformingStore;
+    /// A new empty store whose notion of "now" is `clock`.
+    fn create(&self, clock: ManualClock) -> impl Future<Output = Arc<Self::Store>> + Send;
+}
+
+impl<F, Fut, S> StoreFactory for F
+where
+    F: Fn(ManualClock) -> Fut + Send + Sync,
+    Fut: Future<Output = Arc<S>> + Send,
+    S: ConformingStore,
+{
+    type Store = S;
+    fn create(&self, clock: ManualClock) -> impl Future<Output = Arc<S>> + Send {
+        self(clock)
+    }
+}
+
+/// A write transaction left open on purpose, to test that a relay never
+/// claims past an uncommitted lower sequence (DESIGN.md §5).
+#[async_trait]
+pub trait OpenWrite: Send {
+    /// Inserts `event` in the open transaction.
+    async fn enqueue(&mut self, event: NewEvent) -> Result<(), StoreError>;
+    /// Commits the transaction.
+    async fn commit(self: Box<Self>) -> Result<(), StoreError>;
+}
+
+/// A store that can leave a write transaction open for a test.
+#[async_trait]
+pub trait BeginWrite: Send + Sync {
+    /// Opens a write transaction.
+    async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError>;
+}
+
+#[async_trait]
+impl OpenWrite for MemoryWriteTx {
+    async fn enqueue(&mut self, event: NewEvent) -> Result<(), StoreError> {
+        MemoryWriteTx::enqueue(self, event)
+    }
+    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        MemoryWriteTx::commit(*self);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl BeginWrite for MemoryStore {
+    async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError> {
+        Ok(Box::new(MemoryStore::begin_write(self)))
+    }
+}
+
+/// An inbox plus a way to write a test effect in the inbox's transaction, so
+/// the suite can check that effect and claim commit (or roll back) together.
+#[async_trait]
+pub trait InboxHarness: Send + Sync + 'static {
+    /// The inbox.
+    type Inbox: InboxStore + 'static;
+    /// The inbox under test.
+    fn inbox(&self) -> &Self::Inbox;
+    /// Writes an effect "`consumer` applied `event_id`" inside `tx`.
+    async fn apply_effect(
+        &self,
+        tx: &mut <Self::Inbox as InboxStore>::Transaction,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<(), StoreError>;
+    /// Committed effects of `consumer`, in commit order.
+    async fn effects(&self, consumer: &str) -> Result<Vec<EventId>, StoreError>;
+    /// Moves the inbox's clock (for retention tests).
+    fn clock(&self) -> &ManualClock;
+}
+
+/// [`InboxHarness`] over [`MemoryInbox`], effects kept in a shared list.
+#[derive(Debug, Clone)]
+pub struct MemoryInboxHarness {
+    inbox: MemoryInbox,
+    effects: Arc<std::sync::Mutex<Vec<(String, EventId)>>>,
+    clock: ManualClock,
+}
+
+impl MemoryInboxHarness {
+    /// A fresh inbox on `clock`.
+    pub fn new(clock: ManualClock) -> Self {
+        Self {
+            inbox: MemoryInbox::with_clock(Arc::new(clock.clone())),
+            effects: Arc::default(),
+            clock,
+        }
+    }
+}
+
+#[async_trait]
+impl InboxHarness for MemoryInboxHarness {
+    type Inbox = MemoryInbox;
+    fn inbox(&self) -> &MemoryInbox {
+        &self.inbox
+    }
+    async fn apply_effect(
+        &self,
+        tx: &mut MemoryInboxTx,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<(), StoreError> {
+        let effects = self.effects.clone();
+        let consumer = consumer.to_owned();
+        tx.on_commit(move || effects.lock().expect("effects").push((consumer, event_id)));
+        Ok(())
+    }
+    async fn effects(&self, consumer: &str) -> Result<Vec<EventId>, StoreError> {
+        Ok(self
+            .effects
+            .lock()
+            .expect("effects")
+            .iter()
+            .filter(|(c, _)| c == consumer)
+            .map(|(_, id)| *id)
+            .collect())
+    }
+    fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+}
+
+/// A publisher plus a way to read back what reached the broker.
+#[async_trait]
+pub trait PublisherHarness: Send + Sync {
+    /// The publisher.
+    type Publisher: Publisher + 'static;
+    /// The publisher under test.
+    fn publisher(&self) -> Arc<Self::Publisher>;
+    /// Waits for (with the harness's own deadline) and returns the next `n`
+    /// events that reached the broker, in broker order per key.
+    async fn read_back(&self, n: usize) -> Vec<ReceivedEvent>;
+}
+
+/// An event as a consumer sees it on the broker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReceivedEvent {
+    /// From the `event_id` header/attribute/field.
+    pub event_id: EventId,
+    /// From the `event_type` header/attribute/field.
+    pub event_type: String,
+    /// The broker's key, or the `partition_key` field.
+    pub partition_key: String,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+    /// Headers as flattened pairs (see [`crate::Headers::iter`]), sorted.
+    pub headers: Vec<(String, String)>,
+}
+
+impl ReceivedEvent {
+    /// What a faithful broker round trip of `event` yields.
+    pub fn expected(event: &StoredEvent) -> Self {
+        let mut headers: Vec<(String, String)> = event
+            .headers
+            .iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        headers.sort();
+        Self {
+            event_id: event.event_id,
+            event_type: event.event_type.clone(),
+            partition_key: event.partition_key.clone(),
+            payload: event.payload.as_bytes().to_vec(),
+            headers,
+        }
+    }
+}
+
+/// [`PublisherHarness`] over [`RecordingPublisher`].
+#[derive(Debug, Default, Clone)]
+pub struct RecordingHarness {
+    publisher: Arc<RecordingPublisher>,
+    read: Arc<std::sync::Mutex<usize>>,
+}
+
+#[async_trait]
+impl PublisherHarness for RecordingHarness {
+    type Publisher = RecordingPublisher;
+    fn publisher(&self) -> Arc<RecordingPublisher> {
+        self.publisher.clone()
+    }
+    async fn read_back(&self, n: usize) -> Vec<ReceivedEvent> {
+        let start = *self.read.lock().expect("read cursor");
+        self.publisher.wait_for_deliveries(start + n).await;
+        *self.read.lock().expect("read cursor") = start + n;
+        self.publisher.delivered()[start..start + n]
+            .iter()
+            .map(ReceivedEvent::expected)
+            .collect()
+    }
+}
+
+/// Enqueues and unwraps, for suites.
+pub(crate) async fn enqueue_all<S: OutboxWriter + ?Sized>(store: &S, events: &[NewEvent]) {
+    let outcomes = store.enqueue(events).await.expect("enqueue");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, EnqueueOutcome::Inserted { .. })),
+        "fixture events must be new: {outcomes:?}"
+    );
+}

@@ -1,0 +1,557 @@
+//! The relay suite: the relay over a store, with every duplicate window of
+//! DESIGN.md §10 as an injected fault.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::fixtures::{event, events_over_keys};
+use super::store_suite::LEASE;
+use super::{MemoryInboxHarness, StoreFactory, enqueue_all, inbox_suite};
+use crate::clock::ManualClock;
+use crate::event::{EventId, NewEvent, StoredEvent};
+use crate::memory::{Fault, MockPublisher, RecordingPublisher};
+use crate::policy::{FixedRandom, PoisonPolicy, RetryPolicy};
+use crate::publisher::{ErrorClass, Publisher};
+use crate::relay::{FailedAlert, FailureCause, OutagePolicy, Relay, RelayConfig, RelayReport};
+use crate::store::{AttemptKind, EventState, OutboxAdmin, OutboxStore, RelayId};
+
+/// How long any single wait in this suite may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {DEADLINE:?} waiting for {what}"))
+}
+
+/// The relay settings the suite uses: small batches, fast polling, immediate
+/// retries, the store suite's lease.
+pub fn config(name: &str) -> RelayConfig {
+    RelayConfig {
+        relay_id: RelayId::new(name),
+        batch_size: 16,
+        lease_duration: LEASE,
+        publish_timeout: Duration::from_secs(5),
+        poll_interval: Duration::from_millis(5),
+        retry: RetryPolicy::immediate(5),
+        outage: OutagePolicy {
+            initial_pause: Duration::from_millis(5),
+            max_pause: Duration::from_millis(20),
+        },
+        crash_loop_limit: 3,
+        drain_timeout: Duration::from_secs(5),
+        heartbeat_interval: Duration::from_secs(1),
+        ..RelayConfig::default()
+    }
+}
+
+/// Collects alerts and lets a test wait for them.
+#[derive(Clone, Default)]
+struct Alerts(Arc<(Mutex<Vec<FailedAlert>>, Notify)>);
+
+impl Alerts {
+    fn hook(&self) -> impl Fn(&FailedAlert) + Send + Sync + 'static {
+        let inner = self.0.clone();
+        move |alert: &FailedAlert| {
+            inner.0.lock().expect("alerts").push(alert.clone());
+            inner.1.notify_waiters();
+        }
+    }
+    fn taken(&self) -> Vec<FailedAlert> {
+        self.0.0.lock().expect("alerts").clone()
+    }
+    async fn wait_for(&self, n: usize) {
+        loop {
+            let notified = self.0.1.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.0.0.lock().expect("alerts").len() >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+struct Running {
+    shutdown: CancellationToken,
+    handle: tokio::task::JoinHandle<RelayReport>,
+}
+
+impl Running {
+    async fn stop(self) -> RelayReport {
+        self.shutdown.cancel();
+        within("relay shutdown", self.handle)
+            .await
+            .expect("relay task")
+    }
+
+    /// Kills the relay task where it stands: no settlement, no release.
+    async fn crash(self) {
+        self.handle.abort();
+        let _ = self.handle.await;
+    }
+}
+
+fn start<S, P>(
+    store: Arc<S>,
+    publisher: Arc<P>,
+    config: RelayConfig,
+    alerts: Option<&Alerts>,
+) -> Running
+where
+    S: OutboxStore + 'static,
+    P: Publisher + 'static,
+{
+    let mut relay = Relay::new(store, publisher, config)
+        .expect("valid config")
+        .with_random(FixedRandom(0.5));
+    if let Some(alerts) = alerts {
+        relay = relay.with_alert_hook(alerts.hook());
+    }
+    let shutdown = CancellationToken::new();
+    let handle = relay.spawn(shutdown.clone());
+    Running { shutdown, handle }
+}
+
+fn by_key(delivered: &[StoredEvent]) -> HashMap<String, Vec<EventId>> {
+    let mut keys: HashMap<String, Vec<EventId>> = HashMap::new();
+    for e in delivered {
+        keys.entry(e.partition_key.clone())
+            .or_default()
+            .push(e.event_id);
+    }
+    keys
+}
+
+fn expected_by_key(events: &[NewEvent]) -> HashMap<String, Vec<EventId>> {
+    let mut keys: HashMap<String, Vec<EventId>> = HashMap::new();
+    for e in events {
+        keys.entry(e.partition_key.clone())
+            .or_default()
+            .push(e.event_id);
+    }
+    keys
+}
+
+async fn state<S: OutboxAdmin + ?Sized>(store: &S, id: EventId) -> EventState {
+    store
+        .event_state(id)
+        .await
+        .expect("event_state")
+        .expect("event exists")
+}
+
+/// Four relays, 1,000 events over 50 keys, injected transient failures:
+/// everything is published once, each key in enqueue order.
+pub async fn per_key_order_with_four_relays<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let events = events_over_keys(1000, 50);
+    enqueue_all(&*store, &events).await;
+    let publisher = Arc::new(RecordingPublisher::new());
+    let mut injected = 0;
+    for (n, e) in events.iter().enumerate() {
+        if n % 7 == 0 {
+            publisher.inject(e.event_id, Fault::FailTimes(ErrorClass::Transient, 2));
+            injected += 2;
+        } else if n % 11 == 0 {
+            publisher.inject(e.event_id, Fault::FailTimes(ErrorClass::Transient, 1));
+            injected += 1;
+        }
+    }
+    let relays: Vec<Running> = (0..4)
+        .map(|r| {
+            start(
+                store.clone(),
+                publisher.clone(),
+                config(&format!("relay-{r}")),
+                None,
+            )
+        })
+        .collect();
+    within("1,000 deliveries", publisher.wait_for_deliveries(1000)).await;
+    let mut total = RelayReport::default();
+    for relay in relays {
+        let report = relay.stop().await;
+        assert!(report.drained);
+        total.published += report.published;
+        total.retried += report.retried;
+        total.fenced += report.fenced;
+    }
+    let delivered = publisher.delivered();
+    assert_eq!(delivered.len(), 1000, "no duplicates without lease expiry");
+    assert_eq!(
+        by_key(&delivered),
+        expected_by_key(&events),
+        "per-key order"
+    );
+    assert_eq!(
+        (total.published, total.retried, total.fenced),
+        (1000, injected, 0)
+    );
+    for s in store.stats().await.unwrap() {
+        assert_eq!(
+            (s.claimable, s.in_flight, s.parked, s.failed),
+            (0, 0, 0, 0),
+            "{s:?}"
+        );
+    }
+}
+
+/// A broker outage pauses the relay; no attempt is burned; everything is
+/// delivered in order once the broker is back.
+pub async fn outage_burns_no_attempts<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let events = events_over_keys(40, 4);
+    enqueue_all(&*store, &events).await;
+    let publisher = Arc::new(RecordingPublisher::new());
+    publisher.set_outage(true);
+    let relay = start(
+        store.clone(),
+        publisher.clone(),
+        config("relay-outage"),
+        None,
+    );
+    within("outage retries", publisher.wait_for_calls(5)).await;
+    assert!(publisher.delivered().is_empty());
+    publisher.set_outage(false);
+    within(
+        "deliveries after the outage",
+        publisher.wait_for_deliveries(40),
+    )
+    .await;
+    let report = relay.stop().await;
+    assert!(report.outages >= 5, "{report:?}");
+    assert_eq!((report.retried, report.failed), (0, 0));
+    assert_eq!(by_key(&publisher.delivered()), expected_by_key(&events));
+    for e in &events {
+        assert!(
+            store.history(e.event_id).await.unwrap().is_empty(),
+            "an outage left history"
+        );
+    }
+}
+
+/// The relay dies after publishing, before acknowledging: the event is
+/// published again, and a consumer using the inbox applies it once.
+pub async fn crash_after_publish_before_ack_is_absorbed_by_the_inbox<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let publisher = Arc::new(RecordingPublisher::new());
+    publisher.inject(e.event_id, Fault::DeliverThenHang);
+    let doomed = start(
+        store.clone(),
+        publisher.clone(),
+        config("relay-doomed"),
+        None,
+    );
+    within("first delivery", publisher.wait_for_deliveries(1)).await;
+    doomed.crash().await;
+    assert!(matches!(
+        state(&*store, e.event_id).await,
+        EventState::InFlight { .. }
+    ));
+
+    publisher.clear(e.event_id);
+    clock.advance(LEASE + Duration::from_secs(1));
+    let survivor = start(
+        store.clone(),
+        publisher.clone(),
+        config("relay-survivor"),
+        None,
+    );
+    within("redelivery", publisher.wait_for_deliveries(2)).await;
+    let report = survivor.stop().await;
+    assert_eq!(report.published, 1);
+    assert!(matches!(
+        state(&*store, e.event_id).await,
+        EventState::Published { .. }
+    ));
+
+    let consumer = MemoryInboxHarness::new(clock.clone());
+    let mut applied = 0;
+    for delivered in publisher.delivered() {
+        assert_eq!(delivered.event_id, e.event_id);
+        applied += usize::from(
+            inbox_suite::deliver(&consumer, "billing", delivered.event_id)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(applied, 1, "two deliveries, one effect");
+}
+
+/// A relay whose lease expired mid-publish cannot acknowledge over the relay
+/// that re-claimed the event.
+pub async fn lease_expiry_mid_publish_fences_the_stale_ack<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let (mock, handle) = MockPublisher::pair();
+    let slow = start(store.clone(), Arc::new(mock), config("relay-slow"), None);
+    let stuck_call = within("the slow relay's publish", handle.next_call()).await;
+
+    clock.advance(LEASE + Duration::from_secs(1));
+    let recording = Arc::new(RecordingPublisher::new());
+    let fast = start(store.clone(), recording.clone(), config("relay-fast"), None);
+    within("re-claimed delivery", recording.wait_for_deliveries(1)).await;
+    let fast_report = fast.stop().await;
+    assert_eq!(fast_report.published, 1);
+
+    stuck_call.succeed_all();
+    let slow_report = slow.stop().await;
+    assert_eq!(
+        (slow_report.published, slow_report.fenced),
+        (0, 1),
+        "{slow_report:?}"
+    );
+    assert!(matches!(
+        state(&*store, e.event_id).await,
+        EventState::Published { .. }
+    ));
+}
+
+/// Transient failures up to the cap end in `failed`, with history and one alert.
+pub async fn attempts_cap_moves_to_failed<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (a1, a2) = (event("a", 1), event("a", 2));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let publisher = Arc::new(RecordingPublisher::new());
+    publisher.inject(a1.event_id, Fault::FailAlways(ErrorClass::Transient));
+    let alerts = Alerts::default();
+    let mut cfg = config("relay-cap");
+    cfg.retry = RetryPolicy::immediate(3);
+    let relay = start(store.clone(), publisher.clone(), cfg, Some(&alerts));
+    within(
+        "the key to continue past the failed event",
+        publisher.wait_for_deliveries(1),
+    )
+    .await;
+    within("the alert", alerts.wait_for(1)).await;
+    let report = relay.stop().await;
+    assert_eq!((report.retried, report.failed, report.published), (2, 1, 1));
+    assert_eq!(publisher.delivered_ids(), vec![a2.event_id]);
+    let kinds: Vec<_> = store
+        .history(a1.event_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|h| h.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            AttemptKind::TransientFailure,
+            AttemptKind::TransientFailure,
+            AttemptKind::AttemptsExhausted
+        ]
+    );
+    let alerts = alerts.taken();
+    assert_eq!(alerts.len(), 1);
+    assert_eq!(
+        (alerts[0].event.event_id, alerts[0].cause),
+        (a1.event_id, FailureCause::AttemptsExhausted)
+    );
+}
+
+/// Poison under `Skip` fails and the key goes on; under `Block` the key
+/// waits, in order, until an operator skips the poison; other keys flow.
+pub async fn poison_skip_and_block<F: StoreFactory>(factory: &F) {
+    for policy in [PoisonPolicy::Skip, PoisonPolicy::Block] {
+        let store = factory.create(ManualClock::at_epoch()).await;
+        let (a1, a2, a3, b1) = (event("a", 1), event("a", 2), event("a", 3), event("b", 1));
+        enqueue_all(&*store, &[a1.clone(), a2.clone(), a3.clone(), b1.clone()]).await;
+        let publisher = Arc::new(RecordingPublisher::new());
+        publisher.inject(a1.event_id, Fault::FailAlways(ErrorClass::Permanent));
+        let alerts = Alerts::default();
+        let mut cfg = config("relay-poison");
+        cfg.poison = policy;
+        let relay = start(store.clone(), publisher.clone(), cfg.clone(), Some(&alerts));
+        within("the poison alert", alerts.wait_for(1)).await;
+        let want_now = if policy == PoisonPolicy::Skip { 3 } else { 1 };
+        within("deliveries", publisher.wait_for_deliveries(want_now)).await;
+        relay.stop().await;
+        assert_eq!(alerts.taken()[0].cause, FailureCause::Permanent);
+        assert_eq!(alerts.taken()[0].key_blocked, policy == PoisonPolicy::Block);
+        let delivered = by_key(&publisher.delivered());
+        assert_eq!(
+            delivered["b"],
+            vec![b1.event_id],
+            "other keys are never blocked"
+        );
+        if policy == PoisonPolicy::Skip {
+            assert_eq!(delivered["a"], vec![a2.event_id, a3.event_id]);
+            continue;
+        }
+        assert!(
+            !delivered.contains_key("a"),
+            "a blocked key publishes nothing"
+        );
+        let blocked = store.blocked_keys().await.unwrap();
+        assert_eq!((blocked.len(), blocked[0].backlog), (1, 2));
+        store
+            .skip(
+                a1.event_id,
+                &crate::store::OperatorAction::new("ops", "dropped bad event"),
+            )
+            .await
+            .unwrap();
+        let relay = start(store.clone(), publisher.clone(), cfg, None);
+        within("the backlog after skip", publisher.wait_for_deliveries(3)).await;
+        relay.stop().await;
+        assert_eq!(
+            by_key(&publisher.delivered())["a"],
+            vec![a2.event_id, a3.event_id]
+        );
+    }
+}
+
+/// A relay that keeps dying while publishing one event: after the bound the
+/// event is failed (alert fired) and its key continues.
+pub async fn crash_loop_ends_in_failed<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let (a1, a2) = (event("a", 1), event("a", 2));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let publisher = Arc::new(RecordingPublisher::new());
+    publisher.inject(a1.event_id, Fault::Hang);
+    let mut cfg = config("relay-crashy");
+    cfg.batch_size = 1;
+    for crash in 1..=cfg.crash_loop_limit as usize {
+        let relay = start(store.clone(), publisher.clone(), cfg.clone(), None);
+        within("the hanging publish", publisher.wait_for_calls(crash)).await;
+        relay.crash().await;
+        clock.advance(LEASE + Duration::from_secs(1));
+    }
+    let alerts = Alerts::default();
+    let relay = start(store.clone(), publisher.clone(), cfg, Some(&alerts));
+    within("the key to continue", publisher.wait_for_deliveries(1)).await;
+    let report = relay.stop().await;
+    assert_eq!(report.failed, 1);
+    assert_eq!(publisher.delivered_ids(), vec![a2.event_id]);
+    let alerts = alerts.taken();
+    assert_eq!(
+        (alerts[0].event.event_id, alerts[0].cause),
+        (a1.event_id, FailureCause::CrashLoop)
+    );
+    let history = store.history(a1.event_id).await.unwrap();
+    assert_eq!(history.last().unwrap().kind, AttemptKind::CrashLoop);
+}
+
+/// A publish that outlives the publish timeout counts as a transient failure.
+pub async fn publish_timeout_is_a_transient_failure<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let (mock, handle) = MockPublisher::pair();
+    let mut cfg = config("relay-timeout");
+    cfg.publish_timeout = Duration::from_millis(100);
+    let relay = start(store.clone(), Arc::new(mock), cfg, None);
+    within("first call", handle.next_call()).await.hang();
+    let retry = within("the retry", handle.next_call()).await;
+    assert_eq!(retry.events[0].attempts, 1);
+    retry.succeed_all();
+    let report = relay.stop().await;
+    assert_eq!((report.retried, report.published), (1, 1));
+    let history = store.history(e.event_id).await.unwrap();
+    assert!(history[0].detail.contains("timed out"), "{history:?}");
+}
+
+/// A retry's backoff holds its key back inside the relay, other keys flow,
+/// and the key resumes in order once the backoff has passed.
+pub async fn backoff_holds_the_key_back<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let (a1, a2, b1) = (event("a", 1), event("a", 2), event("b", 1));
+    enqueue_all(&*store, &[a1.clone(), a2.clone(), b1.clone()]).await;
+    let publisher = Arc::new(RecordingPublisher::new());
+    publisher.inject(a1.event_id, Fault::FailTimes(ErrorClass::Transient, 1));
+    let mut cfg = config("relay-backoff");
+    cfg.retry = RetryPolicy {
+        max_attempts: 5,
+        initial_interval: Duration::from_secs(60),
+        max_interval: Duration::from_secs(60),
+        multiplier: 2.0,
+        jitter: 0.0,
+    };
+    let relay = start(store.clone(), publisher.clone(), cfg.clone(), None);
+    within("key b", publisher.wait_for_deliveries(1)).await;
+    let report = relay.stop().await;
+    assert_eq!(report.retried, 1);
+    assert_eq!(publisher.delivered_ids(), vec![b1.event_id]);
+    assert!(matches!(
+        state(&*store, a1.event_id).await,
+        EventState::Pending { attempts: 1, .. }
+    ));
+    assert!(matches!(
+        state(&*store, a2.event_id).await,
+        EventState::Pending { attempts: 0, .. }
+    ));
+
+    clock.advance(Duration::from_secs(61));
+    let relay = start(store.clone(), publisher.clone(), cfg, None);
+    within("key a after backoff", publisher.wait_for_deliveries(3)).await;
+    relay.stop().await;
+    assert_eq!(
+        by_key(&publisher.delivered())["a"],
+        vec![a1.event_id, a2.event_id]
+    );
+}
+
+/// Shutdown lets the batch in flight finish and acknowledges it.
+pub async fn shutdown_drains_the_batch_in_flight<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let (mock, handle) = MockPublisher::pair();
+    let relay = start(store.clone(), Arc::new(mock), config("relay-drain"), None);
+    let call = within("the publish", handle.next_call()).await;
+    relay.shutdown.cancel();
+    call.succeed_all();
+    let report = within("drain", relay.handle).await.unwrap();
+    assert!(report.drained);
+    assert_eq!(report.published, 1);
+    assert!(matches!(
+        state(&*store, e.event_id).await,
+        EventState::Published { .. }
+    ));
+}
+
+/// A batch that overruns the drain timeout has its leases released at
+/// once, so another relay need not wait for them to expire.
+pub async fn shutdown_drain_timeout_releases_leases<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let (mock, handle) = MockPublisher::pair();
+    let mut cfg = config("relay-stuck");
+    cfg.drain_timeout = Duration::from_millis(50);
+    let relay = start(store.clone(), Arc::new(mock), cfg, None);
+    let _stuck = within("the publish", handle.next_call()).await;
+    let report = relay.stop().await;
+    assert!(!report.drained);
+    assert_eq!(report.released, 1);
+    assert!(matches!(
+        state(&*store, e.event_id).await,
+        EventState::Pending { attempts: 0, .. }
+    ));
+
+    let publisher = Arc::new(RecordingPublisher::new());
+    let next = start(store.clone(), publisher.clone(), config("relay-next"), None);
+    within(
+        "delivery by the next relay (no lease wait)",
+        publisher.wait_for_deliveries(1),
+    )
+    .await;
+    next.stop().await;
+    let ids: HashSet<_> = publisher.delivered_ids().into_iter().collect();
+    assert!(ids.contains(&e.event_id));
+}

@@ -1,0 +1,645 @@
+//! The store suite: the row state machine of DESIGN.md §4 and §5 on one store.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use super::fixtures::{event, event_with_payload, events_over_keys};
+use super::{BeginWrite, StoreFactory, enqueue_all};
+use crate::clock::ManualClock;
+use crate::error::StoreError;
+use crate::event::{EventId, InvalidEvent};
+use crate::policy::{Ordering, PoisonPolicy};
+use crate::publisher::ErrorClass;
+use crate::store::{
+    AttemptKind, ClaimRequest, ClaimedEvent, EnqueueOutcome, EventState, FailReason, Nack,
+    NackAction, OperatorAction, OutboxAdmin, OutboxStore, OutboxWriter, RelayId, Release,
+};
+
+/// The lease the suite claims with.
+pub const LEASE: Duration = Duration::from_secs(10);
+
+/// A claim request the suite uses: per-key, `Skip`, crash-loop limit 3.
+pub fn request(owner: &str, limit: usize) -> ClaimRequest {
+    ClaimRequest {
+        owner: RelayId::new(owner),
+        limit,
+        lease_duration: LEASE,
+        ordering: Ordering::PerKey,
+        poison: PoisonPolicy::Skip,
+        crash_loop_limit: 3,
+    }
+}
+
+async fn claim(store: &(impl OutboxStore + ?Sized), request: &ClaimRequest) -> Vec<ClaimedEvent> {
+    store.claim_batch(request).await.expect("claim").events
+}
+
+fn ids(claimed: &[ClaimedEvent]) -> Vec<EventId> {
+    claimed.iter().map(|c| c.event.event_id).collect()
+}
+
+fn retry(claimed: &ClaimedEvent, after: Duration) -> Nack {
+    Nack {
+        lease: claimed.lease.clone(),
+        action: NackAction::Retry { after },
+        error_class: ErrorClass::Transient,
+        error: "timed out".into(),
+    }
+}
+
+fn fail(claimed: &ClaimedEvent, block_key: bool) -> Nack {
+    Nack {
+        lease: claimed.lease.clone(),
+        action: NackAction::Fail {
+            reason: FailReason::Permanent,
+            block_key,
+        },
+        error_class: ErrorClass::Permanent,
+        error: "message too large".into(),
+    }
+}
+
+async fn state(store: &(impl OutboxAdmin + ?Sized), id: EventId) -> EventState {
+    store
+        .event_state(id)
+        .await
+        .expect("event_state")
+        .expect("event exists")
+}
+
+/// Enqueueing an existing `event_id` writes nothing and says so.
+pub async fn duplicate_enqueue_is_reported_noop<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let e = event("a", 1);
+    let first = store.enqueue(std::slice::from_ref(&e)).await.unwrap();
+    assert!(matches!(first[0], EnqueueOutcome::Inserted { .. }));
+    let mut replay = event("a", 99);
+    replay.event_id = e.event_id;
+    let second = store.enqueue(&[replay, event("a", 2)]).await.unwrap();
+    assert_eq!(second[0], EnqueueOutcome::AlreadyExists);
+    assert!(matches!(second[1], EnqueueOutcome::Inserted { .. }));
+    let claimed = claim(&*store, &request("r1", 10)).await;
+    assert_eq!(claimed.len(), 2, "the duplicate must not add a row");
+    assert_eq!(
+        claimed[0].event.payload, e.payload,
+        "the original row is untouched"
+    );
+}
+
+/// Bad input is refused with a typed error and nothing of the batch is written.
+pub async fn invalid_events_are_refused_atomically<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let huge = "x".repeat(2 * 1024 * 1024);
+    let oversized = event_with_payload("a", 1, serde_json::json!({ "blob": huge }));
+    let err = store
+        .enqueue(&[event("a", 0), oversized])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::InvalidEvent(InvalidEvent::PayloadTooLarge { .. })
+        ),
+        "got {err:?}"
+    );
+    assert!(!err.is_retryable());
+    let mut empty_type = event("a", 2);
+    empty_type.event_type = String::new();
+    let err = store.enqueue(&[empty_type]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::InvalidEvent(InvalidEvent::EmptyField("event_type"))
+        ),
+        "got {err:?}"
+    );
+    let mut long_key = event("a", 3);
+    long_key.partition_key = "k".repeat(10_000);
+    let err = store.enqueue(&[long_key]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::InvalidEvent(InvalidEvent::FieldTooLong { .. })
+        ),
+        "got {err:?}"
+    );
+    assert!(
+        claim(&*store, &request("r1", 10)).await.is_empty(),
+        "nothing of a refused batch is written"
+    );
+}
+
+/// Concurrent claimers never receive the same event.
+pub async fn claims_are_exclusive_under_concurrency<F: StoreFactory>(factory: &F) {
+    for ordering in [Ordering::Unordered, Ordering::PerKey] {
+        let store = factory.create(ManualClock::at_epoch()).await;
+        let events = events_over_keys(300, 300);
+        enqueue_all(&*store, &events).await;
+        let mut tasks = Vec::new();
+        for r in 0..8 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut request = request(&format!("r{r}"), 7);
+                request.ordering = ordering;
+                let mut mine = Vec::new();
+                loop {
+                    let batch = claim(&*store, &request).await;
+                    if batch.is_empty() {
+                        return mine;
+                    }
+                    mine.extend(ids(&batch));
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        let mut seen = HashSet::new();
+        for task in tasks {
+            for id in task.await.unwrap() {
+                assert!(seen.insert(id), "{id} claimed twice ({ordering:?})");
+            }
+        }
+        assert_eq!(
+            seen.len(),
+            events.len(),
+            "every event claimed once ({ordering:?})"
+        );
+    }
+}
+
+/// A batch holds a prefix of each key in order; nothing of a key whose head
+/// is leased is handed to another claimer.
+pub async fn per_key_claims_are_ordered_prefixes<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (a1, a2, a3, b1) = (event("a", 1), event("a", 2), event("a", 3), event("b", 1));
+    enqueue_all(&*store, &[a1.clone(), a2.clone(), a3.clone(), b1.clone()]).await;
+    let first = claim(&*store, &request("r1", 1)).await;
+    assert_eq!(ids(&first), vec![a1.event_id], "the oldest head first");
+    let second = claim(&*store, &request("r2", 10)).await;
+    assert_eq!(ids(&second), vec![b1.event_id], "key a is held by r1");
+    store.ack(&[first[0].lease.clone()]).await.unwrap();
+    let third = claim(&*store, &request("r2", 10)).await;
+    assert_eq!(
+        ids(&third),
+        vec![a2.event_id, a3.event_id],
+        "the rest of key a, in order"
+    );
+    assert!(third[0].lease.sequence < third[1].lease.sequence);
+}
+
+/// An expired lease makes its event claimable again, under a new token.
+pub async fn lease_expiry_makes_events_claimable_again<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let first = claim(&*store, &request("r1", 10)).await;
+    assert_eq!(first.len(), 1);
+    assert!(claim(&*store, &request("r2", 10)).await.is_empty());
+    clock.advance(LEASE - Duration::from_secs(1));
+    assert!(
+        claim(&*store, &request("r2", 10)).await.is_empty(),
+        "lease still valid"
+    );
+    clock.advance(Duration::from_secs(2));
+    let second = claim(&*store, &request("r2", 10)).await;
+    assert_eq!(ids(&second), vec![e.event_id]);
+    assert!(second[0].lease.fencing_token > first[0].lease.fencing_token);
+    assert!(
+        matches!(state(&*store, e.event_id).await, EventState::InFlight { owner, .. } if owner == "r2")
+    );
+}
+
+/// A relay that lost its lease cannot settle over the newer claim.
+pub async fn stale_settlements_are_fenced<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let stale = claim(&*store, &request("r1", 10)).await;
+    clock.advance(LEASE + Duration::from_secs(1));
+    let fresh = claim(&*store, &request("r2", 10)).await;
+    assert_eq!(fresh.len(), 1);
+
+    let report = store.ack(&[stale[0].lease.clone()]).await.unwrap();
+    assert_eq!(
+        (report.applied, report.fenced.clone()),
+        (0, vec![e.event_id])
+    );
+    let report = store.nack(&[fail(&stale[0], true)]).await.unwrap();
+    assert_eq!(report.fenced, vec![e.event_id]);
+    let report = store
+        .release(&[Release {
+            lease: stale[0].lease.clone(),
+            attempt_started: false,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(report.fenced, vec![e.event_id]);
+    assert!(
+        matches!(state(&*store, e.event_id).await, EventState::InFlight { owner, .. } if owner == "r2")
+    );
+
+    let report = store.ack(&[fresh[0].lease.clone()]).await.unwrap();
+    assert_eq!(report.applied, 1);
+    assert!(report.fenced.is_empty());
+    assert!(matches!(
+        state(&*store, e.event_id).await,
+        EventState::Published { .. }
+    ));
+    let again = store.ack(&[fresh[0].lease.clone()]).await.unwrap();
+    assert_eq!(
+        again.fenced,
+        vec![e.event_id],
+        "a settled lease cannot settle twice"
+    );
+}
+
+/// A retried event waits for its `available_at`, and holds its key back meanwhile.
+pub async fn backoff_honours_available_at<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let (a1, a2, b1) = (event("a", 1), event("a", 2), event("b", 1));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let first = claim(&*store, &request("r1", 1)).await;
+    store
+        .nack(&[retry(&first[0], Duration::from_secs(30))])
+        .await
+        .unwrap();
+    enqueue_all(&*store, std::slice::from_ref(&b1)).await;
+    let during = claim(&*store, &request("r1", 10)).await;
+    assert_eq!(
+        ids(&during),
+        vec![b1.event_id],
+        "a2 must wait behind a1's backoff"
+    );
+    store.ack(&[during[0].lease.clone()]).await.unwrap();
+    clock.advance(Duration::from_secs(29));
+    assert!(claim(&*store, &request("r1", 10)).await.is_empty());
+    clock.advance(Duration::from_secs(2));
+    let after = claim(&*store, &request("r1", 10)).await;
+    assert_eq!(ids(&after), vec![a1.event_id, a2.event_id]);
+    assert_eq!(after[0].event.attempts, 1);
+    let history = store.history(a1.event_id).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].kind, AttemptKind::TransientFailure);
+    assert_eq!(history[0].error_class, Some(ErrorClass::Transient));
+    assert_eq!(history[0].actor, "r1");
+}
+
+/// A delayed event is not claimed before its `available_at`.
+pub async fn delayed_events_wait<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let mut delayed = event("a", 1);
+    delayed.available_at = Some(clock.now_plus(Duration::from_secs(60)));
+    enqueue_all(&*store, &[delayed]).await;
+    assert!(claim(&*store, &request("r1", 10)).await.is_empty());
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats[0].claimable, stats[0].parked), (0, 1));
+    clock.advance(Duration::from_secs(61));
+    assert_eq!(claim(&*store, &request("r1", 10)).await.len(), 1);
+}
+
+/// `Skip`: a failed event does not hold its key back.
+pub async fn skip_policy_lets_the_key_continue<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (a1, a2) = (event("a", 1), event("a", 2));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let first = claim(&*store, &request("r1", 1)).await;
+    store.nack(&[fail(&first[0], false)]).await.unwrap();
+    assert_eq!(
+        ids(&claim(&*store, &request("r1", 10)).await),
+        vec![a2.event_id]
+    );
+    assert!(store.blocked_keys().await.unwrap().is_empty());
+    let failed = store.failed_events(10).await.unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].history[0].kind, AttemptKind::PermanentFailure);
+}
+
+/// `Block`: a failed event parks its key and backlog until an operator acts;
+/// other keys flow.
+pub async fn block_policy_parks_the_key_until_an_operator_acts<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (a1, a2, a3, b1) = (event("a", 1), event("a", 2), event("a", 3), event("b", 1));
+    enqueue_all(&*store, &[a1.clone(), a2.clone(), a3.clone(), b1.clone()]).await;
+    let first = claim(&*store, &request("r1", 1)).await;
+    assert_eq!(ids(&first), vec![a1.event_id]);
+    store.nack(&[fail(&first[0], true)]).await.unwrap();
+    assert_eq!(
+        ids(&claim(&*store, &request("r1", 10)).await),
+        vec![b1.event_id]
+    );
+    let blocked = store.blocked_keys().await.unwrap();
+    assert_eq!(blocked.len(), 1);
+    assert_eq!(blocked[0].partition_key, "a");
+    assert_eq!(blocked[0].blocking_event_id, a1.event_id);
+    assert_eq!(blocked[0].backlog, 2);
+
+    let op = OperatorAction::new("alice", "payload fixed downstream");
+    store.skip(a1.event_id, &op).await.unwrap();
+    assert!(store.blocked_keys().await.unwrap().is_empty());
+    assert_eq!(
+        ids(&claim(&*store, &request("r1", 10)).await),
+        vec![a2.event_id, a3.event_id]
+    );
+    let history = store.history(a1.event_id).await.unwrap();
+    assert_eq!(history.last().unwrap().kind, AttemptKind::Skipped);
+    assert_eq!(history.last().unwrap().actor, "alice");
+    assert!(matches!(
+        state(&*store, a1.event_id).await,
+        EventState::Failed {
+            blocks_key: false,
+            ..
+        }
+    ));
+}
+
+/// Requeue moves a failed event back with a fresh budget; history is only
+/// appended to.
+pub async fn requeue_appends_history<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let c = claim(&*store, &request("r1", 1)).await;
+    store.nack(&[retry(&c[0], Duration::ZERO)]).await.unwrap();
+    let c = claim(&*store, &request("r1", 1)).await;
+    store.nack(&[fail(&c[0], true)]).await.unwrap();
+    let before = store.history(e.event_id).await.unwrap();
+    assert_eq!(before.len(), 2);
+
+    let op = OperatorAction::new("bob", "topic created");
+    store.requeue(e.event_id, &op).await.unwrap();
+    let after = store.history(e.event_id).await.unwrap();
+    assert_eq!(after.len(), 3);
+    assert_eq!(
+        &after[..2],
+        &before[..],
+        "earlier entries are never rewritten"
+    );
+    assert_eq!(after[2].kind, AttemptKind::Requeued);
+    assert_eq!(
+        (after[2].actor.as_str(), after[2].detail.as_str()),
+        ("bob", "topic created")
+    );
+    let again = claim(&*store, &request("r1", 1)).await;
+    assert_eq!(ids(&again), vec![e.event_id]);
+    assert_eq!(
+        again[0].event.attempts, 0,
+        "requeue restores the attempt budget"
+    );
+
+    let err = store.requeue(e.event_id, &op).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::WrongState { .. }),
+        "only failed events can be requeued: {err:?}"
+    );
+    let err = store.requeue(EventId::random(), &op).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound(_)));
+}
+
+/// A replacement takes the failed event's place in its key's order; the old
+/// event stays, linked, for audit.
+pub async fn supersede_takes_the_place_of_the_failed_event<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (a1, a2) = (event("a", 1), event("a", 2));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let c = claim(&*store, &request("r1", 1)).await;
+    store.nack(&[fail(&c[0], true)]).await.unwrap();
+    let fixed = event_with_payload("a", 1, serde_json::json!({ "fixed": true }));
+    let op = OperatorAction::new("carol", "corrected amount");
+    let outcome = store
+        .supersede(a1.event_id, fixed.clone(), &op)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, EnqueueOutcome::Inserted { .. }));
+    let claimed = claim(&*store, &request("r1", 10)).await;
+    assert_eq!(
+        ids(&claimed),
+        vec![fixed.event_id, a2.event_id],
+        "replacement before the backlog"
+    );
+    assert!(matches!(
+        state(&*store, a1.event_id).await,
+        EventState::Failed { superseded_by: Some(id), .. } if id == fixed.event_id
+    ));
+    assert_eq!(
+        store
+            .history(a1.event_id)
+            .await
+            .unwrap()
+            .last()
+            .unwrap()
+            .kind,
+        AttemptKind::Superseded
+    );
+}
+
+/// Claims that never reach an outcome end in `failed` after the bound.
+pub async fn crash_loops_end_in_failed<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let (a1, a2) = (event("a", 1), event("a", 2));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let req = request("r1", 1);
+    for _ in 0..req.crash_loop_limit {
+        let c = store.claim_batch(&req).await.unwrap();
+        assert_eq!(ids(&c.events), vec![a1.event_id]);
+        assert!(c.crash_looped.is_empty());
+        clock.advance(LEASE + Duration::from_secs(1)); // the relay died mid-publish
+    }
+    let c = store.claim_batch(&req).await.unwrap();
+    assert_eq!(
+        c.crash_looped
+            .iter()
+            .map(|e| e.event_id)
+            .collect::<Vec<_>>(),
+        vec![a1.event_id]
+    );
+    assert_eq!(
+        ids(&c.events),
+        vec![a2.event_id],
+        "under Skip the key continues"
+    );
+    assert!(matches!(
+        state(&*store, a1.event_id).await,
+        EventState::Failed { .. }
+    ));
+    let history = store.history(a1.event_id).await.unwrap();
+    assert_eq!(history.last().unwrap().kind, AttemptKind::CrashLoop);
+}
+
+/// Releasing burns no attempt and does not count towards crash loops.
+pub async fn release_burns_no_attempt<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let req = request("r1", 1);
+    for _ in 0..(req.crash_loop_limit * 3) {
+        let c = store.claim_batch(&req).await.unwrap();
+        assert_eq!(ids(&c.events), vec![e.event_id]);
+        let released = store
+            .release(&[Release {
+                lease: c.events[0].lease.clone(),
+                attempt_started: false,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(released.applied, 1);
+    }
+    let c = claim(&*store, &req).await;
+    assert_eq!(c[0].event.attempts, 0);
+    assert!(store.history(e.event_id).await.unwrap().is_empty());
+}
+
+/// Purge deletes only published rows older than the cut-off, in bounded batches.
+pub async fn purge_never_touches_unpublished_rows<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let events = events_over_keys(12, 12);
+    enqueue_all(&*store, &events).await;
+    let claimed = claim(&*store, &request("r1", 12)).await;
+    store
+        .ack(
+            &claimed[..5]
+                .iter()
+                .map(|c| c.lease.clone())
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    store
+        .nack(&[fail(&claimed[5], false), fail(&claimed[6], true)])
+        .await
+        .unwrap();
+    store
+        .nack(&[retry(&claimed[7], Duration::from_secs(1))])
+        .await
+        .unwrap();
+    store
+        .release(&[Release {
+            lease: claimed[8].lease.clone(),
+            attempt_started: false,
+        }])
+        .await
+        .unwrap();
+    // claimed[9..] stay in flight; events published now are too young to purge.
+    assert_eq!(
+        store
+            .purge_published(Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        0
+    );
+    clock.advance(Duration::from_secs(7200));
+    let mut purged = 0;
+    loop {
+        let n = store
+            .purge_published(Duration::from_secs(3600), 2)
+            .await
+            .unwrap();
+        assert!(n <= 2, "a purge batch is bounded");
+        if n == 0 {
+            break;
+        }
+        purged += n;
+    }
+    assert_eq!(purged, 5);
+    for c in &claimed[..5] {
+        assert_eq!(store.event_state(c.event.event_id).await.unwrap(), None);
+    }
+    for c in &claimed[5..] {
+        assert!(
+            store.event_state(c.event.event_id).await.unwrap().is_some(),
+            "unpublished row purged"
+        );
+    }
+}
+
+/// Stats count claimable events and the age of the oldest, parked apart.
+pub async fn stats_report_lag_and_parked_events<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let mut refund = event("b", 9);
+    refund.event_type = "invoice.refunded".into();
+    enqueue_all(
+        &*store,
+        &[event("a", 1), event("a", 2), event("c", 3), refund],
+    )
+    .await;
+    clock.advance(Duration::from_secs(5));
+    let c = claim(&*store, &request("r1", 1)).await;
+    store
+        .nack(&[retry(&c[0], Duration::from_secs(60))])
+        .await
+        .unwrap();
+    let _in_flight = claim(&*store, &request("r2", 1)).await;
+    let stats: HashMap<String, _> = store
+        .stats()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.event_type.clone(), s))
+        .collect();
+    let paid = &stats["invoice.paid"];
+    assert_eq!(
+        (paid.claimable, paid.parked, paid.in_flight, paid.failed),
+        (1, 1, 1, 0),
+        "{paid:?}"
+    );
+    assert_eq!(paid.oldest_claimable_age, Some(Duration::from_secs(5)));
+    let refunded = &stats["invoice.refunded"];
+    assert_eq!(
+        (refunded.claimable, refunded.in_flight),
+        (1, 0),
+        "{refunded:?}"
+    );
+}
+
+/// Heartbeats make relays visible with their last-seen time.
+pub async fn heartbeats_report_liveness<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    store.heartbeat(&RelayId::new("r1")).await.unwrap();
+    clock.advance(Duration::from_secs(3));
+    store.heartbeat(&RelayId::new("r2")).await.unwrap();
+    let mut relays = store.relays().await.unwrap();
+    relays.sort_by(|a, b| a.relay.cmp(&b.relay));
+    assert_eq!(relays.len(), 2);
+    assert_eq!(
+        relays[1].last_seen - relays[0].last_seen,
+        chrono::Duration::seconds(3)
+    );
+}
+
+/// A committed row is not claimed while a lower sequence is still
+/// uncommitted: the lower one may belong to the same key (DESIGN.md §5).
+pub async fn commit_order_guard<F>(factory: &F)
+where
+    F: StoreFactory,
+    F::Store: BeginWrite,
+{
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (first, second) = (event("a", 1), event("a", 2));
+    let mut early = store.begin_write().await.unwrap();
+    early.enqueue(first.clone()).await.unwrap();
+    let mut late = store.begin_write().await.unwrap();
+    late.enqueue(second.clone()).await.unwrap();
+    late.commit().await.unwrap();
+    assert!(
+        claim(&*store, &request("r1", 10)).await.is_empty(),
+        "the later commit must wait for the earlier open writer"
+    );
+    early.commit().await.unwrap();
+    let claimed = claim(&*store, &request("r1", 10)).await;
+    assert_eq!(ids(&claimed), vec![first.event_id, second.event_id]);
+}
+
+trait NowPlus {
+    fn now_plus(&self, d: Duration) -> chrono::DateTime<chrono::Utc>;
+}
+impl NowPlus for ManualClock {
+    fn now_plus(&self, d: Duration) -> chrono::DateTime<chrono::Utc> {
+        crate::clock::add_duration(crate::Clock::now(self), d)
+    }
+}

@@ -1,0 +1,51 @@
+//! Every conformance suite, run on the in-memory backends.
+
+use std::sync::Arc;
+
+use outbox_core::ManualClock;
+use outbox_core::memory::MemoryStore;
+use outbox_core::testing::{MemoryInboxHarness, RecordingHarness, publisher_suite, store_suite};
+
+async fn memory_store(clock: ManualClock) -> Arc<MemoryStore> {
+    Arc::new(MemoryStore::with_clock(Arc::new(clock)))
+}
+
+async fn memory_inbox(clock: ManualClock) -> Arc<MemoryInboxHarness> {
+    Arc::new(MemoryInboxHarness::new(clock))
+}
+
+mod store {
+    outbox_core::store_conformance_tests!(super::memory_store);
+
+    #[tokio::test]
+    async fn commit_order_guard() {
+        super::store_suite::commit_order_guard(&super::memory_store).await;
+    }
+}
+
+mod relay {
+    outbox_core::relay_conformance_tests!(super::memory_store);
+}
+
+mod inbox {
+    outbox_core::inbox_conformance_tests!(super::memory_inbox);
+}
+
+mod publisher {
+    use super::*;
+
+    #[tokio::test]
+    async fn round_trips_every_field() {
+        publisher_suite::round_trips_every_field(&RecordingHarness::default()).await;
+    }
+
+    #[tokio::test]
+    async fn keeps_order_within_a_key() {
+        publisher_suite::keeps_order_within_a_key(&RecordingHarness::default()).await;
+    }
+
+    #[tokio::test]
+    async fn empty_batch_is_a_noop() {
+        publisher_suite::empty_batch_is_a_noop(&RecordingHarness::default()).await;
+    }
+}
