@@ -212,7 +212,7 @@ impl BatchWork {
                 }
                 Err(error) => error,
             };
-            let keep_key_going = match error.class {
+            match error.class {
                 ErrorClass::Outage => {
                     // Nothing is wrong with the event: return it untouched.
                     self.releases.push(Release {
@@ -220,14 +220,12 @@ impl BatchWork {
                         attempt_started: false,
                     });
                     outage.get_or_insert(error.message);
-                    false
                 }
                 ErrorClass::Transient => {
                     let attempts = self.events[i].event.attempts + 1;
                     match ctx.config.retry.decide(attempts, ctx.random.as_ref()) {
                         RetryDecision::RetryAfter(after) => {
-                            self.nack(i, NackAction::Retry { after }, &error);
-                            false
+                            self.nack(i, NackAction::Retry { after }, &error)
                         }
                         RetryDecision::GiveUp => {
                             self.fail(ctx, i, FailReason::AttemptsExhausted, &error)
@@ -235,10 +233,11 @@ impl BatchWork {
                     }
                 }
                 ErrorClass::Permanent => self.fail(ctx, i, FailReason::Permanent, &error),
-            };
-            if !keep_key_going {
-                stopped_keys.insert(key);
             }
+            // Even under `Skip`, the key's later events wait for the next
+            // claim: publishing them before this failure is durable would let
+            // a crash re-claim the failed event and publish it after them.
+            stopped_keys.insert(key);
         }
         outage
     }
@@ -253,15 +252,14 @@ impl BatchWork {
         self.nacks.push((i, nack));
     }
 
-    /// Dead-letters event `i`; returns whether its key may go on.
+    /// Dead-letters event `i`.
     fn fail<S, P>(
         &mut self,
         ctx: &RelayContext<S, P>,
         i: usize,
         reason: FailReason,
         error: &PublishError,
-    ) -> bool
-    where
+    ) where
         S: OutboxStore + ?Sized,
         P: Publisher + ?Sized,
     {
@@ -276,7 +274,6 @@ impl BatchWork {
             error: error.message.clone(),
             key_blocked: block_key,
         });
-        !block_key
     }
 
     /// Writes every decision made so far and returns every undecided lease.
