@@ -13,11 +13,13 @@ use crate::event::EventId;
 use crate::inbox::InboxStore;
 
 type Effect = Box<dyn FnOnce() + Send>;
+/// `(consumer, event_id)` → when the claim committed.
+type Claims = HashMap<(String, EventId), DateTime<Utc>>;
 
 /// An inbox in memory. Clones share the same claims.
 #[derive(Clone, Debug)]
 pub struct MemoryInbox {
-    claims: Arc<Mutex<HashMap<(String, EventId), DateTime<Utc>>>>,
+    claims: Arc<Mutex<Claims>>,
     clock: Arc<dyn Clock>,
 }
 

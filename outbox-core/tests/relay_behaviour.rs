@@ -1,0 +1,252 @@
+//! Relay behaviour beyond the conformance suites: how batches are shaped
+//! into publish calls, wake-ups, the lease guard and store-error backoff.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::memory::{MemoryStore, MockPublisher, RecordingPublisher};
+use outbox_core::store::{
+    ClaimRequest, ClaimedBatch, EventState, Lease, Nack, OutboxAdmin, OutboxStore, OutboxWriter,
+    RelayId, Release, SettleReport,
+};
+use outbox_core::testing::{event, relay_suite};
+use outbox_core::{
+    CancellationToken, EventId, ManualClock, NewEvent, Ordering, PublisherCapabilities, Relay,
+    RelayConfig, StoreError,
+};
+use tokio::sync::Notify;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn store() -> Arc<MemoryStore> {
+    Arc::new(MemoryStore::with_clock(Arc::new(ManualClock::at_epoch())))
+}
+
+async fn enqueue(store: &MemoryStore, events: &[NewEvent]) {
+    store.enqueue(events).await.unwrap();
+}
+
+fn ids(events: &[outbox_core::StoredEvent]) -> Vec<EventId> {
+    events.iter().map(|e| e.event_id).collect()
+}
+
+/// a1 a2 a3 b1 claimed together, as the publish calls they become.
+async fn calls_for(config: RelayConfig, capabilities: PublisherCapabilities) -> Vec<Vec<EventId>> {
+    let store = store();
+    let batch = [event("a", 1), event("a", 2), event("a", 3), event("b", 1)];
+    enqueue(&store, &batch).await;
+    let (mock, handle) = MockPublisher::pair();
+    let relay = Relay::new(
+        store,
+        Arc::new(mock.with_capabilities(capabilities)),
+        config,
+    )
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let task = relay.spawn(shutdown.clone());
+    let mut calls = Vec::new();
+    let mut seen = 0;
+    while seen < batch.len() {
+        let call = tokio::time::timeout(DEADLINE, handle.next_call())
+            .await
+            .unwrap();
+        seen += call.events.len();
+        calls.push(ids(&call.events));
+        call.succeed_all();
+    }
+    shutdown.cancel();
+    assert_eq!(task.await.unwrap().published, 4);
+    let id = |i: usize| batch[i].event_id;
+    assert!(calls.concat().iter().all(|e| (0..4).any(|i| id(i) == *e)));
+    calls
+}
+
+#[tokio::test]
+async fn per_key_mode_sends_one_event_per_key_per_call() {
+    let calls = calls_for(
+        relay_suite::config("waves"),
+        PublisherCapabilities::default(),
+    )
+    .await;
+    assert_eq!(
+        calls.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![2, 1, 1]
+    );
+}
+
+#[tokio::test]
+async fn an_order_keeping_publisher_gets_the_whole_batch_at_once() {
+    let caps = PublisherCapabilities {
+        max_batch: 100,
+        preserves_key_order: true,
+    };
+    let calls = calls_for(relay_suite::config("one-call"), caps).await;
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].len(), 4);
+}
+
+#[tokio::test]
+async fn unordered_mode_fills_calls_up_to_max_batch() {
+    let mut config = relay_suite::config("unordered");
+    config.ordering = Ordering::Unordered;
+    let caps = PublisherCapabilities {
+        max_batch: 3,
+        preserves_key_order: false,
+    };
+    let calls = calls_for(config, caps).await;
+    assert_eq!(calls.iter().map(Vec::len).collect::<Vec<_>>(), vec![3, 1]);
+}
+
+#[tokio::test]
+async fn a_wake_up_hint_ends_the_idle_wait() {
+    let inner = MemoryStore::with_clock(Arc::new(ManualClock::at_epoch()));
+    let store = InstrumentedStore::new(inner.clone(), 0);
+    let publisher = Arc::new(RecordingPublisher::new());
+    let mut config = relay_suite::config("sleepy");
+    config.poll_interval = Duration::from_secs(3600);
+    let relay = Relay::new(store.clone(), publisher.clone(), config)
+        .unwrap()
+        .with_wake_up(inner.wake_up());
+    let shutdown = CancellationToken::new();
+    let task = relay.spawn(shutdown.clone());
+    // The first claim finds nothing, so the relay idles on an hour-long
+    // poll: only the hint can bring it back within the deadline.
+    tokio::time::timeout(DEADLINE, store.wait_for_claims(1))
+        .await
+        .unwrap();
+    enqueue(&inner, &[event("a", 1)]).await;
+    tokio::time::timeout(DEADLINE, publisher.wait_for_deliveries(1))
+        .await
+        .expect("woken by the hint, not the hour-long poll");
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_too_short_for_another_attempt_is_released_unstarted() {
+    let store = store();
+    let (a1, a2) = (event("a", 1), event("a", 2));
+    enqueue(&store, &[a1.clone(), a2.clone()]).await;
+    let (mock, handle) = MockPublisher::pair();
+    let mut config = relay_suite::config("late");
+    config.lease_duration = Duration::from_secs(10);
+    config.publish_timeout = Duration::from_secs(5);
+    let shutdown = CancellationToken::new();
+    let task = Relay::new(store.clone(), Arc::new(mock), config)
+        .unwrap()
+        .spawn(shutdown.clone());
+    let first = handle.next_call().await;
+    assert_eq!(ids(&first.events), vec![a1.event_id]);
+    // 6 s into a 10 s lease, a 5 s attempt could outlive it.
+    tokio::time::advance(Duration::from_secs(6)).await;
+    first.succeed_all();
+    let second = handle.next_call().await;
+    assert_eq!(
+        ids(&second.events),
+        vec![a2.event_id],
+        "a2 comes back in a fresh claim"
+    );
+    second.succeed_all();
+    shutdown.cancel();
+    let report = task.await.unwrap();
+    assert_eq!((report.published, report.released), (2, 1));
+    let history = store.history(a2.event_id).await.unwrap();
+    assert!(history.is_empty(), "the release burned no attempt");
+}
+
+/// A memory store that counts claims (and can fail the first few with a
+/// retryable error), so tests can wait for "the relay has claimed".
+struct InstrumentedStore {
+    inner: MemoryStore,
+    failures_left: AtomicUsize,
+    claims: AtomicUsize,
+    claimed: Notify,
+}
+
+impl InstrumentedStore {
+    fn new(inner: MemoryStore, failures: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            failures_left: AtomicUsize::new(failures),
+            claims: AtomicUsize::new(0),
+            claimed: Notify::new(),
+        })
+    }
+
+    async fn wait_for_claims(&self, n: usize) {
+        loop {
+            let notified = self.claimed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.claims.load(AtomicOrdering::SeqCst) >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[async_trait]
+impl OutboxStore for InstrumentedStore {
+    async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
+        let left = self.failures_left.load(AtomicOrdering::SeqCst);
+        let result = if left > 0 {
+            self.failures_left.store(left - 1, AtomicOrdering::SeqCst);
+            Err(StoreError::Unavailable(
+                "connection reset (injected)".into(),
+            ))
+        } else {
+            self.inner.claim_batch(request).await
+        };
+        self.claims.fetch_add(1, AtomicOrdering::SeqCst);
+        self.claimed.notify_waiters();
+        result
+    }
+    async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
+        self.inner.ack(leases).await
+    }
+    async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
+        self.inner.nack(nacks).await
+    }
+    async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
+        self.inner.release(releases).await
+    }
+    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+        self.inner.heartbeat(relay).await
+    }
+}
+
+#[tokio::test]
+async fn store_errors_back_off_and_recover() {
+    let inner = MemoryStore::with_clock(Arc::new(ManualClock::at_epoch()));
+    let e = event("a", 1);
+    enqueue(&inner, std::slice::from_ref(&e)).await;
+    let store = InstrumentedStore::new(inner.clone(), 3);
+    let publisher = Arc::new(RecordingPublisher::new());
+    let shutdown = CancellationToken::new();
+    let task = Relay::new(store, publisher.clone(), relay_suite::config("flaky"))
+        .unwrap()
+        .spawn(shutdown.clone());
+    tokio::time::timeout(DEADLINE, publisher.wait_for_deliveries(1))
+        .await
+        .unwrap();
+    shutdown.cancel();
+    let report = task.await.unwrap();
+    assert_eq!((report.store_errors, report.published), (3, 1));
+    assert!(matches!(
+        inner.event_state(e.event_id).await.unwrap(),
+        Some(EventState::Published { .. })
+    ));
+}
+
+#[test]
+fn invalid_settings_are_refused_before_running() {
+    let mut config = RelayConfig::default();
+    config.publish_timeout = config.lease_duration * 2;
+    let err = Relay::new(store(), Arc::new(RecordingPublisher::new()), config)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("publish_timeout"));
+}
