@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The README's test command: formatting, lints, then every test.
+# The README's test command: start/check services, then formatting, lints
+# and every test.
 #
-# Builds once per feature set and runs each set's tests in a single
-# `cargo test` invocation. Under CI=true a test that needs a service it
-# cannot reach fails rather than skips.
+# Tests run in one `cargo nextest` invocation over the workspace with all
+# features (doc tests in one `cargo test --doc`). A test that needs a service
+# it cannot reach fails; it never passes silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,11 +13,18 @@ export CARGO_INCREMENTAL=0
 
 step() { printf '\n==> %s\n' "$*"; }
 
+step "services"
+scripts/services.sh
+
 step "cargo fmt --check"
 cargo fmt --all --check
 
 step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "cargo test (workspace, all features)"
-cargo test --workspace --all-features
+# Doc tests first: the run then closes on nextest's summary of every test.
+step "doc tests"
+cargo test --workspace --all-features --doc
+
+step "cargo nextest run (workspace, all features)"
+cargo nextest run --workspace --all-features

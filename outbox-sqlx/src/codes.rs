@@ -1,0 +1,60 @@
+//! Text codes stored for enums, shared by every SQL dialect.
+
+use outbox_core::store::{AttemptKind, FailReason};
+use outbox_core::{ErrorClass, StoreError};
+
+/// Row status codes.
+pub(crate) const PENDING: i16 = 0;
+pub(crate) const IN_FLIGHT: i16 = 1;
+pub(crate) const PUBLISHED: i16 = 2;
+pub(crate) const FAILED: i16 = 3;
+
+pub(crate) fn attempt_kind_code(kind: AttemptKind) -> &'static str {
+    match kind {
+        AttemptKind::TransientFailure => "TransientFailure",
+        AttemptKind::PermanentFailure => "PermanentFailure",
+        AttemptKind::AttemptsExhausted => "AttemptsExhausted",
+        AttemptKind::CrashLoop => "CrashLoop",
+        AttemptKind::Requeued => "Requeued",
+        AttemptKind::Skipped => "Skipped",
+        AttemptKind::Superseded => "Superseded",
+    }
+}
+
+pub(crate) fn attempt_kind(code: &str) -> Result<AttemptKind, StoreError> {
+    Ok(match code {
+        "TransientFailure" => AttemptKind::TransientFailure,
+        "PermanentFailure" => AttemptKind::PermanentFailure,
+        "AttemptsExhausted" => AttemptKind::AttemptsExhausted,
+        "CrashLoop" => AttemptKind::CrashLoop,
+        "Requeued" => AttemptKind::Requeued,
+        "Skipped" => AttemptKind::Skipped,
+        "Superseded" => AttemptKind::Superseded,
+        other => return Err(StoreError::fatal(format!("unknown attempt kind {other:?}"))),
+    })
+}
+
+pub(crate) fn error_class(code: &str) -> Result<ErrorClass, StoreError> {
+    Ok(match code {
+        "transient" => ErrorClass::Transient,
+        "permanent" => ErrorClass::Permanent,
+        "outage" => ErrorClass::Outage,
+        other => return Err(StoreError::fatal(format!("unknown error class {other:?}"))),
+    })
+}
+
+/// The history kind a nack records.
+pub(crate) fn nack_kind(action: &outbox_core::store::NackAction) -> AttemptKind {
+    use outbox_core::store::NackAction;
+    match action {
+        NackAction::Retry { .. } => AttemptKind::TransientFailure,
+        NackAction::Fail {
+            reason: FailReason::Permanent,
+            ..
+        } => AttemptKind::PermanentFailure,
+        NackAction::Fail {
+            reason: FailReason::AttemptsExhausted,
+            ..
+        } => AttemptKind::AttemptsExhausted,
+    }
+}

@@ -1,0 +1,196 @@
+//! Store settings: validated table names, limits, clock.
+
+use std::sync::Arc;
+
+use outbox_core::{Clock, EventLimits, StoreError, SystemClock};
+
+/// Names of the tables a store uses, derived from one validated prefix:
+/// `{prefix}_events`, `{prefix}_attempts`, `{prefix}_inbox`, `{prefix}_relays`,
+/// optionally inside a schema (PostgreSQL) or database (MySQL).
+///
+/// Names are checked to be plain lowercase SQL identifiers, so every query
+/// built from them is free of injected SQL; anything else is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableNames {
+    schema: Option<String>,
+    prefix: String,
+}
+
+/// The prefix of the default table names.
+pub const DEFAULT_PREFIX: &str = "outbox";
+
+impl Default for TableNames {
+    fn default() -> Self {
+        Self {
+            schema: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+        }
+    }
+}
+
+impl TableNames {
+    /// Tables named `{prefix}_events`, … in the connection's default schema.
+    pub fn with_prefix(prefix: &str) -> Result<Self, StoreError> {
+        check_identifier("table prefix", prefix, 40)?;
+        Ok(Self {
+            schema: None,
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    /// Places the tables in `schema` (PostgreSQL schema, MySQL database).
+    /// Not supported by SQLite, which refuses it when the store is built.
+    pub fn in_schema(mut self, schema: &str) -> Result<Self, StoreError> {
+        check_identifier("schema", schema, 63)?;
+        self.schema = Some(schema.to_owned());
+        Ok(self)
+    }
+
+    /// The schema, if any.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `schema.` or nothing, for qualifying table names.
+    pub(crate) fn qualifier(&self) -> String {
+        self.schema
+            .as_ref()
+            .map(|s| format!("{s}."))
+            .unwrap_or_default()
+    }
+
+    /// The events table, qualified.
+    pub fn events(&self) -> String {
+        format!("{}{}_events", self.qualifier(), self.prefix)
+    }
+
+    /// The attempt-history table, qualified.
+    pub fn attempts(&self) -> String {
+        format!("{}{}_attempts", self.qualifier(), self.prefix)
+    }
+
+    /// The inbox table, qualified.
+    pub fn inbox(&self) -> String {
+        format!("{}{}_inbox", self.qualifier(), self.prefix)
+    }
+
+    /// The relay-liveness table, qualified.
+    pub fn relays(&self) -> String {
+        format!("{}{}_relays", self.qualifier(), self.prefix)
+    }
+
+    /// Renders a schema template written with the default names
+    /// (`outbox_events`, …) and `{{schema}}` before every table reference.
+    pub(crate) fn render(&self, template: &str) -> String {
+        template
+            .replace("{{schema}}", &self.qualifier())
+            .replace("outbox_", &format!("{}_", self.prefix))
+    }
+}
+
+/// Accepts `[a-z_][a-z0-9_]*` up to `max` bytes.
+pub(crate) fn check_identifier(what: &str, value: &str, max: usize) -> Result<(), StoreError> {
+    let mut chars = value.chars();
+    let valid_start = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    let valid_rest = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid_start || !valid_rest || value.len() > max {
+        return Err(StoreError::Config(format!(
+            "{what} {value:?} must match [a-z_][a-z0-9_]* and be at most {max} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// Settings shared by every SQL store.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Table names.
+    pub tables: TableNames,
+    /// Limits checked at enqueue.
+    pub limits: EventLimits,
+    /// The store's notion of "now" (leases, backoff, ages). Every relay
+    /// sharing a table should run on well-synchronised clocks; leases of
+    /// seconds tolerate the usual NTP skew.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            tables: TableNames::default(),
+            limits: EventLimits::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl StoreConfig {
+    /// Default settings on the given tables.
+    pub fn with_tables(tables: TableNames) -> Self {
+        Self {
+            tables,
+            ..Self::default()
+        }
+    }
+
+    /// Replaces the clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Replaces the limits.
+    pub fn with_limits(mut self, limits: EventLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_anything_but_plain_identifiers() {
+        for bad in [
+            "",
+            "Outbox",
+            "1abc",
+            "a-b",
+            "a;drop table x",
+            "a b",
+            "\"q\"",
+            &"x".repeat(41),
+        ] {
+            let err = TableNames::with_prefix(bad).unwrap_err();
+            assert!(matches!(err, StoreError::Config(_)), "{bad:?}");
+            assert!(!err.is_retryable());
+        }
+        assert!(TableNames::default().in_schema("Bad").is_err());
+        let names = TableNames::with_prefix("billing_outbox")
+            .unwrap()
+            .in_schema("app")
+            .unwrap();
+        assert_eq!(names.events(), "app.billing_outbox_events");
+        assert_eq!(names.inbox(), "app.billing_outbox_inbox");
+    }
+
+    #[test]
+    fn renders_templates_with_names() {
+        let names = TableNames::with_prefix("t1")
+            .unwrap()
+            .in_schema("s")
+            .unwrap();
+        assert_eq!(
+            names.render("CREATE INDEX outbox_events_live ON {{schema}}outbox_events (x)"),
+            "CREATE INDEX t1_events_live ON s.t1_events (x)"
+        );
+    }
+}

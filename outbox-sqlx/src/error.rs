@@ -1,0 +1,49 @@
+//! Maps sqlx errors onto the core's error, deciding retryability.
+
+use outbox_core::StoreError;
+
+/// Classifies a driver error: connection trouble, pool timeouts,
+/// serialization failures and deadlocks are retryable; the rest is not.
+pub(crate) fn store_error(error: sqlx::Error) -> StoreError {
+    match &error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => StoreError::Unavailable(Box::new(error)),
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            if is_conflict(&code) {
+                StoreError::Conflict(db.message().to_owned())
+            } else if is_unavailable(&code) {
+                StoreError::Unavailable(Box::new(error))
+            } else {
+                StoreError::fatal(error)
+            }
+        }
+        _ => StoreError::fatal(error),
+    }
+}
+
+/// Serialization failure / deadlock in PostgreSQL, MySQL and SQLite.
+fn is_conflict(code: &str) -> bool {
+    matches!(
+        code,
+        "40001" | "40P01" | "1213" | "1205" | "5" | "6" | "517" | "261" | "262"
+    )
+}
+
+/// PostgreSQL admin shutdown / cannot connect now; MySQL server gone.
+fn is_unavailable(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "2006" | "2013")
+}
+
+pub(crate) trait ResultExt<T> {
+    fn store(self) -> Result<T, StoreError>;
+}
+
+impl<T> ResultExt<T> for Result<T, sqlx::Error> {
+    fn store(self) -> Result<T, StoreError> {
+        self.map_err(store_error)
+    }
+}

@@ -1,0 +1,12 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod codes;
+mod config;
+mod error;
+mod validate;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+
+pub use config::{DEFAULT_PREFIX, StoreConfig, TableNames};

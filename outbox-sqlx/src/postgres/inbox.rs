@@ -1,0 +1,90 @@
+//! [`PgInbox`]: the inbox on PostgreSQL, in the consumer's own transaction.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::{EventId, InboxStore, StoreError};
+use sqlx::{Postgres, Transaction};
+
+use super::store::PgStore;
+use crate::error::ResultExt;
+
+/// The inbox table of a [`PgStore`]. The transaction is a plain
+/// `sqlx::Transaction`: write your effect through it, then commit.
+#[derive(Clone, Debug)]
+pub struct PgInbox {
+    store: PgStore,
+}
+
+impl PgStore {
+    /// The inbox sharing this store's pool and names.
+    pub fn inbox(&self) -> PgInbox {
+        PgInbox {
+            store: self.clone(),
+        }
+    }
+}
+
+impl PgInbox {
+    /// Claims `(consumer, event_id)` on `conn` (inside your transaction),
+    /// for callers who manage their own. `true` means "apply the effect now".
+    pub async fn claim_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.store.queries.inbox_claim)
+            .bind(consumer)
+            .bind(event_id.as_uuid())
+            .bind(self.store.config.clock.now())
+            .execute(conn)
+            .await
+            .store()?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+#[async_trait]
+impl InboxStore for PgInbox {
+    type Transaction = Transaction<'static, Postgres>;
+
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.store.pool.begin().await.store()
+    }
+
+    async fn claim(
+        &self,
+        tx: &mut Self::Transaction,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        // A concurrent claim of the same key waits on the primary key until
+        // the first commits, then finds the row and inserts nothing.
+        self.claim_in(tx, consumer, event_id).await
+    }
+
+    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.commit().await.store()
+    }
+
+    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.rollback().await.store()
+    }
+
+    async fn purge_older_than(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        let cutoff = self.store.config.clock.now()
+            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        let done = sqlx::query(&self.store.queries.inbox_purge)
+            .bind(cutoff)
+            .bind(batch_size.min(i64::MAX as usize) as i64)
+            .execute(&self.store.pool)
+            .await
+            .store()?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,14 @@
+//! PostgreSQL (feature `postgres`).
+
+mod admin;
+mod inbox;
+mod listen;
+mod queries;
+mod row;
+mod store;
+#[cfg(feature = "testing")]
+mod testing;
+
+pub use inbox::PgInbox;
+pub use listen::PgWakeUp;
+pub use store::PgStore;

@@ -1,0 +1,271 @@
+//! The core's conformance suites and PostgreSQL-specific checks, against a
+//! live server (`OUTBOX_PG_URL`, default the loopback `outbox_test` database).
+#![cfg(feature = "postgres")]
+
+mod support;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use outbox_core::store::{EnqueueOutcome, EventState, OutboxAdmin};
+use outbox_core::testing::{InboxHarness, event, event_with_payload};
+use outbox_core::{EventId, InvalidEvent, ManualClock, StoreError};
+use outbox_sqlx::postgres::{PgInbox, PgStore};
+use outbox_sqlx::{StoreConfig, TableNames};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row, Transaction};
+
+fn url() -> String {
+    std::env::var("OUTBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into())
+}
+
+async fn pool() -> PgPool {
+    let url = url();
+    match PgPoolOptions::new().max_connections(8).connect(&url).await {
+        Ok(pool) => pool,
+        Err(e) => support::unreachable("PostgreSQL", &url, e),
+    }
+}
+
+/// A store on fresh tables in a schema of its own.
+async fn store_on(clock: ManualClock) -> PgStore {
+    let pool = pool().await;
+    let schema = support::unique_name("t");
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let tables = TableNames::default().in_schema(&schema).unwrap();
+    let store = PgStore::new(
+        pool,
+        StoreConfig::with_tables(tables).with_clock(Arc::new(clock)),
+    );
+    store.migrate().await.unwrap();
+    store
+}
+
+/// Boxed as `dyn Future + Send`: works around rustc's "not general enough"
+/// limitation on unboxed async fns that borrow sqlx connections.
+fn pg_store(clock: ManualClock) -> BoxFuture<'static, Arc<PgStore>> {
+    Box::pin(async move { Arc::new(store_on(clock).await) })
+}
+
+mod store {
+    outbox_core::store_conformance_tests!(super::pg_store);
+
+    #[tokio::test]
+    async fn commit_order_guard() {
+        outbox_core::testing::store_suite::commit_order_guard(&super::pg_store).await;
+    }
+}
+
+mod relay {
+    outbox_core::relay_conformance_tests!(super::pg_store);
+}
+
+/// The inbox plus an effects table written in the same transaction.
+struct PgInboxHarness {
+    inbox: PgInbox,
+    pool: PgPool,
+    effects: String,
+    clock: ManualClock,
+}
+
+#[async_trait]
+impl InboxHarness for PgInboxHarness {
+    type Inbox = PgInbox;
+    fn inbox(&self) -> &PgInbox {
+        &self.inbox
+    }
+    async fn apply_effect(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO {} (consumer, event_id) VALUES ($1, $2)",
+            self.effects
+        ))
+        .bind(consumer)
+        .bind(event_id.as_uuid())
+        .execute(&mut **tx)
+        .await
+        .map_err(StoreError::fatal)?;
+        Ok(())
+    }
+    async fn effects(&self, consumer: &str) -> Result<Vec<EventId>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT event_id FROM {} WHERE consumer = $1 ORDER BY seq",
+            self.effects
+        ))
+        .bind(consumer)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(StoreError::fatal)?;
+        Ok(rows
+            .iter()
+            .map(|r| EventId::from_uuid(r.get("event_id")))
+            .collect())
+    }
+    fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+}
+
+fn pg_inbox(clock: ManualClock) -> BoxFuture<'static, Arc<PgInboxHarness>> {
+    Box::pin(pg_inbox_inner(clock))
+}
+
+async fn pg_inbox_inner(clock: ManualClock) -> Arc<PgInboxHarness> {
+    let store = store_on(clock.clone()).await;
+    let schema = store_schema(&store);
+    let effects = format!("{schema}.effects");
+    sqlx::query(&format!(
+        "CREATE TABLE {effects} (seq BIGSERIAL PRIMARY KEY, consumer TEXT NOT NULL, event_id UUID NOT NULL)"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    Arc::new(PgInboxHarness {
+        inbox: store.inbox(),
+        pool: store.pool().clone(),
+        effects,
+        clock,
+    })
+}
+
+fn store_schema(store: &PgStore) -> String {
+    let sql = store.schema_sql();
+    let start = sql.find("CREATE TABLE IF NOT EXISTS ").unwrap() + 27;
+    sql[start..].split('.').next().unwrap().to_owned()
+}
+
+mod inbox {
+    outbox_core::inbox_conformance_tests!(super::pg_inbox);
+}
+
+#[tokio::test]
+async fn enqueue_joins_the_callers_transaction() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let (kept, dropped) = (event("a", 1), event("a", 2));
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .enqueue(&mut tx, std::slice::from_ref(&dropped))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    let outcome = store
+        .enqueue(&mut tx, std::slice::from_ref(&kept))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(matches!(outcome[0], EnqueueOutcome::Inserted { .. }));
+    assert_eq!(store.event_state(dropped.event_id).await.unwrap(), None);
+    assert!(matches!(
+        store.event_state(kept.event_id).await.unwrap(),
+        Some(EventState::Pending { .. })
+    ));
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_typed_error_before_the_insert() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let nul = event_with_payload("a", 1, serde_json::json!({ "memo": "x\u{0}y" }));
+    let mut nul_key = event("a", 2);
+    nul_key.aggregate_id = "inv\0".into();
+    for (bad, what) in [(nul, "U+0000 in jsonb"), (nul_key, "NUL in text")] {
+        let mut tx = store.pool().begin().await.unwrap();
+        let err = store.enqueue(&mut tx, &[bad]).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::InvalidEvent(InvalidEvent::UnstorableCharacter(_))
+            ),
+            "{what}: {err:?}"
+        );
+        // The caller's transaction is still usable: nothing was sent.
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn duplicate_ids_inside_one_bulk_insert() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let e = event("a", 1);
+    let mut twin = event("a", 2);
+    twin.event_id = e.event_id;
+    let outcomes = outbox_core::OutboxWriter::enqueue(&store, &[e, twin])
+        .await
+        .unwrap();
+    assert!(matches!(outcomes[0], EnqueueOutcome::Inserted { .. }));
+    assert_eq!(outcomes[1], EnqueueOutcome::AlreadyExists);
+}
+
+#[tokio::test]
+async fn bulk_enqueue_keeps_array_order_per_key() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let events: Vec<_> = (0..5000).map(|n| event("hot", n)).collect();
+    let outcomes = outbox_core::OutboxWriter::enqueue(&store, &events)
+        .await
+        .unwrap();
+    let sequences: Vec<i64> = outcomes
+        .iter()
+        .map(|o| match o {
+            EnqueueOutcome::Inserted { sequence } => *sequence,
+            EnqueueOutcome::AlreadyExists => panic!("all new"),
+        })
+        .collect();
+    assert!(sequences.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[tokio::test]
+async fn notify_wakes_an_idle_relay() {
+    use outbox_core::memory::RecordingPublisher;
+    use outbox_core::{CancellationToken, Relay};
+    let store = Arc::new(store_on(ManualClock::at_epoch()).await);
+    let publisher = Arc::new(RecordingPublisher::new());
+    let mut config = outbox_core::testing::relay_suite::config("pg-listener");
+    config.poll_interval = std::time::Duration::from_secs(3600);
+    let wake_up = store.wake_up().await.unwrap();
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(store.clone(), publisher.clone(), config)
+        .unwrap()
+        .with_wake_up(wake_up)
+        .spawn(shutdown.clone());
+    // Wait until the relay is idle (its heartbeat precedes the first claim).
+    loop {
+        if !store.relays().await.unwrap().is_empty() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    outbox_core::OutboxWriter::enqueue(&*store, &[event("a", 1)])
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        publisher.wait_for_deliveries(1),
+    )
+    .await
+    .expect("NOTIFY woke the relay long before its hour-long poll");
+    shutdown.cancel();
+    relay.await.unwrap();
+}
+
+#[tokio::test]
+async fn shipped_migration_is_the_default_rendering() {
+    let store = PgStore::new(
+        PgPoolOptions::new().connect_lazy(&url()).unwrap(),
+        StoreConfig::default(),
+    );
+    let on_disk = include_str!("../migrations/postgres/0001_outbox.sql");
+    assert_eq!(
+        on_disk,
+        store.schema_sql(),
+        "regenerate migrations/postgres/0001_outbox.sql from PgStore::schema_sql()"
+    );
+}

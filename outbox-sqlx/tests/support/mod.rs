@@ -1,0 +1,23 @@
+//! Shared by the live-database tests.
+#![allow(dead_code)]
+
+/// A random lowercase name for per-test isolation.
+pub fn unique_name(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// The database is required: a test that cannot reach it fails (under CI
+/// and locally alike). Set `OUTBOX_SKIP_UNAVAILABLE=1` to skip instead,
+/// which is refused when `CI=true`.
+pub fn unreachable(service: &str, url: &str, error: impl std::fmt::Display) -> ! {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let skip = std::env::var("OUTBOX_SKIP_UNAVAILABLE").is_ok_and(|v| v == "1");
+    if skip && !ci {
+        eprintln!("SKIPPED: {service} unreachable at {url}: {error}");
+        std::process::exit(0);
+    }
+    panic!("{service} unreachable at {url}: {error} (start it with scripts/services.sh)");
+}

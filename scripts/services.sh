@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Makes sure the services the tests need are up on loopback, and resets the
+# test databases. Idempotent; safe to run again. PostgreSQL, MariaDB and
+# Redis come with the machine; this starts them only if they are down.
+set -euo pipefail
+
+PG_URL_HOST=127.0.0.1
+say() { printf '    %s\n' "$*"; }
+
+wait_for() { # name, command...
+  local name=$1; shift
+  for _ in $(seq 1 60); do
+    if "$@" >/dev/null 2>&1; then say "$name is up"; return 0; fi
+    sleep 0.5
+  done
+  echo "error: $name did not come up" >&2
+  return 1
+}
+
+# PostgreSQL
+if ! pg_isready -h "$PG_URL_HOST" -p 5432 >/dev/null 2>&1; then
+  say "starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true
+fi
+wait_for PostgreSQL pg_isready -h "$PG_URL_HOST" -p 5432
+psql -h "$PG_URL_HOST" -U postgres -d postgres -qX \
+  -c "DROP DATABASE IF EXISTS outbox_test WITH (FORCE)" \
+  -c "CREATE DATABASE outbox_test" >/dev/null
+say "PostgreSQL database outbox_test reset"
