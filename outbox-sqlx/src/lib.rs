@@ -8,5 +8,7 @@ mod validate;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 pub use config::{DEFAULT_PREFIX, StoreConfig, TableNames};

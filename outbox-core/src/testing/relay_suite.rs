@@ -485,7 +485,7 @@ pub async fn backoff_holds_the_key_back<F: StoreFactory>(factory: &F) {
     let relay = start(store.clone(), publisher.clone(), cfg.clone(), None);
     within("key b", publisher.wait_for_deliveries(1)).await;
     let report = relay.stop().await;
-    assert_eq!(report.retried, 1);
+    assert_eq!(report.retried, 1, "{report:?}");
     assert_eq!(publisher.delivered_ids(), vec![b1.event_id]);
     assert!(matches!(
         state(&*store, a1.event_id).await,

@@ -1,0 +1,225 @@
+//! Every SQLite statement, built once from validated table names. Batches
+//! travel as one JSON array parameter read with `json_each`, so each
+//! settlement is one statement whatever the batch size.
+
+use crate::config::TableNames;
+
+pub(super) const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
+    event_type, partition_key, payload, payload_version, headers, created_at, available_at, attempts";
+
+/// Pending and due, or leased with an expired lease (`?1` is now).
+const CLAIMABLE: &str =
+    "CASE WHEN c.status = 0 THEN c.available_at <= ?1 ELSE c.lease_expires_at <= ?1 END";
+
+pub(super) struct Queries {
+    pub(super) enqueue: String,
+    pub(super) crash_loops: String,
+    pub(super) claim_per_key: String,
+    pub(super) claim_unordered: String,
+    pub(super) ack: String,
+    pub(super) nack: String,
+    pub(super) release: String,
+    pub(super) record_many: String,
+    pub(super) heartbeat: String,
+    pub(super) stats: String,
+    pub(super) event_state: String,
+    pub(super) failed_events: String,
+    pub(super) history: String,
+    pub(super) blocked_keys: String,
+    pub(super) requeue: String,
+    pub(super) skip: String,
+    pub(super) supersede_lock: String,
+    pub(super) supersede_insert: String,
+    pub(super) supersede_mark: String,
+    pub(super) purge_history: String,
+    pub(super) purge: String,
+    pub(super) relays: String,
+    pub(super) inbox_claim: String,
+    pub(super) inbox_purge: String,
+}
+
+impl Queries {
+    pub(super) fn new(names: &TableNames) -> Self {
+        let events = names.events();
+        let attempts = names.attempts();
+        let inbox = names.inbox();
+        let relays = names.relays();
+        let earlier =
+            "(COALESCE(p.ord, p.sequence), p.sequence) < (COALESCE(c.ord, c.sequence), c.sequence)";
+        let claim = |ordered: bool| {
+            let key_order = if ordered {
+                format!(
+                    "AND NOT EXISTS (
+                        SELECT 1 FROM {events} p
+                        WHERE p.partition_key = c.partition_key
+                          AND (p.status IN (0, 1) OR p.blocks_key)
+                          AND {earlier}
+                          AND NOT (p.status = 0 AND p.available_at <= ?1
+                                   OR p.status = 1 AND p.lease_expires_at <= ?1))"
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "UPDATE {events}
+                 SET status = 1, fencing_token = fencing_token + 1,
+                     unfinished_claims = unfinished_claims + 1,
+                     lease_owner = ?2, lease_expires_at = ?3
+                 WHERE sequence IN (
+                     SELECT c.sequence FROM {events} c
+                     WHERE c.status IN (0, 1) AND {CLAIMABLE} {key_order}
+                     ORDER BY COALESCE(c.ord, c.sequence), c.sequence
+                     LIMIT ?4)
+                 RETURNING {EVENT_COLUMNS}, fencing_token, lease_expires_at,
+                           COALESCE(ord, sequence) AS ord_key"
+            )
+        };
+        Self {
+            enqueue: format!(
+                "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type,
+                     partition_key, payload, payload_version, headers, created_at, available_at)
+                 SELECT json_extract(value, '$.id'), json_extract(value, '$.at'),
+                     json_extract(value, '$.ai'), json_extract(value, '$.et'),
+                     json_extract(value, '$.pk'), json_extract(value, '$.p'),
+                     json_extract(value, '$.v'), json_extract(value, '$.h'), ?2,
+                     COALESCE(json_extract(value, '$.a'), ?2)
+                 FROM json_each(?1) WHERE true
+                 ON CONFLICT (event_id) DO NOTHING
+                 RETURNING event_id, sequence"
+            ),
+            crash_loops: format!(
+                "UPDATE {events} AS c
+                 SET status = 3, blocks_key = ?3, unfinished_claims = 0, lease_expires_at = NULL
+                 WHERE c.status IN (0, 1) AND c.unfinished_claims >= ?2 AND {CLAIMABLE}
+                   AND NOT EXISTS (
+                       SELECT 1 FROM {events} p
+                       WHERE p.partition_key = c.partition_key
+                         AND (p.status IN (0, 1) OR p.blocks_key) AND {earlier})
+                 RETURNING {EVENT_COLUMNS}"
+            ),
+            claim_per_key: claim(true),
+            claim_unordered: claim(false),
+            ack: format!(
+                "UPDATE {events} AS e
+                 SET status = 2, published_at = ?2, unfinished_claims = 0, lease_expires_at = NULL
+                 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS token
+                       FROM json_each(?1)) AS l
+                 WHERE e.sequence = l.seq AND e.fencing_token = l.token AND e.status = 1
+                 RETURNING event_id"
+            ),
+            nack: format!(
+                "UPDATE {events} AS e
+                 SET status = l.new_status, blocks_key = l.blocks_key,
+                     available_at = COALESCE(l.available_at, e.available_at),
+                     attempts = e.attempts + 1, unfinished_claims = 0, lease_expires_at = NULL
+                 FROM (SELECT json_extract(value, '$.s') AS seq, json_extract(value, '$.t') AS token,
+                              json_extract(value, '$.st') AS new_status, json_extract(value, '$.b') AS blocks_key,
+                              json_extract(value, '$.a') AS available_at
+                       FROM json_each(?1)) AS l
+                 WHERE e.sequence = l.seq AND e.fencing_token = l.token AND e.status = 1
+                 RETURNING event_id, attempts, COALESCE(lease_owner, '') AS lease_owner"
+            ),
+            release: format!(
+                "UPDATE {events} AS e
+                 SET status = 0, lease_expires_at = NULL,
+                     unfinished_claims = CASE WHEN l.started THEN e.unfinished_claims
+                                              ELSE MAX(e.unfinished_claims - 1, 0) END
+                 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS token,
+                              json_extract(value, '$[2]') AS started
+                       FROM json_each(?1)) AS l
+                 WHERE e.sequence = l.seq AND e.fencing_token = l.token AND e.status = 1
+                 RETURNING event_id"
+            ),
+            record_many: format!(
+                "INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)
+                 SELECT json_extract(value, '$.id'), json_extract(value, '$.k'), ?2,
+                        json_extract(value, '$.actor'), json_extract(value, '$.c'),
+                        json_extract(value, '$.d'), json_extract(value, '$.n')
+                 FROM json_each(?1)"
+            ),
+            heartbeat: format!(
+                "INSERT INTO {relays} (relay, last_seen) VALUES (?1, ?2)
+                 ON CONFLICT (relay) DO UPDATE SET last_seen = excluded.last_seen"
+            ),
+            stats: format!(
+                "SELECT event_type,
+                     SUM(status = 0 AND available_at <= ?1) AS claimable,
+                     MIN(CASE WHEN status = 0 AND available_at <= ?1 THEN available_at END) AS oldest,
+                     SUM(status = 0 AND available_at > ?1) AS parked,
+                     SUM(status = 1) AS in_flight,
+                     SUM(status = 3) AS failed
+                 FROM {events} WHERE status IN (0, 1, 3)
+                 GROUP BY event_type ORDER BY event_type"
+            ),
+            event_state: format!(
+                "SELECT status, available_at, attempts, lease_owner, lease_expires_at, published_at,
+                        blocks_key, superseded_by
+                 FROM {events} WHERE event_id = ?1"
+            ),
+            failed_events: format!(
+                "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
+                 WHERE status = 3 ORDER BY sequence LIMIT ?1"
+            ),
+            history: format!(
+                "SELECT event_id, kind, at, actor, error_class, detail, attempts
+                 FROM {attempts} WHERE event_id = ?1 ORDER BY id"
+            ),
+            blocked_keys: format!(
+                "SELECT b.partition_key, b.event_id,
+                     (SELECT count(*) FROM {events} p
+                      WHERE p.partition_key = b.partition_key AND p.status IN (0, 1)) AS backlog
+                 FROM {events} b
+                 WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
+                     SELECT 1 FROM {events} e2
+                     WHERE e2.partition_key = b.partition_key AND e2.status = 3 AND e2.blocks_key
+                       AND (COALESCE(e2.ord, e2.sequence), e2.sequence)
+                           < (COALESCE(b.ord, b.sequence), b.sequence))
+                 ORDER BY b.partition_key"
+            ),
+            requeue: format!(
+                "UPDATE {events} SET status = 0, blocks_key = 0, attempts = 0,
+                     unfinished_claims = 0, available_at = ?2
+                 WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL
+                 RETURNING attempts"
+            ),
+            skip: format!(
+                "UPDATE {events} SET blocks_key = 0
+                 WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL
+                 RETURNING attempts"
+            ),
+            supersede_lock: format!(
+                "SELECT COALESCE(ord, sequence) AS ord_key, attempts FROM {events}
+                 WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL"
+            ),
+            supersede_insert: format!(
+                "INSERT INTO {events} (ord, event_id, aggregate_type, aggregate_id, event_type,
+                     partition_key, payload, payload_version, headers, created_at, available_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, COALESCE(?11, ?10))
+                 ON CONFLICT (event_id) DO NOTHING
+                 RETURNING sequence"
+            ),
+            supersede_mark: format!(
+                "UPDATE {events} SET blocks_key = 0, superseded_by = ?2 WHERE event_id = ?1"
+            ),
+            purge_history: format!(
+                "DELETE FROM {attempts} WHERE event_id IN (
+                     SELECT event_id FROM {events}
+                     WHERE status = 2 AND published_at <= ?1 ORDER BY published_at LIMIT ?2)"
+            ),
+            purge: format!(
+                "DELETE FROM {events} WHERE sequence IN (
+                     SELECT sequence FROM {events}
+                     WHERE status = 2 AND published_at <= ?1 ORDER BY published_at LIMIT ?2)"
+            ),
+            relays: format!("SELECT relay, last_seen FROM {relays} ORDER BY relay"),
+            inbox_claim: format!(
+                "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (consumer, event_id) DO NOTHING"
+            ),
+            inbox_purge: format!(
+                "DELETE FROM {inbox} WHERE rowid IN (
+                     SELECT rowid FROM {inbox} WHERE claimed_at <= ?1 LIMIT ?2)"
+            ),
+        }
+    }
+}

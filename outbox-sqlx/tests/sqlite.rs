@@ -1,0 +1,209 @@
+//! The core's conformance suites and SQLite-specific checks, on database
+//! files of their own under the system temp directory.
+#![cfg(feature = "sqlite")]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use outbox_core::store::{EnqueueOutcome, EventState, OutboxAdmin};
+use outbox_core::testing::{InboxHarness, event, event_with_payload};
+use outbox_core::{EventId, ManualClock, OutboxWriter, StoreError};
+use outbox_sqlx::sqlite::{SqliteInbox, SqliteStore};
+use outbox_sqlx::{StoreConfig, TableNames};
+use sqlx::{Row, Sqlite, SqlitePool, Transaction};
+
+fn db_path() -> String {
+    std::env::temp_dir()
+        .join(format!("{}.db", support::unique_name("outbox")))
+        .to_string_lossy()
+        .into_owned()
+}
+
+async fn store_on(clock: ManualClock) -> SqliteStore {
+    let config = StoreConfig::default().with_clock(Arc::new(clock));
+    let store = SqliteStore::open(&db_path(), config).await.unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+fn sqlite_store(clock: ManualClock) -> BoxFuture<'static, Arc<SqliteStore>> {
+    Box::pin(async move { Arc::new(store_on(clock).await) })
+}
+
+mod store {
+    outbox_core::store_conformance_tests!(super::sqlite_store);
+}
+
+mod relay {
+    outbox_core::relay_conformance_tests!(super::sqlite_store);
+}
+
+struct SqliteInboxHarness {
+    inbox: SqliteInbox,
+    pool: SqlitePool,
+    clock: ManualClock,
+}
+
+#[async_trait]
+impl InboxHarness for SqliteInboxHarness {
+    type Inbox = SqliteInbox;
+    fn inbox(&self) -> &SqliteInbox {
+        &self.inbox
+    }
+    async fn apply_effect(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO effects (consumer, event_id) VALUES (?1, ?2)")
+            .bind(consumer)
+            .bind(event_id.to_string())
+            .execute(&mut **tx)
+            .await
+            .map_err(StoreError::fatal)?;
+        Ok(())
+    }
+    async fn effects(&self, consumer: &str) -> Result<Vec<EventId>, StoreError> {
+        let rows = sqlx::query("SELECT event_id FROM effects WHERE consumer = ?1 ORDER BY seq")
+            .bind(consumer)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::fatal)?;
+        Ok(rows
+            .iter()
+            .map(|r| r.get::<String, _>("event_id").parse().unwrap())
+            .collect())
+    }
+    fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+}
+
+fn sqlite_inbox(clock: ManualClock) -> BoxFuture<'static, Arc<SqliteInboxHarness>> {
+    Box::pin(async move {
+        let store = store_on(clock.clone()).await;
+        sqlx::query(
+            "CREATE TABLE effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, consumer TEXT NOT NULL, event_id TEXT NOT NULL)",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        Arc::new(SqliteInboxHarness {
+            inbox: store.inbox(),
+            pool: store.pool().clone(),
+            clock,
+        })
+    })
+}
+
+mod inbox {
+    outbox_core::inbox_conformance_tests!(super::sqlite_inbox);
+}
+
+#[tokio::test]
+async fn payload_text_is_kept_byte_for_byte() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let mut e = event("a", 1);
+    e.payload = outbox_core::Payload::from_json_text(r#"{ "z": 1,  "a": "\u0000 kept" }"#).unwrap();
+    OutboxWriter::enqueue(&store, std::slice::from_ref(&e))
+        .await
+        .unwrap();
+    let claimed = outbox_core::OutboxStore::claim_batch(
+        &store,
+        &outbox_core::testing::store_suite::request("r", 1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.events[0].event.payload, e.payload);
+}
+
+#[tokio::test]
+async fn enqueue_joins_the_callers_transaction() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let (kept, dropped) = (event("a", 1), event("a", 2));
+    let mut tx = store.begin_immediate().await.unwrap();
+    store
+        .enqueue(&mut tx, std::slice::from_ref(&dropped))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = store.begin_immediate().await.unwrap();
+    store
+        .enqueue(&mut tx, std::slice::from_ref(&kept))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(store.event_state(dropped.event_id).await.unwrap(), None);
+    assert!(matches!(
+        store.event_state(kept.event_id).await.unwrap(),
+        Some(EventState::Pending { .. })
+    ));
+}
+
+/// Commit order is sequence order: a second writer cannot even begin while
+/// the first is open, so no later sequence can commit before an earlier one.
+#[tokio::test]
+async fn writers_are_serialised() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let mut first = store.begin_immediate().await.unwrap();
+    store.enqueue(&mut first, &[event("a", 1)]).await.unwrap();
+    let second = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.begin_immediate().await.unwrap();
+            let outcome = store.enqueue(&mut tx, &[event("a", 2)]).await.unwrap();
+            tx.commit().await.unwrap();
+            outcome
+        })
+    };
+    // The second writer waits on SQLite's write lock (busy timeout 5 s).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !second.is_finished(),
+        "a second writer began while the first was open"
+    );
+    first.commit().await.unwrap();
+    let outcome = second.await.unwrap();
+    assert!(matches!(
+        outcome[0],
+        EnqueueOutcome::Inserted { sequence: 2 }
+    ));
+}
+
+#[tokio::test]
+async fn bulk_enqueue_of_forty_thousand_is_one_statement() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let events: Vec<_> = (0..40_000)
+        .map(|n| event_with_payload(&format!("k{}", n % 1000), n, serde_json::json!({"n": n})))
+        .collect();
+    let outcomes = OutboxWriter::enqueue(&store, &events).await.unwrap();
+    assert_eq!(outcomes.len(), 40_000);
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, EnqueueOutcome::Inserted { .. }))
+    );
+}
+
+#[tokio::test]
+async fn a_schema_is_refused() {
+    let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
+    let tables = TableNames::default().in_schema("app").unwrap();
+    let err = SqliteStore::new(pool, StoreConfig::with_tables(tables)).unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)));
+}
+
+#[tokio::test]
+async fn shipped_migration_is_the_default_rendering() {
+    let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
+    let store = SqliteStore::new(pool, StoreConfig::default()).unwrap();
+    assert_eq!(
+        include_str!("../migrations/sqlite/0001_outbox.sql"),
+        store.schema_sql()
+    );
+}
