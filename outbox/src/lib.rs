@@ -1,8 +1,20 @@
 //! Transactional outbox and inbox for Rust.
 //!
-//! This facade re-exports [`outbox_core`]; adapters join behind features
-//! (`sqlx-postgres`, `sqlx-mysql`, `sqlx-sqlite`, `kafka`, `sns`, `redis`)
-//! as they land.
+//! Re-exports [`outbox_core`] (the event model, traits and relay) and, behind
+//! features, the adapters:
+//!
+//! | feature | module |
+//! |---|---|
+//! | `sqlx-postgres`, `sqlx-mysql`, `sqlx-sqlite` | [`sqlx`] (`outbox-sqlx`) |
+//! | `testing` | conformance suites for custom backends |
 #![forbid(unsafe_code)]
 
 pub use outbox_core::*;
+
+/// Stores on `sqlx` (PostgreSQL, MySQL/MariaDB, SQLite).
+#[cfg(any(
+    feature = "sqlx-postgres",
+    feature = "sqlx-mysql",
+    feature = "sqlx-sqlite"
+))]
+pub use outbox_sqlx as sqlx;

@@ -1,0 +1,1 @@
+//! Runnable examples live beside this file; see `Cargo.toml` for their names.
