@@ -116,7 +116,10 @@ async fn main() -> Result<(), Error> {
     )
     .execute(store.pool())
     .await?;
-    println!("SQLite database at {} (outbox tables migrated)\n", path.display());
+    println!(
+        "SQLite database at {} (outbox tables migrated)\n",
+        path.display()
+    );
 
     println!("1. Paying invoices: each payment and its event commit in one transaction");
     let mut ids = Vec::new();
@@ -129,7 +132,10 @@ async fn main() -> Result<(), Error> {
     println!("\n2. A payment that rolls back leaves no event behind");
     let (ghost, _) = pay(&store, "inv-4", "pay-4", false).await?;
     let state = store.event_state(ghost).await?;
-    println!("   inv-4 rolled back; its event {ghost} is in the outbox: {}", state.is_some());
+    println!(
+        "   inv-4 rolled back; its event {ghost} is in the outbox: {}",
+        state.is_some()
+    );
 
     println!("\n3. Replaying a payment produces the same event id: a reported no-op");
     let (replayed, outcome) = pay(&store, "inv-1", "pay-1", true).await?;
@@ -140,8 +146,12 @@ async fn main() -> Result<(), Error> {
     broker.inject(ids[2], Fault::FailAlways(ErrorClass::Permanent));
 
     println!("\n4. Relay 1 publishes, then crashes before acknowledging");
-    let first = Relay::new(Arc::new(store.clone()), broker.clone(), relay_config("relay-1"))?
-        .spawn(CancellationToken::new());
+    let first = Relay::new(
+        Arc::new(store.clone()),
+        broker.clone(),
+        relay_config("relay-1"),
+    )?
+    .spawn(CancellationToken::new());
     broker.wait_for_deliveries(2).await;
     first.abort();
     let _ = first.await;
@@ -153,11 +163,15 @@ async fn main() -> Result<(), Error> {
 
     let (alerts, mut alerted) = tokio::sync::mpsc::unbounded_channel();
     let shutdown = CancellationToken::new();
-    let second = Relay::new(Arc::new(store.clone()), broker.clone(), relay_config("relay-2"))?
-        .with_alert_hook(move |alert: &FailedAlert| {
-            let _ = alerts.send(alert.clone());
-        })
-        .spawn(shutdown.clone());
+    let second = Relay::new(
+        Arc::new(store.clone()),
+        broker.clone(),
+        relay_config("relay-2"),
+    )?
+    .with_alert_hook(move |alert: &FailedAlert| {
+        let _ = alerts.send(alert.clone());
+    })
+    .spawn(shutdown.clone());
     println!("   relay 2 waits for those leases to expire (2 s), then re-publishes");
     broker.wait_for_deliveries(4).await;
     let alert = alerted.recv().await.expect("the poison event is reported");
@@ -185,8 +199,15 @@ async fn main() -> Result<(), Error> {
                 .await?;
         }
         inbox.commit(tx).await?;
-        let verdict = if fresh { "applied" } else { "duplicate, skipped" };
-        println!("   {} {} -> {verdict}", delivered.event_type, delivered.aggregate_id);
+        let verdict = if fresh {
+            "applied"
+        } else {
+            "duplicate, skipped"
+        };
+        println!(
+            "   {} {} -> {verdict}",
+            delivered.event_type, delivered.aggregate_id
+        );
     }
     let (rows, cents): (i64, i64) =
         sqlx::query_as("SELECT count(*), COALESCE(sum(amount_cents), 0) FROM revenue")

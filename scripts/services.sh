@@ -27,3 +27,15 @@ psql -h "$PG_URL_HOST" -U postgres -d postgres -qX \
   -c "DROP DATABASE IF EXISTS outbox_test WITH (FORCE)" \
   -c "CREATE DATABASE outbox_test" >/dev/null
 say "PostgreSQL database outbox_test reset"
+
+# MariaDB / MySQL
+if ! mariadb-admin -h 127.0.0.1 -uroot ping >/dev/null 2>&1; then
+  say "starting MariaDB"
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+fi
+wait_for MariaDB mariadb-admin -h 127.0.0.1 -uroot ping
+# Tests create one database each (outbox_t_*); drop those of earlier runs.
+for db in $(mariadb -h 127.0.0.1 -uroot -N -e "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'outbox\_t\_%'"); do
+  mariadb -h 127.0.0.1 -uroot -e "DROP DATABASE \`$db\`"
+done
+say "MariaDB test databases cleared"

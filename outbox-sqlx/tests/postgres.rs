@@ -23,7 +23,11 @@ fn url() -> String {
 
 async fn pool() -> PgPool {
     let url = url();
-    match PgPoolOptions::new().max_connections(8).connect(&url).await {
+    match outbox_sqlx::guard_cancelled_transactions(PgPoolOptions::new())
+        .max_connections(8)
+        .connect(&url)
+        .await
+    {
         Ok(pool) => pool,
         Err(e) => support::unreachable("PostgreSQL", &url, e),
     }

@@ -16,6 +16,7 @@ use super::row::{self, micros};
 use super::store::SqliteStore;
 use crate::codes;
 use crate::error::ResultExt;
+use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
 
 impl SqliteStore {
@@ -50,14 +51,14 @@ impl SqliteStore {
             return Err(self.explain_miss(event_id).await);
         };
         let attempts: i64 = row.try_get("attempts").store()?;
-        let entry = (
+        let entry = HistoryEntry {
             event_id,
             kind,
-            action.operator.as_str(),
-            None,
-            action.reason.as_str(),
+            actor: action.operator.as_str(),
+            error_class: None,
+            detail: action.reason.as_str(),
             attempts,
-        );
+        };
         self.record(&mut tx, &[entry]).await?;
         tx.commit().await.store()
     }
@@ -237,14 +238,14 @@ impl OutboxAdmin for SqliteStore {
             .await
             .store()?;
         let detail = format!("superseded by {}: {}", replacement.event_id, action.reason);
-        let entry = (
+        let entry = HistoryEntry {
             event_id,
-            AttemptKind::Superseded,
-            action.operator.as_str(),
-            None,
-            detail.as_str(),
+            kind: AttemptKind::Superseded,
+            actor: action.operator.as_str(),
+            error_class: None,
+            detail: detail.as_str(),
             attempts,
-        );
+        };
         self.record(&mut tx, &[entry]).await?;
         tx.commit().await.store()?;
         Ok(EnqueueOutcome::Inserted {

@@ -21,6 +21,7 @@ use super::row::{self, micros};
 use crate::codes;
 use crate::config::StoreConfig;
 use crate::error::ResultExt;
+use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
 
 const SCHEMA: &str = include_str!("schema.sql");
@@ -64,14 +65,24 @@ impl SqliteStore {
     }
 
     /// Opens (creating if missing) the database file at `path` in WAL mode
-    /// with a 5 s busy timeout, and returns a store on it with `config`.
+    /// with a 5 s busy timeout and [`crate::guard_cancelled_transactions`],
+    /// and returns a store on it with `config`.
     pub async fn open(path: &str, config: StoreConfig) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
             .store()?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
+        // On release too, not only on acquire: a connection left inside a
+        // transaction holds SQLite's single write lock until it is closed.
+        // The ping lets a queued, cancelled BEGIN finish before the check.
+        let options_with_release_check = SqlitePoolOptions::new().after_release(|conn, _meta| {
+            Box::pin(async move {
+                sqlx::Connection::ping(conn).await?;
+                Ok(!sqlx::Connection::is_in_transaction(conn))
+            })
+        });
+        let pool = crate::guard_cancelled_transactions(options_with_release_check)
             .max_connections(8)
             .connect_with(options)
             .await
@@ -158,23 +169,17 @@ impl SqliteStore {
     }
 
     /// Appends history rows: `(event, kind, actor, class, detail, attempts)`.
+    /// Appends history rows in one statement.
     pub(super) async fn record(
         &self,
         conn: &mut SqliteConnection,
-        entries: &[(EventId, AttemptKind, &str, Option<&str>, &str, i64)],
+        entries: &[HistoryEntry<'_>],
     ) -> Result<(), StoreError> {
         if entries.is_empty() {
             return Ok(());
         }
-        let batch: Vec<_> = entries
-            .iter()
-            .map(|(id, kind, actor, class, detail, n)| {
-                json!({"id": id.to_string(), "k": codes::attempt_kind_code(*kind), "actor": actor,
-                       "c": class, "d": detail, "n": n})
-            })
-            .collect();
         sqlx::query(&self.queries.record_many)
-            .bind(serde_json::Value::Array(batch).to_string())
+            .bind(HistoryEntry::batch_json(entries))
             .bind(micros(self.config.clock.now()))
             .execute(conn)
             .await
@@ -242,14 +247,14 @@ impl OutboxStore for SqliteStore {
             .iter()
             .map(|e| {
                 let attempts = i64::from(e.attempts);
-                (
-                    e.event_id,
-                    AttemptKind::CrashLoop,
-                    request.owner.as_str(),
-                    None,
-                    detail.as_str(),
+                HistoryEntry {
+                    event_id: e.event_id,
+                    kind: AttemptKind::CrashLoop,
+                    actor: request.owner.as_str(),
+                    error_class: None,
+                    detail: detail.as_str(),
                     attempts,
-                )
+                }
             })
             .collect();
         self.record(&mut tx, &entries).await?;
@@ -344,14 +349,14 @@ impl OutboxStore for SqliteStore {
         }
         for (id, owner, attempts) in &owners {
             let nack = by_id[id];
-            entries.push((
-                *id,
-                codes::nack_kind(&nack.action),
-                owner.as_str(),
-                Some(nack.error_class.as_str()),
-                nack.error.as_str(),
-                *attempts,
-            ));
+            entries.push(HistoryEntry {
+                event_id: *id,
+                kind: codes::nack_kind(&nack.action),
+                actor: owner.as_str(),
+                error_class: Some(nack.error_class.as_str()),
+                detail: nack.error.as_str(),
+                attempts: *attempts,
+            });
         }
         self.record(&mut tx, &entries).await?;
         tx.commit().await.store()?;

@@ -1,0 +1,308 @@
+//! [`OutboxAdmin`] on MySQL/MariaDB.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::clock::elapsed_between;
+use outbox_core::store::{
+    AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
+    FailedEvent, OperatorAction, OutboxAdmin, RelayStatus,
+};
+use outbox_core::{EventId, NewEvent, StoreError};
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySql, Row, Transaction};
+
+use super::queries::with_in_list;
+use super::row::{self, micros};
+use super::store::MySqlStore;
+use crate::codes;
+use crate::error::ResultExt;
+use crate::history::HistoryEntry;
+
+impl MySqlStore {
+    async fn explain_miss(&self, event_id: EventId) -> StoreError {
+        match self.event_state(event_id).await {
+            Ok(None) => StoreError::NotFound(event_id),
+            Ok(Some(state)) => StoreError::WrongState {
+                event_id,
+                actual: state.name(),
+                expected: "failed (not superseded)",
+            },
+            Err(e) => e,
+        }
+    }
+
+    /// Locks a failed, not superseded event; `None` if there is none.
+    async fn lock_failed(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        event_id: EventId,
+    ) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query(&self.queries.select_failed)
+            .bind(event_id.to_string())
+            .fetch_optional(&mut **tx)
+            .await
+            .store()?;
+        row.map(|r| r.try_get::<i32, _>("attempts").map(i64::from).store())
+            .transpose()
+    }
+
+    async fn operator_update(
+        &self,
+        query: &str,
+        event_id: EventId,
+        kind: AttemptKind,
+        action: &OperatorAction,
+        with_now: bool,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.store()?;
+        let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
+            drop(tx);
+            return Err(self.explain_miss(event_id).await);
+        };
+        let mut update = sqlx::query(query);
+        if with_now {
+            update = update.bind(micros(self.config.clock.now()));
+        }
+        update
+            .bind(event_id.to_string())
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        let attempts = if kind == AttemptKind::Requeued {
+            0
+        } else {
+            attempts
+        };
+        let entry = HistoryEntry {
+            event_id,
+            kind,
+            actor: action.operator.as_str(),
+            error_class: None,
+            detail: action.reason.as_str(),
+            attempts,
+        };
+        self.record(&mut tx, &[entry]).await?;
+        tx.commit().await.store()
+    }
+}
+
+fn event_state(r: &MySqlRow) -> Result<EventState, StoreError> {
+    let status: i8 = r.try_get("status").store()?;
+    let attempts: i32 = r.try_get("attempts").store()?;
+    Ok(match i16::from(status) {
+        codes::PENDING => EventState::Pending {
+            available_at: row::time(r, "available_at")?,
+            attempts: attempts as u32,
+        },
+        codes::IN_FLIGHT => EventState::InFlight {
+            owner: row::opt_text(r, "lease_owner")?.unwrap_or_default(),
+            lease_expires_at: row::time(r, "lease_expires_at")?,
+        },
+        codes::PUBLISHED => EventState::Published {
+            published_at: row::time(r, "published_at")?,
+        },
+        _ => EventState::Failed {
+            blocks_key: r.try_get("blocks_key").store()?,
+            superseded_by: superseded_by(r)?,
+        },
+    })
+}
+
+fn superseded_by(r: &MySqlRow) -> Result<Option<EventId>, StoreError> {
+    let text = row::opt_text(r, "superseded_by")?;
+    text.map(|t| t.parse().map_err(StoreError::fatal))
+        .transpose()
+}
+
+#[async_trait]
+impl OutboxAdmin for MySqlStore {
+    async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
+        let now = self.config.clock.now();
+        let rows = sqlx::query(&self.queries.stats)
+            .bind(micros(now))
+            .bind(micros(now))
+            .bind(micros(now))
+            .fetch_all(&self.pool)
+            .await
+            .store()?;
+        rows.iter()
+            .map(|r| {
+                let oldest: Option<i64> = r.try_get("oldest").store()?;
+                let count = |c: &str| r.try_get::<i64, _>(c).map(|n| n as u64).store();
+                Ok(EventTypeStats {
+                    event_type: row::text(r, "event_type")?,
+                    claimable: count("claimable")?,
+                    oldest_claimable_age: oldest
+                        .map(row::from_micros)
+                        .transpose()?
+                        .map(|t| elapsed_between(now, t)),
+                    parked: count("parked")?,
+                    in_flight: count("in_flight")?,
+                    failed: count("failed")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
+        let row = sqlx::query(&self.queries.event_state)
+            .bind(event_id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .store()?;
+        row.as_ref().map(event_state).transpose()
+    }
+
+    async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
+        let rows = sqlx::query(&self.queries.failed_events)
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.pool)
+            .await
+            .store()?;
+        let mut failed = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let event = row::stored_event(r)?;
+            failed.push(FailedEvent {
+                history: self.history(event.event_id).await?,
+                blocks_key: r.try_get("blocks_key").store()?,
+                superseded_by: superseded_by(r)?,
+                event,
+            });
+        }
+        Ok(failed)
+    }
+
+    async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
+        if self.event_state(event_id).await?.is_none() {
+            return Err(StoreError::NotFound(event_id));
+        }
+        sqlx::query(&self.queries.history)
+            .bind(event_id.to_string())
+            .fetch_all(&self.pool)
+            .await
+            .store()?
+            .iter()
+            .map(row::attempt_record)
+            .collect()
+    }
+
+    async fn blocked_keys(&self) -> Result<Vec<BlockedKey>, StoreError> {
+        sqlx::query(&self.queries.blocked_keys)
+            .fetch_all(&self.pool)
+            .await
+            .store()?
+            .iter()
+            .map(|r| {
+                Ok(BlockedKey {
+                    partition_key: row::text(r, "partition_key")?,
+                    blocking_event_id: row::event_id(r, "event_id")?,
+                    backlog: r.try_get::<i64, _>("backlog").store()? as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
+        let query = self.queries.requeue.clone();
+        self.operator_update(&query, event_id, AttemptKind::Requeued, action, true)
+            .await
+    }
+
+    async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
+        let query = self.queries.skip.clone();
+        self.operator_update(&query, event_id, AttemptKind::Skipped, action, false)
+            .await
+    }
+
+    /// The replacement is enqueued at the end of its key; a blocking
+    /// original keeps blocking everything of the key but its replacement
+    /// until the replacement is published, so it still goes first.
+    async fn supersede(
+        &self,
+        event_id: EventId,
+        replacement: NewEvent,
+        action: &OperatorAction,
+    ) -> Result<EnqueueOutcome, StoreError> {
+        let mut tx = self.pool.begin().await.store()?;
+        let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
+            drop(tx);
+            return Err(self.explain_miss(event_id).await);
+        };
+        let outcome = self
+            .enqueue(&mut tx, std::slice::from_ref(&replacement))
+            .await?[0];
+        if outcome == EnqueueOutcome::AlreadyExists {
+            return Ok(outcome);
+        }
+        sqlx::query(&self.queries.supersede_mark)
+            .bind(replacement.event_id.to_string())
+            .bind(event_id.to_string())
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        let detail = format!("superseded by {}: {}", replacement.event_id, action.reason);
+        let entry = HistoryEntry {
+            event_id,
+            kind: AttemptKind::Superseded,
+            actor: action.operator.as_str(),
+            error_class: None,
+            detail: detail.as_str(),
+            attempts,
+        };
+        self.record(&mut tx, &[entry]).await?;
+        tx.commit().await.store()?;
+        Ok(outcome)
+    }
+
+    async fn purge_published(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        let cutoff = self.config.clock.now()
+            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        let mut tx = self.pool.begin().await.store()?;
+        let doomed = sqlx::query(&self.queries.purge_select)
+            .bind(micros(cutoff))
+            .bind(batch_size.min(i64::MAX as usize) as i64)
+            .fetch_all(&mut *tx)
+            .await
+            .store()?;
+        let mut sequences = Vec::with_capacity(doomed.len());
+        let mut ids = Vec::with_capacity(doomed.len());
+        for r in &doomed {
+            sequences.push(r.try_get::<i64, _>("sequence").store()?);
+            ids.push(row::text(r, "event_id")?);
+        }
+        if !sequences.is_empty() {
+            let history = with_in_list(&self.queries.purge_history, ids.len());
+            super::store::query_in(&history, &ids)
+                .execute(&mut *tx)
+                .await
+                .store()?;
+            let purge = with_in_list(&self.queries.purge, sequences.len());
+            super::store::query_in(&purge, &sequences)
+                .execute(&mut *tx)
+                .await
+                .store()?;
+        }
+        tx.commit().await.store()?;
+        Ok(sequences.len() as u64)
+    }
+
+    async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
+        sqlx::query(&self.queries.relays)
+            .fetch_all(&self.pool)
+            .await
+            .store()?
+            .iter()
+            .map(|r| {
+                Ok(RelayStatus {
+                    relay: row::text(r, "relay")?,
+                    last_seen: row::time(r, "last_seen")?,
+                })
+            })
+            .collect()
+    }
+}

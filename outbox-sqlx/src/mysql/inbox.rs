@@ -1,0 +1,102 @@
+//! [`MySqlInbox`]: the inbox on MySQL/MariaDB, in the consumer's own transaction.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::{EventId, InboxStore, StoreError};
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::{MySql, Transaction};
+
+use super::row::micros;
+use super::store::MySqlStore;
+use crate::error::ResultExt;
+
+/// MySQL's error number for a duplicate key.
+const DUPLICATE_KEY: u16 = 1062;
+
+/// The inbox table of a [`MySqlStore`].
+#[derive(Clone, Debug)]
+pub struct MySqlInbox {
+    store: MySqlStore,
+}
+
+impl MySqlStore {
+    /// The inbox sharing this store's pool and names.
+    pub fn inbox(&self) -> MySqlInbox {
+        MySqlInbox {
+            store: self.clone(),
+        }
+    }
+}
+
+impl MySqlInbox {
+    /// Claims `(consumer, event_id)` on `conn` (inside your transaction).
+    /// `true` means "apply the effect now". A duplicate is a plain insert
+    /// failing on the primary key: MySQL undoes just that statement, and
+    /// (unlike `INSERT IGNORE`) no other error is turned into a warning.
+    pub async fn claim_in(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        let inserted = sqlx::query(&self.store.queries.inbox_claim)
+            .bind(consumer)
+            .bind(event_id.to_string())
+            .bind(micros(self.store.config.clock.now()))
+            .execute(conn)
+            .await;
+        match inserted {
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::Database(e))
+                if e.try_downcast_ref::<MySqlDatabaseError>()
+                    .is_some_and(|m| m.number() == DUPLICATE_KEY) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e).store(),
+        }
+    }
+}
+
+#[async_trait]
+impl InboxStore for MySqlInbox {
+    type Transaction = Transaction<'static, MySql>;
+
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.store.pool.begin().await.store()
+    }
+
+    async fn claim(
+        &self,
+        tx: &mut Self::Transaction,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        self.claim_in(tx, consumer, event_id).await
+    }
+
+    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.commit().await.store()
+    }
+
+    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        tx.rollback().await.store()
+    }
+
+    async fn purge_older_than(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        let cutoff = self.store.config.clock.now()
+            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        let done = sqlx::query(&self.store.queries.inbox_purge)
+            .bind(micros(cutoff))
+            .bind(batch_size.min(i64::MAX as usize) as i64)
+            .execute(&self.store.pool)
+            .await
+            .store()?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,10 @@
+//! MySQL 8 / MariaDB ≥ 10.6 (feature `mysql`).
+
+mod admin;
+mod inbox;
+mod queries;
+mod row;
+mod store;
+
+pub use inbox::MySqlInbox;
+pub use store::MySqlStore;

@@ -1,0 +1,245 @@
+//! Every MySQL/MariaDB statement, built once from validated table names.
+//! Rows are addressed by primary key through `IN (?, …)` lists, so each
+//! statement locks exactly its batch; per-row values travel as one JSON
+//! parameter joined with `JSON_TABLE`.
+
+use crate::config::TableNames;
+
+pub(super) const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
+    event_type, partition_key, payload, payload_version, headers, created_at, available_at, attempts";
+
+/// Pending and due, or leased with an expired lease (first `?` is now, twice).
+const CLAIMABLE: &str =
+    "((c.status = 0 AND c.available_at <= ?) OR (c.status = 1 AND c.lease_expires_at <= ?))";
+
+pub(super) struct Queries {
+    pub(super) lock_keys: String,
+    pub(super) enqueue_head: String,
+    pub(super) enqueue_row: &'static str,
+    pub(super) existing_ids: String,
+    pub(super) claim_lock: String,
+    pub(super) crash_loop_candidates: String,
+    pub(super) claim_candidates_per_key: String,
+    pub(super) claim_candidates_unordered: String,
+    pub(super) lock_rows: String,
+    pub(super) fail_rows: String,
+    pub(super) lease_rows: String,
+    pub(super) read_rows: String,
+    pub(super) lock_leased: String,
+    pub(super) ack: String,
+    pub(super) unblock_superseded: String,
+    pub(super) nack: String,
+    pub(super) release: String,
+    pub(super) record_many: String,
+    pub(super) heartbeat: String,
+    pub(super) stats: String,
+    pub(super) event_state: String,
+    pub(super) failed_events: String,
+    pub(super) history: String,
+    pub(super) blocked_keys: String,
+    pub(super) requeue: String,
+    pub(super) skip: String,
+    pub(super) select_failed: String,
+    pub(super) supersede_mark: String,
+    pub(super) purge_select: String,
+    pub(super) purge_history: String,
+    pub(super) purge: String,
+    pub(super) relays: String,
+    pub(super) inbox_claim: String,
+    pub(super) inbox_purge: String,
+}
+
+/// `query` with its `{in}` replaced by `n` placeholders: rows addressed by
+/// primary key, so a statement locks exactly the rows of its batch.
+pub(super) fn with_in_list(query: &str, n: usize) -> String {
+    query.replace("{in}", &vec!["?"; n.max(1)].join(", "))
+}
+
+impl Queries {
+    pub(super) fn new(names: &TableNames) -> Self {
+        let events = names.events();
+        let attempts = names.attempts();
+        let inbox = names.inbox();
+        let relays = names.relays();
+        let keys = format!("{}{}_keys", names.qualifier(), names.prefix());
+        let claim_lock = format!("{}{}_claim_lock", names.qualifier(), names.prefix());
+        // An earlier row of the key that holds it back: unsettled and not
+        // claimable itself, or failed and blocking (unless `c` replaces it).
+        let held_back = format!(
+            "EXISTS (
+                SELECT 1 FROM {events} p
+                WHERE p.partition_key = c.partition_key AND p.status IN (0, 1, 3)
+                  AND p.sequence < c.sequence
+                  AND ((p.status = 0 AND p.available_at > ?)
+                       OR (p.status = 1 AND p.lease_expires_at > ?)
+                       OR (p.status = 3 AND p.blocks_key
+                           AND (p.superseded_by IS NULL OR p.superseded_by <> c.event_id))))"
+        );
+        let candidates = |ordered: bool| {
+            let order = if ordered {
+                format!("AND NOT {held_back}")
+            } else {
+                String::new()
+            };
+            format!(
+                "SELECT c.sequence, c.partition_key FROM {events} c
+                 WHERE c.status IN (0, 1) AND {CLAIMABLE} {order}
+                 ORDER BY c.sequence LIMIT ?"
+            )
+        };
+        Self {
+            lock_keys: format!("INSERT INTO {keys} (partition_key) VALUES "),
+            enqueue_head: format!(
+                "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type,
+                     partition_key, payload, payload_version, headers, created_at, available_at) VALUES "
+            ),
+            enqueue_row: "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            existing_ids: format!(
+                "SELECT event_id, sequence FROM {events}
+                 WHERE event_id IN ({{in}})"
+            ),
+            claim_lock: format!("SELECT id FROM {claim_lock} WHERE id = 1 FOR UPDATE"),
+            crash_loop_candidates: format!(
+                "SELECT c.sequence FROM {events} c
+                 WHERE c.status IN (0, 1) AND c.unfinished_claims >= ? AND {CLAIMABLE}
+                   AND NOT EXISTS (
+                       SELECT 1 FROM {events} p
+                       WHERE p.partition_key = c.partition_key AND p.status IN (0, 1, 3)
+                         AND p.sequence < c.sequence AND (p.status <> 3 OR p.blocks_key))"
+            ),
+            claim_candidates_per_key: candidates(true),
+            claim_candidates_unordered: candidates(false),
+            lock_rows: format!(
+                "SELECT sequence FROM {events} c
+                 WHERE {CLAIMABLE} AND c.sequence IN ({{in}})
+                 FOR UPDATE SKIP LOCKED"
+            ),
+            fail_rows: format!(
+                "UPDATE {events} SET status = 3, blocks_key = ?, unfinished_claims = 0,
+                     lease_expires_at = NULL
+                 WHERE sequence IN ({{in}})"
+            ),
+            lease_rows: format!(
+                "UPDATE {events} SET status = 1, fencing_token = fencing_token + 1,
+                     unfinished_claims = unfinished_claims + 1, lease_owner = ?, lease_expires_at = ?
+                 WHERE sequence IN ({{in}})"
+            ),
+            read_rows: format!(
+                "SELECT {EVENT_COLUMNS}, fencing_token, lease_expires_at FROM {events}
+                 WHERE sequence IN ({{in}})
+                 ORDER BY sequence"
+            ),
+            lock_leased: format!(
+                "SELECT sequence, event_id, COALESCE(lease_owner, '') AS lease_owner, attempts,
+                        fencing_token, status
+                 FROM {events} WHERE sequence IN ({{in}})
+                 FOR UPDATE"
+            ),
+            ack: format!(
+                "UPDATE {events} SET status = 2, published_at = ?, unfinished_claims = 0,
+                     lease_expires_at = NULL
+                 WHERE sequence IN ({{in}})"
+            ),
+            unblock_superseded: format!(
+                "UPDATE {events} SET blocks_key = FALSE
+                 WHERE superseded_by IN ({{in}})"
+            ),
+            nack: format!(
+                "UPDATE {events} e
+                 JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$.s', new_status INT PATH '$.st',
+                      blocks BOOLEAN PATH '$.b', available BIGINT PATH '$.a' NULL ON EMPTY)) AS l
+                   ON e.sequence = l.seq
+                 SET e.status = l.new_status, e.blocks_key = l.blocks,
+                     e.available_at = COALESCE(l.available, e.available_at),
+                     e.attempts = e.attempts + 1, e.unfinished_claims = 0, e.lease_expires_at = NULL
+                 WHERE e.sequence IN ({{in}})"
+            ),
+            release: format!(
+                "UPDATE {events} e
+                 JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', started BOOLEAN PATH '$[1]')) AS l
+                   ON e.sequence = l.seq
+                 SET e.status = 0, e.lease_expires_at = NULL,
+                     e.unfinished_claims = CASE WHEN l.started THEN e.unfinished_claims
+                                                ELSE GREATEST(e.unfinished_claims - 1, 0) END
+                 WHERE e.sequence IN ({{in}})"
+            ),
+            record_many: format!(
+                "INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)
+                 SELECT id, k, ?, actor, c, d, n FROM JSON_TABLE(?, '$[*]' COLUMNS (
+                     id CHAR(36) PATH '$.id', k VARCHAR(32) PATH '$.k', actor VARCHAR(255) PATH '$.actor',
+                     c VARCHAR(16) PATH '$.c' NULL ON EMPTY, d TEXT PATH '$.d', n INT PATH '$.n')) AS j"
+            ),
+            heartbeat: format!(
+                "INSERT INTO {relays} (relay, last_seen) VALUES (?, ?)
+                 ON DUPLICATE KEY UPDATE last_seen = VALUES(last_seen)"
+            ),
+            stats: format!(
+                "SELECT event_type,
+                     CAST(SUM(status = 0 AND available_at <= ?) AS SIGNED) AS claimable,
+                     MIN(CASE WHEN status = 0 AND available_at <= ? THEN available_at END) AS oldest,
+                     CAST(SUM(status = 0 AND available_at > ?) AS SIGNED) AS parked,
+                     CAST(SUM(status = 1) AS SIGNED) AS in_flight,
+                     CAST(SUM(status = 3) AS SIGNED) AS failed
+                 FROM {events} WHERE status IN (0, 1, 3)
+                 GROUP BY event_type ORDER BY event_type"
+            ),
+            event_state: format!(
+                "SELECT status, available_at, attempts, lease_owner, lease_expires_at, published_at,
+                        blocks_key, superseded_by
+                 FROM {events} WHERE event_id = ?"
+            ),
+            failed_events: format!(
+                "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
+                 WHERE status = 3 ORDER BY sequence LIMIT ?"
+            ),
+            history: format!(
+                "SELECT event_id, kind, at, actor, error_class, detail, attempts
+                 FROM {attempts} WHERE event_id = ? ORDER BY id"
+            ),
+            blocked_keys: format!(
+                "SELECT b.partition_key, b.event_id,
+                     (SELECT COUNT(*) FROM {events} p
+                      WHERE p.partition_key = b.partition_key AND p.status IN (0, 1)) AS backlog
+                 FROM {events} b
+                 WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
+                     SELECT 1 FROM {events} e2
+                     WHERE e2.partition_key = b.partition_key AND e2.status = 3 AND e2.blocks_key
+                       AND e2.sequence < b.sequence)
+                 ORDER BY b.partition_key"
+            ),
+            requeue: format!(
+                "UPDATE {events} SET status = 0, blocks_key = FALSE, attempts = 0,
+                     unfinished_claims = 0, available_at = ?
+                 WHERE event_id = ? AND status = 3 AND superseded_by IS NULL"
+            ),
+            skip: format!(
+                "UPDATE {events} SET blocks_key = FALSE
+                 WHERE event_id = ? AND status = 3 AND superseded_by IS NULL"
+            ),
+            select_failed: format!(
+                "SELECT attempts, blocks_key, partition_key FROM {events}
+                 WHERE event_id = ? AND status = 3 AND superseded_by IS NULL FOR UPDATE"
+            ),
+            supersede_mark: format!(
+                "UPDATE {events} SET superseded_by = ? WHERE event_id = ?"
+            ),
+            purge_select: format!(
+                "SELECT sequence, event_id FROM {events}
+                 WHERE status = 2 AND published_at <= ? ORDER BY status, published_at LIMIT ?
+                 FOR UPDATE SKIP LOCKED"
+            ),
+            purge_history: format!(
+                "DELETE FROM {attempts}
+                 WHERE event_id IN ({{in}})"
+            ),
+            purge: format!(
+                "DELETE FROM {events} WHERE sequence IN ({{in}})"
+            ),
+            relays: format!("SELECT relay, last_seen FROM {relays} ORDER BY relay"),
+            inbox_claim: format!(
+                "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES (?, ?, ?)"
+            ),
+            inbox_purge: format!("DELETE FROM {inbox} WHERE claimed_at <= ? LIMIT ?"),
+        }
+    }
+}

@@ -1,0 +1,74 @@
+-- outbox schema for MySQL 8 / MariaDB >= 10.6 (SKIP LOCKED, JSON_TABLE).
+-- Times are microseconds since the Unix epoch (UTC). Rendered with the
+-- configured names; migrations/mysql/ holds it with the defaults.
+
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_events (
+    sequence          BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    event_id          CHAR(36) NOT NULL,
+    aggregate_type    VARCHAR(255) NOT NULL,
+    aggregate_id      VARCHAR(255) NOT NULL,
+    event_type        VARCHAR(255) NOT NULL,
+    partition_key     VARCHAR(255) NOT NULL,
+    payload           LONGTEXT NOT NULL,
+    payload_version   INT NOT NULL,
+    headers           TEXT NOT NULL,
+    created_at        BIGINT NOT NULL,
+    available_at      BIGINT NOT NULL,
+    -- 0 pending, 1 in flight, 2 published, 3 failed
+    status            TINYINT NOT NULL DEFAULT 0,
+    blocks_key        BOOLEAN NOT NULL DEFAULT FALSE,
+    -- A failed event superseded under Block keeps blocking its key for
+    -- everything but its replacement, until the replacement is published.
+    superseded_by     CHAR(36) NULL,
+    attempts          INT NOT NULL DEFAULT 0,
+    unfinished_claims INT NOT NULL DEFAULT 0,
+    fencing_token     BIGINT NOT NULL DEFAULT 0,
+    lease_owner       VARCHAR(255) NULL,
+    lease_expires_at  BIGINT NULL,
+    published_at      BIGINT NULL,
+    UNIQUE KEY outbox_events_event_id (event_id),
+    -- No partial indexes here: status leads, so the claim reads the live
+    -- ranges (0, 1) and never the published rows.
+    KEY outbox_events_live (status, sequence),
+    KEY outbox_events_key (partition_key, status, sequence),
+    KEY outbox_events_published (status, published_at),
+    KEY outbox_events_superseded (superseded_by)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- One row per partition key. Enqueue upserts the keys it writes, holding
+-- their row locks until commit: writers of one key take turns, so a key's
+-- insert order is its commit order.
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_keys (
+    partition_key VARCHAR(255) NOT NULL PRIMARY KEY
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Claims on one table take turns on this row.
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_claim_lock (
+    id INT NOT NULL PRIMARY KEY
+) ENGINE = InnoDB;
+INSERT IGNORE INTO {{schema}}outbox_claim_lock (id) VALUES (1);
+
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_attempts (
+    id          BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    event_id    CHAR(36) NOT NULL,
+    kind        VARCHAR(32) NOT NULL,
+    at          BIGINT NOT NULL,
+    actor       VARCHAR(255) NOT NULL,
+    error_class VARCHAR(16) NULL,
+    detail      TEXT NOT NULL,
+    attempts    INT NOT NULL,
+    KEY outbox_attempts_event (event_id, id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_inbox (
+    consumer   VARCHAR(255) NOT NULL,
+    event_id   CHAR(36) NOT NULL,
+    claimed_at BIGINT NOT NULL,
+    PRIMARY KEY (consumer, event_id),
+    KEY outbox_inbox_claimed_at (claimed_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_relays (
+    relay     VARCHAR(255) NOT NULL PRIMARY KEY,
+    last_seen BIGINT NOT NULL
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -1,0 +1,247 @@
+//! The core's conformance suites and MySQL-specific checks, against a live
+//! MariaDB/MySQL (`OUTBOX_MYSQL_URL`, default root on loopback), one
+//! database per test.
+#![cfg(feature = "mysql")]
+
+mod support;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use outbox_core::store::{ClaimedBatch, EnqueueOutcome, OutboxAdmin, OutboxStore};
+use outbox_core::testing::{InboxHarness, event, store_suite};
+use outbox_core::{EventId, ManualClock, OutboxWriter, StoreError};
+use outbox_sqlx::mysql::{MySqlInbox, MySqlStore};
+use outbox_sqlx::{StoreConfig, TableNames};
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::{MySql, Row, Transaction};
+
+fn url() -> String {
+    std::env::var("OUTBOX_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+}
+
+async fn pool() -> MySqlPool {
+    let url = url();
+    match outbox_sqlx::guard_cancelled_transactions(MySqlPoolOptions::new())
+        .max_connections(10)
+        .connect(&url)
+        .await
+    {
+        Ok(pool) => pool,
+        Err(e) => support::unreachable("MySQL/MariaDB", &url, e),
+    }
+}
+
+async fn store_on(clock: ManualClock) -> MySqlStore {
+    let pool = pool().await;
+    let database = support::unique_name("outbox_t");
+    sqlx::query(&format!("CREATE DATABASE {database}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let tables = TableNames::default().in_schema(&database).unwrap();
+    let store = MySqlStore::new(
+        pool,
+        StoreConfig::with_tables(tables).with_clock(Arc::new(clock)),
+    );
+    store.migrate().await.unwrap();
+    store
+}
+
+fn mysql_store(clock: ManualClock) -> BoxFuture<'static, Arc<MySqlStore>> {
+    Box::pin(async move { Arc::new(store_on(clock).await) })
+}
+
+mod store {
+    outbox_core::store_conformance_tests!(super::mysql_store);
+}
+
+mod relay {
+    outbox_core::relay_conformance_tests!(super::mysql_store);
+}
+
+struct MySqlInboxHarness {
+    inbox: MySqlInbox,
+    pool: MySqlPool,
+    effects: String,
+    clock: ManualClock,
+}
+
+#[async_trait]
+impl InboxHarness for MySqlInboxHarness {
+    type Inbox = MySqlInbox;
+    fn inbox(&self) -> &MySqlInbox {
+        &self.inbox
+    }
+    async fn apply_effect(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO {} (consumer, event_id) VALUES (?, ?)",
+            self.effects
+        ))
+        .bind(consumer)
+        .bind(event_id.to_string())
+        .execute(&mut **tx)
+        .await
+        .map_err(StoreError::fatal)?;
+        Ok(())
+    }
+    async fn effects(&self, consumer: &str) -> Result<Vec<EventId>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT event_id FROM {} WHERE consumer = ? ORDER BY seq",
+            self.effects
+        ))
+        .bind(consumer)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(StoreError::fatal)?;
+        Ok(rows
+            .iter()
+            .map(|r| r.get::<String, _>("event_id").parse().unwrap())
+            .collect())
+    }
+    fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+}
+
+fn mysql_inbox(clock: ManualClock) -> BoxFuture<'static, Arc<MySqlInboxHarness>> {
+    Box::pin(async move {
+        let store = store_on(clock.clone()).await;
+        let database: String = {
+            let sql = store.schema_sql();
+            let start = sql.find("CREATE TABLE IF NOT EXISTS ").unwrap() + 27;
+            sql[start..].split('.').next().unwrap().to_owned()
+        };
+        let effects = format!("{database}.effects");
+        sqlx::query(&format!(
+            "CREATE TABLE {effects} (seq BIGINT AUTO_INCREMENT PRIMARY KEY, consumer VARCHAR(255) NOT NULL, event_id CHAR(36) NOT NULL)"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        Arc::new(MySqlInboxHarness {
+            inbox: store.inbox(),
+            pool: store.pool().clone(),
+            effects,
+            clock,
+        })
+    })
+}
+
+mod inbox {
+    outbox_core::inbox_conformance_tests!(super::mysql_inbox);
+}
+
+/// Two writers of one key: the second waits on the key's row lock until the
+/// first commits, so its row can never be claimed ahead of the first's.
+#[tokio::test]
+async fn writers_of_one_key_take_turns() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let (first, second) = (event("a", 1), event("a", 2));
+    let mut early = store.pool().begin().await.unwrap();
+    store
+        .enqueue(&mut early, std::slice::from_ref(&first))
+        .await
+        .unwrap();
+    let late = {
+        let (store, second) = (store.clone(), second.clone());
+        tokio::spawn(async move {
+            let mut tx = store.pool().begin().await.unwrap();
+            let outcome = store.enqueue(&mut tx, &[second]).await.unwrap();
+            tx.commit().await.unwrap();
+            outcome
+        })
+    };
+    // Synchronise on the server's own view: the late writer's key upsert is
+    // executing (blocked on the early writer's row lock) on this test's database.
+    let database = store.schema_sql();
+    let database = database
+        .split("CREATE TABLE IF NOT EXISTS ")
+        .nth(1)
+        .and_then(|rest| rest.split('.').next())
+        .unwrap()
+        .to_owned();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.processlist
+             WHERE info LIKE CONCAT('INSERT INTO ', ?, '.outbox_keys%')",
+        )
+        .bind(&database)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let claimed: ClaimedBatch = store
+        .claim_batch(&store_suite::request("r", 10))
+        .await
+        .unwrap();
+    assert!(claimed.events.is_empty(), "nothing is committed yet");
+    early.commit().await.unwrap();
+    let outcome = late.await.unwrap();
+    assert!(matches!(outcome[0], EnqueueOutcome::Inserted { .. }));
+    let claimed = store
+        .claim_batch(&store_suite::request("r", 10))
+        .await
+        .unwrap();
+    let order: Vec<_> = claimed.events.iter().map(|c| c.event.event_id).collect();
+    assert_eq!(order, vec![first.event_id, second.event_id]);
+}
+
+#[tokio::test]
+async fn enqueue_joins_the_callers_transaction() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let dropped = event("a", 2);
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .enqueue(&mut tx, std::slice::from_ref(&dropped))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(store.event_state(dropped.event_id).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn bulk_enqueue_keeps_order_and_reports_duplicates() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let events: Vec<_> = (0..2000).map(|n| event("hot", n)).collect();
+    let mut again = events[..10].to_vec();
+    again.push(event("hot", 9999));
+    let outcomes = OutboxWriter::enqueue(&store, &events).await.unwrap();
+    let sequences: Vec<i64> = outcomes
+        .iter()
+        .map(|o| match o {
+            EnqueueOutcome::Inserted { sequence } => *sequence,
+            EnqueueOutcome::AlreadyExists => panic!("all new"),
+        })
+        .collect();
+    assert!(sequences.windows(2).all(|w| w[0] < w[1]));
+    let outcomes = OutboxWriter::enqueue(&store, &again).await.unwrap();
+    assert!(
+        outcomes[..10]
+            .iter()
+            .all(|o| *o == EnqueueOutcome::AlreadyExists)
+    );
+    assert!(matches!(outcomes[10], EnqueueOutcome::Inserted { .. }));
+}
+
+#[tokio::test]
+async fn shipped_migration_is_the_default_rendering() {
+    let store = MySqlStore::new(
+        MySqlPoolOptions::new().connect_lazy(&url()).unwrap(),
+        StoreConfig::default(),
+    );
+    assert_eq!(
+        include_str!("../migrations/mysql/0001_outbox.sql"),
+        store.schema_sql()
+    );
+}
