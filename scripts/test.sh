@@ -22,7 +22,16 @@ cargo fmt --all --check
 step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-# Doc tests first: the run then closes on nextest's summary of every test.
+step "build every target once (tests, examples; all features)"
+cargo build --workspace --all-features --all-targets
+
+step "examples (smoke: they exit non-zero on any failure)"
+target/debug/examples/quickstart > /tmp/outbox-quickstart.log
+tail -n 3 /tmp/outbox-quickstart.log
+target/debug/examples/billing-postgres > /tmp/outbox-billing.log
+tail -n 3 /tmp/outbox-billing.log
+
+# Doc tests before nextest: the run then closes on nextest's summary.
 step "doc tests"
 cargo test --workspace --all-features --doc
 
