@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use outbox_core::store::{EnqueueOutcome, EventState, OutboxAdmin};
-use outbox_core::testing::{InboxHarness, event, event_with_payload};
+use outbox_core::testing::{InboxHarness, event, event_with_payload, store_suite};
 use outbox_core::{EventId, ManualClock, OutboxWriter, StoreError};
 use outbox_sqlx::sqlite::{SqliteInbox, SqliteStore};
 use outbox_sqlx::{StoreConfig, TableNames};
@@ -205,5 +205,77 @@ async fn shipped_migration_is_the_default_rendering() {
     assert_eq!(
         include_str!("../migrations/sqlite/0001_outbox.sql"),
         store.schema_sql()
+    );
+}
+
+/// Two stores with pools of their own on one file behave like two processes:
+/// claims stay exclusive and a stale acknowledgement is fenced off.
+#[tokio::test]
+async fn leases_and_fencing_hold_across_processes_sharing_the_file() {
+    use outbox_core::store::OutboxStore;
+    let path = db_path();
+    let clock = ManualClock::at_epoch();
+    let open = || {
+        SqliteStore::open(
+            &path,
+            StoreConfig::default().with_clock(Arc::new(clock.clone())),
+        )
+    };
+    let first = Arc::new(open().await.unwrap());
+    first.migrate().await.unwrap();
+    let second = Arc::new(open().await.unwrap());
+
+    let events: Vec<_> = (0..200).map(|n| event(&format!("k{n}"), n)).collect();
+    OutboxWriter::enqueue(&*first, &events).await.unwrap();
+    let mut tasks = Vec::new();
+    for worker in 0..4 {
+        let store = if worker % 2 == 0 {
+            first.clone()
+        } else {
+            second.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            let request = store_suite::request(&format!("proc-{worker}"), 7);
+            let mut mine = Vec::new();
+            loop {
+                let batch = store.claim_batch(&request).await.unwrap().events;
+                if batch.is_empty() {
+                    return mine;
+                }
+                let leases: Vec<_> = batch.iter().map(|c| c.lease.clone()).collect();
+                assert_eq!(store.ack(&leases).await.unwrap().applied, leases.len());
+                mine.extend(batch.into_iter().map(|c| c.event.event_id));
+            }
+        }));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for task in tasks {
+        for id in task.await.unwrap() {
+            assert!(seen.insert(id), "{id} claimed by two processes");
+        }
+    }
+    assert_eq!(seen.len(), 200);
+
+    let late = event("fence", 1);
+    OutboxWriter::enqueue(&*first, std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    let stale = first
+        .claim_batch(&store_suite::request("proc-a", 1))
+        .await
+        .unwrap()
+        .events;
+    clock.advance(store_suite::LEASE + Duration::from_secs(1));
+    let fresh = second
+        .claim_batch(&store_suite::request("proc-b", 1))
+        .await
+        .unwrap()
+        .events;
+    assert_eq!(fresh[0].event.event_id, late.event_id);
+    let report = first.ack(&[stale[0].lease.clone()]).await.unwrap();
+    assert_eq!(report.fenced, vec![late.event_id]);
+    assert_eq!(
+        second.ack(&[fresh[0].lease.clone()]).await.unwrap().applied,
+        1
     );
 }

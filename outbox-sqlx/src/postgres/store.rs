@@ -58,6 +58,15 @@ impl PgStore {
         &self.pool
     }
 
+    /// The exact claim statement for `ordering`, for `EXPLAIN` and review.
+    /// Parameters: `$1` now, `$2` owner, `$3` lease expiry, `$4` limit.
+    pub fn claim_statement(&self, ordering: Ordering) -> &str {
+        match ordering {
+            Ordering::PerKey => &self.queries.claim_per_key,
+            Ordering::Unordered => &self.queries.claim_unordered,
+        }
+    }
+
     /// The schema DDL for these table names (what [`PgStore::migrate`] runs;
     /// `migrations/postgres/` holds it rendered with the default names).
     pub fn schema_sql(&self) -> String {
