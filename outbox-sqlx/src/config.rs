@@ -84,6 +84,10 @@ impl TableNames {
         format!("{}{}_relays", self.qualifier(), self.prefix)
     }
 
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code)
+    )]
     /// Renders a schema template written with the default names
     /// (`outbox_events`, …) and `{{schema}}` before every table reference.
     pub(crate) fn render(&self, template: &str) -> String {

@@ -1,11 +1,17 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod admin_common;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod codes;
 mod config;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod history;
 mod pool;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod validate;
 
 #[cfg(feature = "mysql")]

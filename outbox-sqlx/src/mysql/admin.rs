@@ -20,18 +20,6 @@ use crate::error::ResultExt;
 use crate::history::HistoryEntry;
 
 impl MySqlStore {
-    async fn explain_miss(&self, event_id: EventId) -> StoreError {
-        match self.event_state(event_id).await {
-            Ok(None) => StoreError::NotFound(event_id),
-            Ok(Some(state)) => StoreError::WrongState {
-                event_id,
-                actual: state.name(),
-                expected: "failed (not superseded)",
-            },
-            Err(e) => e,
-        }
-    }
-
     /// Locks a failed, not superseded event; `None` if there is none.
     async fn lock_failed(
         &self,
@@ -58,7 +46,7 @@ impl MySqlStore {
         let mut tx = self.pool.begin().await.store()?;
         let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
             drop(tx);
-            return Err(self.explain_miss(event_id).await);
+            return Err(crate::admin_common::explain_miss(self, event_id).await);
         };
         let mut update = sqlx::query(query);
         if with_now {
@@ -227,7 +215,7 @@ impl OutboxAdmin for MySqlStore {
         let mut tx = self.pool.begin().await.store()?;
         let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
             drop(tx);
-            return Err(self.explain_miss(event_id).await);
+            return Err(crate::admin_common::explain_miss(self, event_id).await);
         };
         let outcome = self
             .enqueue(&mut tx, std::slice::from_ref(&replacement))

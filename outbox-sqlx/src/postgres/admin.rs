@@ -23,18 +23,6 @@ use crate::validate::{check_event, headers_json};
 
 impl PgStore {
     /// `NotFound` or `WrongState` for an operator action that matched no row.
-    async fn explain_miss(&self, event_id: EventId) -> StoreError {
-        match self.event_state(event_id).await {
-            Ok(None) => StoreError::NotFound(event_id),
-            Ok(Some(state)) => StoreError::WrongState {
-                event_id,
-                actual: state.name(),
-                expected: "failed (not superseded)",
-            },
-            Err(e) => e,
-        }
-    }
-
     async fn record_action(
         &self,
         conn: &mut sqlx::PgConnection,
@@ -73,7 +61,7 @@ impl PgStore {
         }
         let Some(row) = update.fetch_optional(&mut *tx).await.store()? else {
             drop(tx);
-            return Err(self.explain_miss(event_id).await);
+            return Err(crate::admin_common::explain_miss(self, event_id).await);
         };
         let attempts: i32 = row.try_get("attempts").store()?;
         self.record_action(&mut tx, event_id, kind, action, &action.reason, attempts)
@@ -239,7 +227,7 @@ impl OutboxAdmin for PgStore {
             .store()?
         else {
             drop(tx);
-            return Err(self.explain_miss(event_id).await);
+            return Err(crate::admin_common::explain_miss(self, event_id).await);
         };
         let order_xid: String = old.try_get("order_xid").store()?;
         let ord: i64 = old.try_get("ord").store()?;

@@ -20,18 +20,6 @@ use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
 
 impl SqliteStore {
-    async fn explain_miss(&self, event_id: EventId) -> StoreError {
-        match self.event_state(event_id).await {
-            Ok(None) => StoreError::NotFound(event_id),
-            Ok(Some(state)) => StoreError::WrongState {
-                event_id,
-                actual: state.name(),
-                expected: "failed (not superseded)",
-            },
-            Err(e) => e,
-        }
-    }
-
     async fn operator_update(
         &self,
         query: &str,
@@ -48,7 +36,7 @@ impl SqliteStore {
             .store()?;
         let Some(row) = row else {
             drop(tx);
-            return Err(self.explain_miss(event_id).await);
+            return Err(crate::admin_common::explain_miss(self, event_id).await);
         };
         let attempts: i64 = row.try_get("attempts").store()?;
         let entry = HistoryEntry {
@@ -209,7 +197,7 @@ impl OutboxAdmin for SqliteStore {
             .store()?
         else {
             drop(tx);
-            return Err(self.explain_miss(event_id).await);
+            return Err(crate::admin_common::explain_miss(self, event_id).await);
         };
         let ord: i64 = old.try_get("ord_key").store()?;
         let attempts: i64 = old.try_get("attempts").store()?;
