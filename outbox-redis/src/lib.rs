@@ -1,0 +1,17 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+mod config;
+pub mod consumer;
+mod error;
+pub mod fields;
+mod inbox;
+mod publisher;
+
+pub use config::{StreamRouter, Trim};
+pub use consumer::{
+    ConsumerConfig, ConsumerError, ConsumerReport, HandlerError, RedisConsumer, StreamHandler,
+};
+pub use fields::{DecodeError, StreamEvent};
+pub use inbox::{RedisInbox, RedisInboxTx};
+pub use publisher::RedisPublisher;

@@ -1,0 +1,133 @@
+//! [`RedisPublisher`]: one pipeline of `XADD`s per batch, one classified
+//! outcome per event.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use outbox_core::{PublishOutcome, Publisher, PublisherCapabilities, StoredEvent};
+use redis::Value;
+use redis::aio::{ConnectionLike, ConnectionManager};
+
+use crate::config::{StreamRouter, Trim};
+use crate::error::{classify, publish_error};
+use crate::fields::entry_fields;
+
+/// Publishes to Redis Streams. The stream is chosen by a [`StreamRouter`]
+/// over the event type; fields carry the event (see [`crate::fields`]).
+///
+/// A batch goes out as one pipeline (not `MULTI`: each entry gets its own
+/// outcome). Per-key order holds because the relay hands a key's events to
+/// one publisher in order and a stream appends in arrival order.
+#[derive(Clone)]
+pub struct RedisPublisher {
+    connection: ConnectionManager,
+    router: StreamRouter,
+    trims: HashMap<String, Trim>,
+    max_batch: usize,
+}
+
+impl std::fmt::Debug for RedisPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisPublisher")
+            .field("router", &self.router)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisPublisher {
+    /// A publisher on `connection` (reconnects by itself) routing with `router`.
+    pub fn new(connection: ConnectionManager, router: StreamRouter) -> Self {
+        Self {
+            connection,
+            router,
+            trims: HashMap::new(),
+            max_batch: 512,
+        }
+    }
+
+    /// Trims `stream` approximately on every append.
+    pub fn with_trim(mut self, stream: impl Into<String>, trim: Trim) -> Self {
+        self.trims.insert(stream.into(), trim);
+        self
+    }
+
+    /// The stream `event_type` goes to.
+    pub fn stream_for(&self, event_type: &str) -> String {
+        self.router.stream_for(event_type)
+    }
+
+    fn xadd(&self, event: &StoredEvent) -> redis::Cmd {
+        let stream = self.router.stream_for(&event.event_type);
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&stream);
+        match self.trims.get(&stream) {
+            Some(Trim::MaxLen(n)) => {
+                cmd.arg("MAXLEN").arg("~").arg(*n);
+            }
+            Some(Trim::MaxAge(age)) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                let min_id = now.saturating_sub(*age).as_millis();
+                cmd.arg("MINID").arg("~").arg(min_id.to_string());
+            }
+            None => {}
+        }
+        cmd.arg("*");
+        for (name, value) in entry_fields(event) {
+            cmd.arg(name).arg(value);
+        }
+        cmd
+    }
+}
+
+#[async_trait]
+impl Publisher for RedisPublisher {
+    fn capabilities(&self) -> PublisherCapabilities {
+        PublisherCapabilities {
+            max_batch: self.max_batch,
+            // A failed XADD does not stop later ones in the same pipeline.
+            preserves_key_order: false,
+        }
+    }
+
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        let mut pipe = redis::pipe();
+        for event in batch {
+            pipe.add_command(self.xadd(event));
+        }
+        let mut connection = self.connection.clone();
+        match connection.req_packed_commands(&pipe, 0, batch.len()).await {
+            Ok(replies) if replies.len() == batch.len() => replies
+                .into_iter()
+                .map(|reply| match reply {
+                    Value::ServerError(e) => {
+                        let e = redis::RedisError::from(e);
+                        Err(publish_error(classify(&e), format!("XADD: {e}")))
+                    }
+                    _ => Ok(()),
+                })
+                .collect(),
+            Ok(replies) => batch
+                .iter()
+                .map(|_| {
+                    Err(publish_error(
+                        outbox_core::ErrorClass::Transient,
+                        format!("{} replies for {} XADDs", replies.len(), batch.len()),
+                    ))
+                })
+                .collect(),
+            Err(e) => {
+                let class = classify(&e);
+                batch
+                    .iter()
+                    .map(|_| Err(publish_error(class, format!("XADD pipeline: {e}"))))
+                    .collect()
+            }
+        }
+    }
+}
