@@ -39,3 +39,12 @@ for db in $(mariadb -h 127.0.0.1 -uroot -N -e "SELECT schema_name FROM informati
   mariadb -h 127.0.0.1 -uroot -e "DROP DATABASE \`$db\`"
 done
 say "MariaDB test databases cleared"
+
+# Redis (the shared one; tests that restart a server start their own)
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  say "starting Redis"
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
+fi
+wait_for Redis redis-cli -h 127.0.0.1 -p 6379 ping
+command -v redis-server >/dev/null || { echo "error: redis-server not installed" >&2; exit 1; }

@@ -6,6 +6,7 @@
 //! | feature | module |
 //! |---|---|
 //! | `sqlx-postgres`, `sqlx-mysql`, `sqlx-sqlite` | [`sqlx`] (`outbox-sqlx`) |
+//! | `redis` | [`redis`] (`outbox-redis`) |
 //! | `testing` | conformance suites for custom backends |
 #![forbid(unsafe_code)]
 
@@ -18,3 +19,7 @@ pub use outbox_core::*;
     feature = "sqlx-sqlite"
 ))]
 pub use outbox_sqlx as sqlx;
+
+/// Redis Streams publisher, consumer runner and Redis inbox.
+#[cfg(feature = "redis")]
+pub use outbox_redis as redis;

@@ -1,0 +1,434 @@
+//! PostgreSQL outbox → relays → Redis Streams → consumer group → PostgreSQL
+//! inbox, with the faults of the Redis issue injected.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::memory::RecordingPublisher;
+use outbox_core::store::{OutboxAdmin, RelayId};
+use outbox_core::testing::{event, events_over_keys, relay_suite};
+use outbox_core::{
+    CancellationToken, ErrorClass, EventId, InboxStore, NewEvent, OutboxWriter, PublishOutcome,
+    Publisher, PublisherCapabilities, Relay, RelayReport, StoreError, StoredEvent,
+};
+use outbox_redis::{
+    ConsumerConfig, ConsumerReport, HandlerError, RedisConsumer, RedisPublisher, StreamEvent,
+    StreamHandler, StreamRouter,
+};
+use outbox_sqlx::postgres::{PgInbox, PgStore};
+use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row, Transaction};
+use tokio::sync::Notify;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+struct Db {
+    store: Arc<PgStore>,
+    pool: PgPool,
+    effects: String,
+}
+
+async fn database() -> Db {
+    let url = std::env::var("OUTBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
+    let pool = match guard_cancelled_transactions(PgPoolOptions::new())
+        .max_connections(12)
+        .connect(&url)
+        .await
+    {
+        Ok(pool) => pool,
+        Err(e) => panic!("PostgreSQL unreachable at {url}: {e}"),
+    };
+    let schema = format!("e2e_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA {schema};
+         CREATE TABLE {schema}.effects (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL, event_id UUID NOT NULL);"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let store = PgStore::new(
+        pool.clone(),
+        StoreConfig::with_tables(TableNames::default().in_schema(&schema).unwrap()),
+    );
+    store.migrate().await.unwrap();
+    Db {
+        store: Arc::new(store),
+        pool,
+        effects: format!("{schema}.effects"),
+    }
+}
+
+impl Db {
+    /// Effects in commit order: (partition key, event id).
+    async fn effects(&self) -> Vec<(String, EventId)> {
+        sqlx::query(&format!(
+            "SELECT partition_key, event_id FROM {} ORDER BY seq",
+            self.effects
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r.get("partition_key"),
+                EventId::from_uuid(r.get("event_id")),
+            )
+        })
+        .collect()
+    }
+
+    async fn wait_for_effects(&self, n: usize) {
+        within(&format!("{n} effects"), async {
+            while self.effects().await.len() < n {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+}
+
+/// The consumer's effect: a row in the same transaction as the inbox claim.
+struct RecordEffect {
+    table: String,
+}
+
+#[async_trait]
+impl StreamHandler<Transaction<'static, Postgres>> for RecordEffect {
+    async fn handle(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        event: &StreamEvent,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&format!(
+            "INSERT INTO {} (partition_key, event_id) VALUES ($1, $2)",
+            self.table
+        ))
+        .bind(&event.partition_key)
+        .bind(event.event_id.as_uuid())
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| HandlerError::Retry(e.to_string()))?;
+        Ok(())
+    }
+}
+
+fn assert_exactly_once_in_key_order(effects: &[(String, EventId)], events: &[NewEvent]) {
+    let applied: Vec<EventId> = effects.iter().map(|(_, id)| *id).collect();
+    let unique: std::collections::HashSet<_> = applied.iter().collect();
+    assert_eq!(unique.len(), applied.len(), "an event was applied twice");
+    assert_eq!(applied.len(), events.len(), "an event was never applied");
+    let mut keys: std::collections::HashMap<&str, Vec<EventId>> = Default::default();
+    for e in events {
+        keys.entry(e.partition_key.as_str())
+            .or_default()
+            .push(e.event_id);
+    }
+    for (key, expected) in keys {
+        let got: Vec<EventId> = effects
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, id)| *id)
+            .collect();
+        assert_eq!(got, expected, "order of key {key} at the consumer");
+    }
+}
+
+fn relay_config(name: &str) -> outbox_core::RelayConfig {
+    let mut config = relay_suite::config(name);
+    config.relay_id = RelayId::new(name);
+    config
+}
+
+fn spawn_relays(
+    db: &Db,
+    publisher: Arc<impl Publisher + 'static>,
+    n: usize,
+) -> (CancellationToken, Vec<tokio::task::JoinHandle<RelayReport>>) {
+    let shutdown = CancellationToken::new();
+    let handles = (0..n)
+        .map(|r| {
+            Relay::new(
+                db.store.clone(),
+                publisher.clone(),
+                relay_config(&format!("relay-{r}")),
+            )
+            .unwrap()
+            .spawn(shutdown.clone())
+        })
+        .collect();
+    (shutdown, handles)
+}
+
+async fn stop_relays(
+    shutdown: CancellationToken,
+    handles: Vec<tokio::task::JoinHandle<RelayReport>>,
+) -> RelayReport {
+    shutdown.cancel();
+    let mut total = RelayReport::default();
+    for handle in handles {
+        let r = within("relay shutdown", handle).await.unwrap();
+        total.published += r.published;
+        total.retried += r.retried;
+        total.outages += r.outages;
+        total.failed += r.failed;
+    }
+    total
+}
+
+fn consumer_config(prefix: &str, consumer: &str) -> ConsumerConfig {
+    let mut config =
+        ConsumerConfig::new("billing", consumer, vec![format!("{prefix}invoice.paid")]);
+    config.block = Duration::from_millis(50);
+    config.reclaim_idle = Duration::from_millis(100);
+    config
+}
+
+/// Four relays, 20 keys: each key's events reach the consumer's handler in
+/// enqueue order, each applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_relays_keep_key_order_at_the_consumer() {
+    let db = database().await;
+    let prefix = support::prefix();
+    let events = events_over_keys(400, 20);
+    OutboxWriter::enqueue(&*db.store, &events).await.unwrap();
+    let publisher = Arc::new(RedisPublisher::new(
+        support::connect(support::REDIS_URL).await,
+        StreamRouter::with_prefix(&prefix),
+    ));
+    let (shutdown, relays) = spawn_relays(&db, publisher, 4);
+    let consumer_stop = CancellationToken::new();
+    let consumer = RedisConsumer::new(
+        support::connect(support::REDIS_URL).await,
+        consumer_config(&prefix, "c1"),
+        db.store.inbox(),
+        RecordEffect {
+            table: db.effects.clone(),
+        },
+    );
+    let consumer = tokio::spawn(consumer.run(consumer_stop.clone()));
+    db.wait_for_effects(400).await;
+    let report = stop_relays(shutdown, relays).await;
+    consumer_stop.cancel();
+    let consumed = consumer.await.unwrap().unwrap();
+    assert_eq!(report.published, 400);
+    assert_eq!(consumed.applied, 400);
+    assert_exactly_once_in_key_order(&db.effects().await, &events);
+}
+
+/// An inbox whose N-th commit succeeds and then never returns: a consumer
+/// that dies after its effect committed and before `XACK`.
+struct DieAfterCommit {
+    inner: PgInbox,
+    commits: AtomicUsize,
+    die_at: usize,
+    died: Arc<Notify>,
+}
+
+#[async_trait]
+impl InboxStore for DieAfterCommit {
+    type Transaction = Transaction<'static, Postgres>;
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.inner.begin().await
+    }
+    async fn claim(
+        &self,
+        tx: &mut Self::Transaction,
+        consumer: &str,
+        id: EventId,
+    ) -> Result<bool, StoreError> {
+        self.inner.claim(tx, consumer, id).await
+    }
+    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        self.inner.commit(tx).await?;
+        if self.commits.fetch_add(1, AtomicOrdering::SeqCst) + 1 == self.die_at {
+            self.died.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        self.inner.rollback(tx).await
+    }
+    async fn purge_older_than(&self, age: Duration, n: usize) -> Result<u64, StoreError> {
+        self.inner.purge_older_than(age, n).await
+    }
+}
+
+/// A consumer killed mid-batch, after committing an effect and before
+/// acknowledging it: another consumer reclaims its entries and the inbox
+/// absorbs the one already applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
+    let db = database().await;
+    let prefix = support::prefix();
+    let events = events_over_keys(20, 4);
+    OutboxWriter::enqueue(&*db.store, &events).await.unwrap();
+    let publisher = Arc::new(RedisPublisher::new(
+        support::connect(support::REDIS_URL).await,
+        StreamRouter::with_prefix(&prefix),
+    ));
+    let (shutdown, relays) = spawn_relays(&db, publisher, 1);
+    let mut redis = support::connect(support::REDIS_URL).await;
+    within("all entries in the stream", async {
+        loop {
+            let n: usize = redis::AsyncCommands::xlen(&mut redis, format!("{prefix}invoice.paid"))
+                .await
+                .unwrap();
+            if n == 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    stop_relays(shutdown, relays).await;
+
+    let died = Arc::new(Notify::new());
+    let doomed = RedisConsumer::new(
+        support::connect(support::REDIS_URL).await,
+        consumer_config(&prefix, "doomed"),
+        DieAfterCommit {
+            inner: db.store.inbox(),
+            commits: AtomicUsize::new(0),
+            die_at: 5,
+            died: died.clone(),
+        },
+        RecordEffect {
+            table: db.effects.clone(),
+        },
+    );
+    let doomed = tokio::spawn(doomed.run(CancellationToken::new()));
+    within("the consumer's death", died.notified()).await;
+    doomed.abort();
+    let _ = doomed.await;
+    assert_eq!(
+        db.effects().await.len(),
+        5,
+        "five effects committed before the crash"
+    );
+
+    let stop = CancellationToken::new();
+    let survivor = RedisConsumer::new(
+        support::connect(support::REDIS_URL).await,
+        consumer_config(&prefix, "survivor"),
+        db.store.inbox(),
+        RecordEffect {
+            table: db.effects.clone(),
+        },
+    );
+    let survivor = tokio::spawn(survivor.run(stop.clone()));
+    db.wait_for_effects(20).await;
+    stop.cancel();
+    let report: ConsumerReport = survivor.await.unwrap().unwrap();
+    assert_eq!(
+        report.duplicates, 1,
+        "the committed-but-unacknowledged entry: {report:?}"
+    );
+    assert_eq!(report.applied, 15, "{report:?}");
+    assert!(report.reclaimed >= 16, "{report:?}");
+    assert_exactly_once_in_key_order(&db.effects().await, &events);
+}
+
+/// Counts outage outcomes so a test can wait for the relay to hit the outage.
+struct OutageWatch<P> {
+    inner: P,
+    outages: AtomicUsize,
+    seen: Notify,
+}
+
+#[async_trait]
+impl<P: Publisher> Publisher for OutageWatch<P> {
+    fn capabilities(&self) -> PublisherCapabilities {
+        self.inner.capabilities()
+    }
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let outcomes = self.inner.publish(batch).await;
+        if outcomes
+            .iter()
+            .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
+        {
+            self.outages.fetch_add(1, AtomicOrdering::SeqCst);
+            self.seen.notify_waiters();
+        }
+        outcomes
+    }
+}
+
+/// The Redis server restarts mid-run: the relay pauses on the outage, burns
+/// no attempts, and delivers everything once the server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
+    let db = database().await;
+    let prefix = support::prefix();
+    let mut own = support::OwnRedis::start().await;
+    let watch = Arc::new(OutageWatch {
+        inner: RedisPublisher::new(
+            support::connect(&own.url()).await,
+            StreamRouter::with_prefix(&prefix),
+        ),
+        outages: AtomicUsize::new(0),
+        seen: Notify::new(),
+    });
+    let (shutdown, relays) = spawn_relays(&db, watch.clone(), 1);
+    let stop = CancellationToken::new();
+    let consumer = RedisConsumer::new(
+        support::connect(&own.url()).await,
+        consumer_config(&prefix, "c1"),
+        db.store.inbox(),
+        RecordEffect {
+            table: db.effects.clone(),
+        },
+    );
+    let consumer = tokio::spawn(consumer.run(stop.clone()));
+
+    let before: Vec<NewEvent> = (0..30).map(|n| event(&format!("k{}", n % 3), n)).collect();
+    OutboxWriter::enqueue(&*db.store, &before).await.unwrap();
+    db.wait_for_effects(30).await;
+
+    own.stop().await;
+    let during: Vec<NewEvent> = (30..60).map(|n| event(&format!("k{}", n % 3), n)).collect();
+    OutboxWriter::enqueue(&*db.store, &during).await.unwrap();
+    within("the relay to meet the outage twice", async {
+        loop {
+            let seen = watch.seen.notified();
+            tokio::pin!(seen);
+            seen.as_mut().enable();
+            if watch.outages.load(AtomicOrdering::SeqCst) >= 2 {
+                break;
+            }
+            seen.await;
+        }
+    })
+    .await;
+    own.restart().await;
+    db.wait_for_effects(60).await;
+
+    let report = stop_relays(shutdown, relays).await;
+    stop.cancel();
+    consumer.await.unwrap().unwrap();
+    assert!(report.outages >= 2, "{report:?}");
+    assert_eq!((report.retried, report.failed), (0, 0), "{report:?}");
+    let all: Vec<NewEvent> = before.into_iter().chain(during).collect();
+    for e in &all {
+        assert!(
+            db.store.history(e.event_id).await.unwrap().is_empty(),
+            "attempt burned for {}",
+            e.event_id
+        );
+    }
+    assert_exactly_once_in_key_order(&db.effects().await, &all);
+    let _ = RecordingPublisher::new();
+}
