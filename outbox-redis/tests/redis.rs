@@ -408,3 +408,22 @@ mod dead_letters {
         assert_eq!(dead["dlq.deliveries"], "2");
     }
 }
+
+/// `MAXLEN ~` trims a stream as entries are appended (approximately: Redis
+/// drops whole macro nodes, so the length stays at or a little above the cap).
+#[tokio::test]
+async fn approximate_trimming_caps_the_stream() {
+    let prefix = support::prefix();
+    let mut connection = support::connect(support::REDIS_URL).await;
+    let router = StreamRouter::with_prefix(&prefix);
+    let stream = router.stream_for("invoice.paid");
+    let publisher = RedisPublisher::new(connection.clone(), router)
+        .with_trim(&stream, outbox_redis::Trim::MaxLen(100));
+    let events = stored((0..1000).map(|n| event("a", n)).collect());
+    for chunk in events.chunks(100) {
+        let refs: Vec<&StoredEvent> = chunk.iter().collect();
+        assert!(publisher.publish(&refs).await.iter().all(Result::is_ok));
+    }
+    let len: usize = connection.xlen(&stream).await.unwrap();
+    assert!((100..1000).contains(&len), "stream length {len}");
+}
