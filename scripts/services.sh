@@ -48,3 +48,6 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
 fi
 wait_for Redis redis-cli -h 127.0.0.1 -p 6379 ping
 command -v redis-server >/dev/null || { echo "error: redis-server not installed" >&2; exit 1; }
+
+# Kafka-protocol broker (installed and started by the project; see scripts/kafka.sh)
+"$(dirname "$0")/kafka.sh"

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `sqlx-postgres`, `sqlx-mysql`, `sqlx-sqlite` | [`sqlx`] (`outbox-sqlx`) |
 //! | `redis` | [`redis`] (`outbox-redis`) |
+//! | `kafka` | [`kafka`] (`outbox-kafka`) |
 //! | `testing` | conformance suites for custom backends |
 #![forbid(unsafe_code)]
 
@@ -23,3 +24,7 @@ pub use outbox_sqlx as sqlx;
 /// Redis Streams publisher, consumer runner and Redis inbox.
 #[cfg(feature = "redis")]
 pub use outbox_redis as redis;
+
+/// Kafka publisher (rdkafka).
+#[cfg(feature = "kafka")]
+pub use outbox_kafka as kafka;

@@ -1,0 +1,82 @@
+//! Classifies librdkafka errors per DESIGN.md §6.
+
+use outbox_core::ErrorClass;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+/// The class of a produce failure. `brokers_down` is the client's latest
+/// global state: a delivery that timed out while every broker was down is an
+/// outage, not a problem with that message.
+pub(crate) fn classify(error: &KafkaError, brokers_down: bool) -> ErrorClass {
+    use RDKafkaErrorCode as C;
+    match error.rdkafka_error_code() {
+        Some(
+            C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidMessage
+            | C::InvalidRecord
+            | C::MessageBatchTooLarge
+            | C::UnknownTopicOrPartition
+            | C::UnknownTopic
+            | C::TopicAuthorizationFailed
+            | C::InvalidTopic
+            | C::UnsupportedForMessageFormat,
+        ) => ErrorClass::Permanent,
+        Some(C::AllBrokersDown | C::BrokerTransportFailure | C::Resolve) => ErrorClass::Outage,
+        Some(C::MessageTimedOut | C::RequestTimedOut) if brokers_down => ErrorClass::Outage,
+        _ => ErrorClass::Transient,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn produce(code: RDKafkaErrorCode) -> KafkaError {
+        KafkaError::MessageProduction(code)
+    }
+
+    #[test]
+    fn codes_map_to_classes() {
+        use RDKafkaErrorCode as C;
+        assert_eq!(
+            classify(&produce(C::MessageSizeTooLarge), false),
+            ErrorClass::Permanent
+        );
+        assert_eq!(
+            classify(&produce(C::UnknownTopicOrPartition), false),
+            ErrorClass::Permanent
+        );
+        assert_eq!(
+            classify(&produce(C::InvalidRecord), false),
+            ErrorClass::Permanent
+        );
+        assert_eq!(
+            classify(&produce(C::RequestTimedOut), false),
+            ErrorClass::Transient
+        );
+        assert_eq!(
+            classify(&produce(C::LeaderNotAvailable), false),
+            ErrorClass::Transient
+        );
+        assert_eq!(
+            classify(&produce(C::QueueFull), false),
+            ErrorClass::Transient
+        );
+        assert_eq!(
+            classify(&produce(C::AllBrokersDown), false),
+            ErrorClass::Outage
+        );
+        assert_eq!(
+            classify(&produce(C::BrokerTransportFailure), false),
+            ErrorClass::Outage
+        );
+        assert_eq!(
+            classify(&produce(C::MessageTimedOut), true),
+            ErrorClass::Outage
+        );
+        assert_eq!(
+            classify(&produce(C::MessageTimedOut), false),
+            ErrorClass::Transient
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! The publisher suite and Kafka-specific checks against the loopback broker
+//! started by `scripts/kafka.sh` (`OUTBOX_KAFKA_BOOTSTRAP`, default
+//! 127.0.0.1:19092). Each test has topics of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::memory::MemoryStore;
+use outbox_core::testing::{
+    PublisherHarness, ReceivedEvent, event, events_over_keys, publisher_suite, relay_suite,
+};
+use outbox_core::{
+    CancellationToken, ErrorClass, EventId, ManualClock, OutboxWriter, Publisher, Relay,
+    StoredEvent,
+};
+use outbox_kafka::{KafkaPublisher, KafkaPublisherConfig, TopicRouter, headers};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+const PARTITIONS: i32 = 4;
+
+fn bootstrap() -> String {
+    std::env::var("OUTBOX_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:19092".into())
+}
+
+fn prefix() -> String {
+    format!("t{}.", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+/// Creates `topic` with four partitions; an unreachable broker fails the test.
+async fn create_topic(topic: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "Kafka broker unreachable at {}: {e} (scripts/kafka.sh starts it)",
+                bootstrap()
+            )
+        });
+    for result in results {
+        result.unwrap_or_else(|(t, e)| panic!("creating {t}: {e}"));
+    }
+}
+
+/// Reads a topic from the beginning of every partition (no group join).
+fn reader(topic: &str) -> StreamConsumer {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", format!("reader-{topic}"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        assignment
+            .add_partition_offset(topic, partition, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    consumer
+}
+
+fn received(message: &rdkafka::message::BorrowedMessage<'_>) -> ReceivedEvent {
+    let mut event_id = None;
+    let mut event_type = String::new();
+    let mut pairs = Vec::new();
+    if let Some(h) = message.headers() {
+        for header in h.iter() {
+            let value = String::from_utf8_lossy(header.value.unwrap_or_default()).into_owned();
+            match header.key {
+                headers::names::EVENT_ID => event_id = Some(value.parse::<EventId>().unwrap()),
+                headers::names::EVENT_TYPE => event_type = value,
+                headers::names::AGGREGATE_TYPE
+                | headers::names::AGGREGATE_ID
+                | headers::names::PAYLOAD_VERSION => {}
+                other => pairs.push((other.to_owned(), value)),
+            }
+        }
+    }
+    pairs.sort();
+    ReceivedEvent {
+        event_id: event_id.expect("event_id header"),
+        event_type,
+        partition_key: String::from_utf8(message.key().unwrap().to_vec()).unwrap(),
+        payload: message.payload().unwrap_or_default().to_vec(),
+        headers: pairs,
+    }
+}
+
+async fn read(consumer: &StreamConsumer, n: usize) -> Vec<ReceivedEvent> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let message = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {n} messages arrived", out.len()))
+            .unwrap();
+        out.push(received(&message));
+    }
+    out
+}
+
+struct Harness {
+    publisher: Arc<KafkaPublisher>,
+    consumer: StreamConsumer,
+}
+
+impl Harness {
+    async fn new() -> Self {
+        let prefix = prefix();
+        let router = TopicRouter::with_prefix(&prefix);
+        let topic = router.topic_for("invoice.paid");
+        create_topic(&topic).await;
+        let publisher =
+            KafkaPublisher::new(&KafkaPublisherConfig::new(bootstrap()), router).unwrap();
+        Self {
+            publisher: Arc::new(publisher),
+            consumer: reader(&topic),
+        }
+    }
+}
+
+#[async_trait]
+impl PublisherHarness for Harness {
+    type Publisher = KafkaPublisher;
+    fn publisher(&self) -> Arc<KafkaPublisher> {
+        self.publisher.clone()
+    }
+    async fn read_back(&self, n: usize) -> Vec<ReceivedEvent> {
+        read(&self.consumer, n).await
+    }
+}
+
+fn stored(events: Vec<outbox_core::NewEvent>) -> Vec<StoredEvent> {
+    let now = chrono::Utc::now();
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(i, event)| StoredEvent {
+            sequence: i as i64 + 1,
+            event,
+            created_at: now,
+            available_at: now,
+            attempts: 0,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn publisher_round_trips_every_field() {
+    publisher_suite::round_trips_every_field(&Harness::new().await).await;
+}
+
+#[tokio::test]
+async fn publisher_keeps_order_within_a_key() {
+    publisher_suite::keeps_order_within_a_key(&Harness::new().await).await;
+}
+
+#[tokio::test]
+async fn publisher_empty_batch_is_a_noop() {
+    publisher_suite::empty_batch_is_a_noop(&Harness::new().await).await;
+}
+
+/// A message over the producer's `message.max.bytes` is permanent for that
+/// event; the rest of the batch is delivered.
+#[tokio::test]
+async fn an_oversized_message_is_permanent_and_the_rest_flows() {
+    let harness = Harness::new().await;
+    let mut huge = event("a", 1);
+    huge.payload = outbox_core::Payload::from_serialize(&"x".repeat(2_000_000)).unwrap();
+    let events = stored(vec![event("a", 0), huge, event("b", 2)]);
+    let refs: Vec<&StoredEvent> = events.iter().collect();
+    let outcomes = harness.publisher.publish(&refs).await;
+    assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{outcomes:?}");
+    let err = outcomes[1].as_ref().unwrap_err();
+    assert_eq!(err.class, ErrorClass::Permanent, "{err}");
+    let got = harness.read_back(2).await;
+    let ids: std::collections::HashSet<_> = got.iter().map(|r| r.event_id).collect();
+    assert!(ids.contains(&events[0].event_id) && ids.contains(&events[2].event_id));
+}
+
+/// No broker at all: deliveries time out while every broker is down, an outage.
+#[tokio::test]
+async fn an_unreachable_broker_is_an_outage() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = closed.local_addr().unwrap();
+    drop(closed);
+    let mut config = KafkaPublisherConfig::new(address.to_string());
+    config.delivery_timeout = Duration::from_millis(1500);
+    let publisher = KafkaPublisher::new(&config, TopicRouter::with_prefix(prefix())).unwrap();
+    let events = stored(vec![event("a", 1)]);
+    let outcomes = publisher.publish(&[&events[0]]).await;
+    assert_eq!(
+        outcomes[0].as_ref().unwrap_err().class,
+        ErrorClass::Outage,
+        "{outcomes:?}"
+    );
+}
+
+/// Four relays over one store publish 400 events on 20 keys to a topic of
+/// four partitions; read back, each key is in enqueue order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_relays_keep_key_order_on_the_topic() {
+    let harness = Harness::new().await;
+    let store = Arc::new(MemoryStore::with_clock(Arc::new(ManualClock::at_epoch())));
+    let events = events_over_keys(400, 20);
+    store.enqueue(&events).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let relays: Vec<_> = (0..4)
+        .map(|r| {
+            Relay::new(
+                store.clone(),
+                harness.publisher.clone(),
+                relay_suite::config(&format!("k{r}")),
+            )
+            .unwrap()
+            .spawn(shutdown.clone())
+        })
+        .collect();
+    let got = harness.read_back(400).await;
+    shutdown.cancel();
+    let mut published = 0;
+    for relay in relays {
+        published += relay.await.unwrap().published;
+    }
+    assert_eq!(published, 400);
+    for key in (0..20).map(|k| format!("k{k}")) {
+        let sent: Vec<_> = events
+            .iter()
+            .filter(|e| e.partition_key == key)
+            .map(|e| e.event_id)
+            .collect();
+        let seen: Vec<_> = got
+            .iter()
+            .filter(|r| r.partition_key == key)
+            .map(|r| r.event_id)
+            .collect();
+        assert_eq!(seen, sent, "key {key}");
+    }
+}
