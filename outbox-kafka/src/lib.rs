@@ -2,11 +2,16 @@
 #![forbid(unsafe_code)]
 
 mod config;
+pub mod consumer;
 mod context;
 mod error;
 pub mod headers;
 mod publisher;
 
 pub use config::{KafkaPublisherConfig, TopicRouter};
+pub use consumer::{
+    ConsumerError, ConsumerReport, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent,
+    KafkaHandler,
+};
 pub use context::BrokerHealth;
 pub use publisher::KafkaPublisher;

@@ -1,0 +1,399 @@
+//! PostgreSQL outbox → relays → Kafka (4 partitions) → consumer group →
+//! PostgreSQL inbox, against the loopback broker of `scripts/kafka.sh`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::store::{EventState, OutboxAdmin, RelayId};
+use outbox_core::testing::{events_over_keys, relay_suite};
+use outbox_core::{
+    CancellationToken, EventId, InboxStore, ManualClock, NewEvent, OutboxWriter, PublishOutcome,
+    Publisher, PublisherCapabilities, Relay, RelayReport, StoreError, StoredEvent,
+};
+use outbox_kafka::{
+    HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaHandler, KafkaPublisher,
+    KafkaPublisherConfig, TopicRouter,
+};
+use outbox_sqlx::postgres::{PgInbox, PgStore};
+use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row, Transaction};
+use tokio::sync::Notify;
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn bootstrap() -> String {
+    std::env::var("OUTBOX_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:19092".into())
+}
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+struct Setup {
+    store: Arc<PgStore>,
+    clock: ManualClock,
+    pool: PgPool,
+    effects: String,
+    topic: String,
+    router: TopicRouter,
+}
+
+async fn setup() -> Setup {
+    let url = std::env::var("OUTBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
+    let pool = guard_cancelled_transactions(PgPoolOptions::new())
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {url}: {e}"));
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let schema = format!("kafka_{id}");
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA {schema};
+         CREATE TABLE {schema}.effects (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL, event_id UUID NOT NULL);"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let clock = ManualClock::at_epoch();
+    let store = PgStore::new(
+        pool.clone(),
+        StoreConfig::with_tables(TableNames::default().in_schema(&schema).unwrap())
+            .with_clock(Arc::new(clock.clone())),
+    );
+    store.migrate().await.unwrap();
+    let router = TopicRouter::with_prefix(format!("e2e{id}."));
+    let topic = router.topic_for("invoice.paid");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    for result in admin
+        .create_topics(
+            &[NewTopic::new(&topic, 4, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("Kafka broker unreachable at {}: {e}", bootstrap()))
+    {
+        result.unwrap();
+    }
+    Setup {
+        store: Arc::new(store),
+        clock,
+        pool,
+        effects: format!("{schema}.effects"),
+        topic,
+        router,
+    }
+}
+
+impl Setup {
+    fn publisher(&self) -> KafkaPublisher {
+        KafkaPublisher::new(&KafkaPublisherConfig::new(bootstrap()), self.router.clone()).unwrap()
+    }
+
+    fn consumer<I: InboxStore>(&self, inbox: I) -> KafkaConsumer<I, RecordEffect>
+    where
+        RecordEffect: KafkaHandler<I::Transaction>,
+    {
+        // A group per test: the broker keeps groups (and their dead members)
+        // in memory across tests and runs.
+        let group = format!("billing-{}", self.topic);
+        let mut config = KafkaConsumerConfig::new(bootstrap(), group, vec![self.topic.clone()]);
+        // A dead member is noticed after the session timeout; keep it short.
+        config
+            .librdkafka
+            .push(("session.timeout.ms".into(), "6000".into()));
+        config
+            .librdkafka
+            .push(("heartbeat.interval.ms".into(), "500".into()));
+        KafkaConsumer::new(
+            config,
+            inbox,
+            RecordEffect {
+                table: self.effects.clone(),
+            },
+        )
+        .unwrap()
+    }
+
+    async fn effects(&self) -> Vec<(String, EventId)> {
+        sqlx::query(&format!(
+            "SELECT partition_key, event_id FROM {} ORDER BY seq",
+            self.effects
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r.get("partition_key"),
+                EventId::from_uuid(r.get("event_id")),
+            )
+        })
+        .collect()
+    }
+
+    async fn wait_for_effects(&self, n: usize) {
+        within(&format!("{n} effects"), async {
+            while self.effects().await.len() < n {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+    }
+}
+
+struct RecordEffect {
+    table: String,
+}
+
+#[async_trait]
+impl KafkaHandler<Transaction<'static, Postgres>> for RecordEffect {
+    async fn handle(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        event: &KafkaEvent,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&format!(
+            "INSERT INTO {} (partition_key, event_id) VALUES ($1, $2)",
+            self.table
+        ))
+        .bind(&event.partition_key)
+        .bind(event.event_id.as_uuid())
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| HandlerError::Retry(e.to_string()))?;
+        Ok(())
+    }
+}
+
+fn assert_exactly_once_in_key_order(effects: &[(String, EventId)], events: &[NewEvent]) {
+    let applied: Vec<EventId> = effects.iter().map(|(_, id)| *id).collect();
+    let unique: std::collections::HashSet<_> = applied.iter().collect();
+    assert_eq!(unique.len(), applied.len(), "an event was applied twice");
+    assert_eq!(applied.len(), events.len(), "an event was never applied");
+    for key in events
+        .iter()
+        .map(|e| e.partition_key.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let sent: Vec<_> = events
+            .iter()
+            .filter(|e| e.partition_key == key)
+            .map(|e| e.event_id)
+            .collect();
+        let got: Vec<_> = effects
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, id)| *id)
+            .collect();
+        assert_eq!(got, sent, "order of key {key} at the consumer");
+    }
+}
+
+fn relays(
+    setup: &Setup,
+    publisher: Arc<impl Publisher + 'static>,
+    n: usize,
+) -> (CancellationToken, Vec<tokio::task::JoinHandle<RelayReport>>) {
+    let shutdown = CancellationToken::new();
+    let handles = (0..n)
+        .map(|r| {
+            let mut config = relay_suite::config(&format!("kafka-relay-{r}"));
+            config.relay_id = RelayId::new(format!("kafka-relay-{r}"));
+            Relay::new(setup.store.clone(), publisher.clone(), config)
+                .unwrap()
+                .spawn(shutdown.clone())
+        })
+        .collect();
+    (shutdown, handles)
+}
+
+async fn stop(
+    shutdown: CancellationToken,
+    handles: Vec<tokio::task::JoinHandle<RelayReport>>,
+) -> u64 {
+    shutdown.cancel();
+    let mut published = 0;
+    for handle in handles {
+        published += within("relay shutdown", handle).await.unwrap().published;
+    }
+    published
+}
+
+/// (a) Four relays, 50 keys: each key's events reach the handler in order, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_relays_fifty_keys_in_order_at_the_consumer() {
+    let setup = setup().await;
+    let events = events_over_keys(500, 50);
+    OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
+    let (shutdown, handles) = relays(&setup, Arc::new(setup.publisher()), 4);
+    let consumer_stop = CancellationToken::new();
+    let consumer = tokio::spawn(
+        setup
+            .consumer(setup.store.inbox())
+            .run(consumer_stop.clone()),
+    );
+    setup.wait_for_effects(500).await;
+    assert_eq!(stop(shutdown, handles).await, 500);
+    consumer_stop.cancel();
+    assert_eq!(consumer.await.unwrap().unwrap().applied, 500);
+    assert_exactly_once_in_key_order(&setup.effects().await, &events);
+}
+
+/// Publishes through Kafka, then never returns for one event: a relay that
+/// dies after publishing and before acknowledging.
+struct DieAfterPublishing {
+    inner: KafkaPublisher,
+    victim: EventId,
+    died: Arc<Notify>,
+}
+
+#[async_trait]
+impl Publisher for DieAfterPublishing {
+    fn capabilities(&self) -> PublisherCapabilities {
+        self.inner.capabilities()
+    }
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let outcomes = self.inner.publish(batch).await;
+        if batch.iter().any(|e| e.event_id == self.victim) {
+            self.died.notify_one();
+            std::future::pending::<()>().await;
+        }
+        outcomes
+    }
+}
+
+/// (b) A relay killed after publish and before ack: the event is published
+/// again by another relay, and the consumer's inbox applies it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_after_publish_is_absorbed_by_the_inbox() {
+    let setup = setup().await;
+    let events = events_over_keys(20, 4);
+    OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
+    let died = Arc::new(Notify::new());
+    let doomed = Arc::new(DieAfterPublishing {
+        inner: setup.publisher(),
+        victim: events[5].event_id,
+        died: died.clone(),
+    });
+    let (doomed_shutdown, doomed_handles) = relays(&setup, doomed, 1);
+    within("the relay's death", died.notified()).await;
+    for handle in doomed_handles {
+        handle.abort();
+        let _ = handle.await;
+    }
+    drop(doomed_shutdown);
+    assert!(matches!(
+        setup.store.event_state(events[5].event_id).await.unwrap(),
+        Some(EventState::InFlight { .. })
+    ));
+    setup
+        .clock
+        .advance(relay_suite::config("x").lease_duration + Duration::from_secs(1));
+    let (shutdown, handles) = relays(&setup, Arc::new(setup.publisher()), 1);
+    let consumer_stop = CancellationToken::new();
+    let consumer = tokio::spawn(
+        setup
+            .consumer(setup.store.inbox())
+            .run(consumer_stop.clone()),
+    );
+    setup.wait_for_effects(20).await;
+    stop(shutdown, handles).await;
+    consumer_stop.cancel();
+    let report = consumer.await.unwrap().unwrap();
+    assert!(
+        report.duplicates >= 1,
+        "the event published twice reached the consumer twice: {report:?}"
+    );
+    assert_exactly_once_in_key_order(&setup.effects().await, &events);
+}
+
+/// An inbox whose N-th commit succeeds and then never returns: a consumer
+/// that dies between its effect commit and its offset commit.
+struct DieAfterCommit {
+    inner: PgInbox,
+    commits: AtomicUsize,
+    die_at: usize,
+    died: Arc<Notify>,
+}
+
+#[async_trait]
+impl InboxStore for DieAfterCommit {
+    type Transaction = Transaction<'static, Postgres>;
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.inner.begin().await
+    }
+    async fn claim(
+        &self,
+        tx: &mut Self::Transaction,
+        consumer: &str,
+        id: EventId,
+    ) -> Result<bool, StoreError> {
+        self.inner.claim(tx, consumer, id).await
+    }
+    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        self.inner.commit(tx).await?;
+        if self.commits.fetch_add(1, AtomicOrdering::SeqCst) + 1 == self.die_at {
+            self.died.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        self.inner.rollback(tx).await
+    }
+    async fn purge_older_than(&self, age: Duration, n: usize) -> Result<u64, StoreError> {
+        self.inner.purge_older_than(age, n).await
+    }
+}
+
+/// (e) A consumer dies between its effect commit and its offset commit: the
+/// next consumer of the group gets the message again, the inbox absorbs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_crash_before_the_offset_commit_is_absorbed() {
+    let setup = setup().await;
+    let events = events_over_keys(12, 3);
+    OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
+    let (shutdown, handles) = relays(&setup, Arc::new(setup.publisher()), 1);
+    let died = Arc::new(Notify::new());
+    let inbox = DieAfterCommit {
+        inner: setup.store.inbox(),
+        commits: AtomicUsize::new(0),
+        die_at: 1,
+        died: died.clone(),
+    };
+    let doomed = tokio::spawn(setup.consumer(inbox).run(CancellationToken::new()));
+    within("the consumer's death", died.notified()).await;
+    doomed.abort();
+    let _ = doomed.await;
+    assert_eq!(
+        setup.effects().await.len(),
+        1,
+        "one effect committed before the crash"
+    );
+
+    let consumer_stop = CancellationToken::new();
+    let survivor = tokio::spawn(
+        setup
+            .consumer(setup.store.inbox())
+            .run(consumer_stop.clone()),
+    );
+    setup.wait_for_effects(12).await;
+    assert_eq!(stop(shutdown, handles).await, 12);
+    consumer_stop.cancel();
+    let report = survivor.await.unwrap().unwrap();
+    assert_eq!(report.duplicates, 1, "{report:?}");
+    assert_exactly_once_in_key_order(&setup.effects().await, &events);
+}
