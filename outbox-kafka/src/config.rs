@@ -48,8 +48,9 @@ impl Default for TopicRouter {
 pub struct KafkaPublisherConfig {
     /// `bootstrap.servers`.
     pub bootstrap_servers: String,
-    /// `message.timeout.ms`: keep it shorter than the relay's publish
-    /// timeout (and so its lease). Default 10 s.
+    /// `message.timeout.ms`, and the longest a publish call waits for its
+    /// delivery reports. Keep it shorter than the relay's publish timeout
+    /// (and so its lease). Default 4 s.
     pub delivery_timeout: Duration,
     /// Any librdkafka setting, applied last (TLS, SASL, compression, …).
     pub librdkafka: Vec<(String, String)>,
@@ -60,7 +61,7 @@ impl KafkaPublisherConfig {
     pub fn new(bootstrap_servers: impl Into<String>) -> Self {
         Self {
             bootstrap_servers: bootstrap_servers.into(),
-            delivery_timeout: Duration::from_secs(10),
+            delivery_timeout: Duration::from_secs(4),
             librdkafka: Vec::new(),
         }
     }
@@ -82,6 +83,12 @@ impl KafkaPublisherConfig {
             .set(
                 "message.timeout.ms",
                 self.delivery_timeout.as_millis().to_string(),
+            )
+            // A request in flight when the connection drops is otherwise
+            // awaited for 30 s, past the delivery timeout.
+            .set(
+                "request.timeout.ms",
+                self.delivery_timeout.as_millis().max(1000).to_string(),
             );
         for (key, value) in &self.librdkafka {
             config.set(key, value);

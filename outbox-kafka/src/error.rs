@@ -22,9 +22,25 @@ pub(crate) fn classify(error: &KafkaError, brokers_down: bool) -> ErrorClass {
             | C::UnsupportedForMessageFormat,
         ) => ErrorClass::Permanent,
         Some(C::AllBrokersDown | C::BrokerTransportFailure | C::Resolve) => ErrorClass::Outage,
+        // The producer instance is unusable (it is replaced); the event is fine.
+        Some(code) if producer_is_broken(code) => ErrorClass::Outage,
         Some(C::MessageTimedOut | C::RequestTimedOut) if brokers_down => ErrorClass::Outage,
         _ => ErrorClass::Transient,
     }
+}
+
+/// Errors after which an idempotent producer instance cannot send again.
+pub(crate) fn producer_is_broken(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::Fatal
+            | C::ProducerFenced
+            | C::InvalidProducerEpoch
+            | C::OutOfOrderSequenceNumber
+            | C::UnknownProducerId
+            | C::InvalidProducerIdMapping
+    )
 }
 
 #[cfg(test)]

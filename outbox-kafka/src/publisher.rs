@@ -1,27 +1,33 @@
 //! [`KafkaPublisher`]: a batch handed to librdkafka at once, awaited together.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{
     ErrorClass, PublishError, PublishOutcome, Publisher, PublisherCapabilities, StoredEvent,
 };
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use crate::config::{KafkaPublisherConfig, TopicRouter};
 use crate::context::BrokerHealth;
-use crate::error::classify;
+use crate::error::{classify, producer_is_broken};
 use crate::headers::message_headers;
 
 /// Publishes to Kafka: topic from a [`TopicRouter`] over the event type,
 /// message key = `partition_key` (the broker keeps per-key order within a
 /// partition), headers from [`crate::headers`]. The producer is idempotent.
+///
+/// A producer that hits a fatal error (fenced, epoch or sequence trouble
+/// after a reconnect) is replaced by a fresh one; the events of that call are
+/// reported as an outage, so the relay retries them without burning attempts.
 #[derive(Clone)]
 pub struct KafkaPublisher {
-    producer: Arc<FutureProducer<BrokerHealth>>,
+    producer: Arc<Mutex<Arc<FutureProducer<BrokerHealth>>>>,
     health: BrokerHealth,
     router: TopicRouter,
+    config: KafkaPublisherConfig,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -38,10 +44,34 @@ impl KafkaPublisher {
         let health = BrokerHealth::default();
         let producer = config.client_config().create_with_context(health.clone())?;
         Ok(Self {
-            producer: Arc::new(producer),
+            producer: Arc::new(Mutex::new(Arc::new(producer))),
             health,
             router,
+            config: config.clone(),
         })
+    }
+
+    fn current(&self) -> Arc<FutureProducer<BrokerHealth>> {
+        self.producer.lock().expect("producer lock").clone()
+    }
+
+    /// Replaces `broken` (if it is still the current producer) by a new one.
+    fn replace(&self, broken: &Arc<FutureProducer<BrokerHealth>>) {
+        let mut current = self.producer.lock().expect("producer lock");
+        if !Arc::ptr_eq(&current, broken) {
+            return;
+        }
+        match self
+            .config
+            .client_config()
+            .create_with_context(self.health.clone())
+        {
+            Ok(fresh) => {
+                tracing::warn!("kafka producer hit a fatal error; replaced with a new one");
+                *current = Arc::new(fresh);
+            }
+            Err(error) => tracing::error!(%error, "cannot create a new kafka producer"),
+        }
     }
 
     /// The topic `event_type` goes to.
@@ -49,7 +79,12 @@ impl KafkaPublisher {
         self.router.topic_for(event_type)
     }
 
-    fn failure(&self, error: &KafkaError) -> PublishError {
+    /// The classified failure, noting in `broken` an error that leaves the
+    /// producer instance unusable.
+    fn failure(&self, error: &KafkaError, broken: &mut bool) -> PublishError {
+        if error.rdkafka_error_code().is_some_and(producer_is_broken) {
+            *broken = true;
+        }
         PublishError::new(classify(error, self.health.all_down()), error.to_string())
     }
 }
@@ -66,6 +101,7 @@ impl Publisher for KafkaPublisher {
     }
 
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let producer = self.current();
         let topics: Vec<String> = batch
             .iter()
             .map(|e| self.router.topic_for(&e.event_type))
@@ -79,26 +115,45 @@ impl Publisher for KafkaPublisher {
                     .key(event.partition_key.as_bytes())
                     .payload(event.payload.as_bytes())
                     .headers(message_headers(event));
-                self.producer.send_result(record).map_err(|(e, _)| e)
+                producer.send_result(record).map_err(|(e, _)| e)
             })
             .collect();
+        // Bound the wait ourselves: a request in flight when the connection
+        // drops may outlive `message.timeout.ms`.
+        let deadline =
+            tokio::time::Instant::now() + self.config.delivery_timeout + Duration::from_millis(500);
         let mut outcomes = Vec::with_capacity(batch.len());
+        let mut broken = false;
         for queued in queued {
             let outcome = match queued {
-                Err(e) => Err(self.failure(&e)),
-                Ok(delivery) => match delivery.await {
-                    Ok(Ok(_)) => {
+                Err(e) => Err(self.failure(&e, &mut broken)),
+                Ok(delivery) => match tokio::time::timeout_at(deadline, delivery).await {
+                    Ok(Ok(Ok(_))) => {
                         self.health.delivered();
                         Ok(())
                     }
-                    Ok(Err((e, _))) => Err(self.failure(&e)),
-                    Err(_cancelled) => Err(PublishError::new(
+                    Ok(Ok(Err((e, _)))) => Err(self.failure(&e, &mut broken)),
+                    Ok(Err(_cancelled)) => Err(PublishError::new(
                         ErrorClass::Transient,
                         "producer dropped the delivery report",
                     )),
+                    Err(_elapsed) => {
+                        let class = if self.health.all_down() {
+                            ErrorClass::Outage
+                        } else {
+                            ErrorClass::Transient
+                        };
+                        Err(PublishError::new(
+                            class,
+                            "no delivery report within the delivery timeout",
+                        ))
+                    }
                 },
             };
             outcomes.push(outcome);
+        }
+        if broken || producer.client().fatal_error().is_some() {
+            self.replace(&producer);
         }
         outcomes
     }

@@ -47,6 +47,10 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_on(&bootstrap()).await
+}
+
+async fn setup_on(bootstrap: &str) -> Setup {
     let url = std::env::var("OUTBOX_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
     let pool = guard_cancelled_transactions(PgPoolOptions::new())
@@ -73,7 +77,7 @@ async fn setup() -> Setup {
     let router = TopicRouter::with_prefix(format!("e2e{id}."));
     let topic = router.topic_for("invoice.paid");
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+        .set("bootstrap.servers", bootstrap)
         .create()
         .unwrap();
     for result in admin
@@ -82,7 +86,7 @@ async fn setup() -> Setup {
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         )
         .await
-        .unwrap_or_else(|e| panic!("Kafka broker unreachable at {}: {e}", bootstrap()))
+        .unwrap_or_else(|e| panic!("Kafka broker unreachable at {bootstrap}: {e}"))
     {
         result.unwrap();
     }
@@ -105,10 +109,21 @@ impl Setup {
     where
         RecordEffect: KafkaHandler<I::Transaction>,
     {
+        self.consumer_on(&bootstrap(), inbox)
+    }
+
+    fn consumer_on<I: InboxStore>(
+        &self,
+        bootstrap: &str,
+        inbox: I,
+    ) -> KafkaConsumer<I, RecordEffect>
+    where
+        RecordEffect: KafkaHandler<I::Transaction>,
+    {
         // A group per test: the broker keeps groups (and their dead members)
         // in memory across tests and runs.
         let group = format!("billing-{}", self.topic);
-        let mut config = KafkaConsumerConfig::new(bootstrap(), group, vec![self.topic.clone()]);
+        let mut config = KafkaConsumerConfig::new(bootstrap, group, vec![self.topic.clone()]);
         // A dead member is noticed after the session timeout; keep it short.
         config
             .librdkafka
@@ -396,4 +411,205 @@ async fn a_consumer_crash_before_the_offset_commit_is_absorbed() {
     let report = survivor.await.unwrap().unwrap();
     assert_eq!(report.duplicates, 1, "{report:?}");
     assert_exactly_once_in_key_order(&setup.effects().await, &events);
+}
+
+mod outage {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use outbox_core::store::OutboxAdmin;
+    use outbox_core::testing::event;
+    use outbox_core::{
+        CancellationToken, ErrorClass, NewEvent, OutboxWriter, PublishOutcome, Publisher,
+        PublisherCapabilities, StoredEvent,
+    };
+    use outbox_kafka::{KafkaPublisher, KafkaPublisherConfig};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::Notify;
+
+    use super::*;
+
+    /// A loopback TCP proxy the test can cut: while cut, it closes every
+    /// live connection and refuses new ones.
+    struct Proxy {
+        address: SocketAddr,
+        cut: Arc<AtomicBool>,
+        generation: Arc<tokio::sync::watch::Sender<u64>>,
+    }
+
+    impl Proxy {
+        async fn start(upstream: SocketAddr, listener: TcpListener) -> Self {
+            let address = listener.local_addr().unwrap();
+            let cut = Arc::new(AtomicBool::new(false));
+            let generation = Arc::new(tokio::sync::watch::channel(0u64).0);
+            let (cut2, generation2) = (cut.clone(), generation.clone());
+            tokio::spawn(async move {
+                loop {
+                    let Ok((mut client, _)) = listener.accept().await else {
+                        return;
+                    };
+                    if cut2.load(AtomicOrdering::SeqCst) {
+                        drop(client);
+                        continue;
+                    }
+                    let mut cancelled = generation2.subscribe();
+                    tokio::spawn(async move {
+                        let Ok(mut server) = TcpStream::connect(upstream).await else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                            _ = cancelled.changed() => {}
+                        }
+                    });
+                }
+            });
+            Self {
+                address,
+                cut,
+                generation,
+            }
+        }
+
+        fn cut(&self) {
+            self.cut.store(true, AtomicOrdering::SeqCst);
+            self.generation.send_modify(|g| *g += 1);
+        }
+
+        fn restore(&self) {
+            self.cut.store(false, AtomicOrdering::SeqCst);
+        }
+    }
+
+    /// A tansu of the test's own that advertises the proxy, so every client
+    /// connection (bootstrap and after metadata) goes through it.
+    async fn broker_behind_proxy() -> (tokio::process::Child, Proxy) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/tansu-path");
+        let tansu = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/kafka.sh)", path.display()));
+        let proxy_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_port = proxy_listener.local_addr().unwrap().port();
+        let broker_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = tokio::process::Command::new(tansu.trim())
+            .args([
+                "broker",
+                "--listener-url",
+                &format!("tcp://127.0.0.1:{broker_port}"),
+            ])
+            .args([
+                "--advertised-listener-url",
+                &format!("tcp://127.0.0.1:{proxy_port}"),
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let upstream: SocketAddr = format!("127.0.0.1:{broker_port}").parse().unwrap();
+        within("the test's broker", async {
+            while TcpStream::connect(upstream).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        (child, Proxy::start(upstream, proxy_listener).await)
+    }
+
+    struct OutageWatch {
+        inner: KafkaPublisher,
+        outages: AtomicUsize,
+        seen: Notify,
+    }
+
+    #[async_trait]
+    impl Publisher for OutageWatch {
+        fn capabilities(&self) -> PublisherCapabilities {
+            self.inner.capabilities()
+        }
+        async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+            let outcomes = self.inner.publish(batch).await;
+            if outcomes
+                .iter()
+                .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
+            {
+                self.outages.fetch_add(1, AtomicOrdering::SeqCst);
+                self.seen.notify_waiters();
+            }
+            outcomes
+        }
+    }
+
+    /// (c) The broker is unreachable for several seconds mid-run: the relay
+    /// pauses on the outage, burns no attempts, and everything is delivered
+    /// in order once the connection returns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_broker_outage_burns_no_attempts_and_loses_nothing() {
+        let (_broker, proxy) = broker_behind_proxy().await;
+        let bootstrap = proxy.address.to_string();
+        let setup = super::setup_on(&bootstrap).await;
+        let mut config = KafkaPublisherConfig::new(&bootstrap);
+        config.delivery_timeout = Duration::from_secs(2);
+        let watch = Arc::new(OutageWatch {
+            inner: KafkaPublisher::new(&config, setup.router.clone()).unwrap(),
+            outages: AtomicUsize::new(0),
+            seen: Notify::new(),
+        });
+        let (shutdown, handles) = relays(&setup, watch.clone(), 1);
+        let before: Vec<NewEvent> = (0..20).map(|n| event(&format!("k{}", n % 4), n)).collect();
+        OutboxWriter::enqueue(&*setup.store, &before).await.unwrap();
+        let consumer_stop = CancellationToken::new();
+        let consumer = tokio::spawn(
+            setup
+                .consumer_on(&bootstrap, setup.store.inbox())
+                .run(consumer_stop.clone()),
+        );
+        setup.wait_for_effects(20).await;
+
+        proxy.cut();
+        let during: Vec<NewEvent> = (20..40).map(|n| event(&format!("k{}", n % 4), n)).collect();
+        OutboxWriter::enqueue(&*setup.store, &during).await.unwrap();
+        within("the relay to meet the outage twice", async {
+            loop {
+                let seen = watch.seen.notified();
+                tokio::pin!(seen);
+                seen.as_mut().enable();
+                if watch.outages.load(AtomicOrdering::SeqCst) >= 2 {
+                    break;
+                }
+                seen.await;
+            }
+        })
+        .await;
+        proxy.restore();
+        setup.wait_for_effects(40).await;
+
+        shutdown.cancel();
+        let mut report = outbox_core::RelayReport::default();
+        for handle in handles {
+            let r = within("relay shutdown", handle).await.unwrap();
+            report.outages += r.outages;
+            report.retried += r.retried;
+            report.failed += r.failed;
+        }
+        consumer_stop.cancel();
+        consumer.await.unwrap().unwrap();
+        assert!(report.outages >= 2, "{report:?}");
+        assert_eq!((report.retried, report.failed), (0, 0), "{report:?}");
+        let all: Vec<NewEvent> = before.into_iter().chain(during).collect();
+        for e in &all {
+            assert!(
+                setup.store.history(e.event_id).await.unwrap().is_empty(),
+                "attempt burned"
+            );
+        }
+        assert_exactly_once_in_key_order(&setup.effects().await, &all);
+    }
 }
