@@ -250,3 +250,126 @@ async fn four_relays_keep_key_order_on_the_topic() {
         assert_eq!(seen, sent, "key {key}");
     }
 }
+
+/// (d) Through a relay: an event too large for the broker ends in `failed`
+/// (permanent, alert fired), and the rest, its own key included, flows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_event_fails_and_the_rest_flows_through_the_relay() {
+    let harness = Harness::new().await;
+    let limits = outbox_core::EventLimits {
+        max_payload_bytes: 4_000_000,
+        ..Default::default()
+    };
+    let store =
+        Arc::new(MemoryStore::with_clock(Arc::new(ManualClock::at_epoch())).with_limits(limits));
+    let mut huge = event("a", 1);
+    huge.payload = outbox_core::Payload::from_serialize(&"x".repeat(2_000_000)).unwrap();
+    let events = vec![event("a", 0), huge.clone(), event("a", 2), event("b", 3)];
+    store.enqueue(&events).await.unwrap();
+    let (alerts, mut alerted) = tokio::sync::mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        store.clone(),
+        harness.publisher.clone(),
+        relay_suite::config("big"),
+    )
+    .unwrap()
+    .with_alert_hook(move |a: &outbox_core::relay::FailedAlert| {
+        let _ = alerts.send(a.event.event_id);
+    })
+    .spawn(shutdown.clone());
+    let got = harness.read_back(3).await;
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(30), alerted.recv())
+            .await
+            .unwrap(),
+        Some(huge.event_id)
+    );
+    shutdown.cancel();
+    let report = relay.await.unwrap();
+    assert_eq!((report.published, report.failed), (3, 1));
+    let key_a: Vec<_> = got
+        .iter()
+        .filter(|r| r.partition_key == "a")
+        .map(|r| r.event_id)
+        .collect();
+    assert_eq!(key_a, vec![events[0].event_id, events[2].event_id]);
+    let history = outbox_core::OutboxAdmin::history(&*store, huge.event_id)
+        .await
+        .unwrap();
+    assert_eq!(
+        history[0].kind,
+        outbox_core::store::AttemptKind::PermanentFailure
+    );
+}
+
+/// A handler that rejects an event: it goes to `{topic}.dlq` with its
+/// original headers and the error, and the consumer moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_event_goes_to_the_dead_letter_topic() {
+    use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
+    use outbox_kafka::{
+        HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaHandler,
+    };
+
+    struct RejectFirst(EventId);
+    #[async_trait]
+    impl KafkaHandler<MemoryInboxTx> for RejectFirst {
+        async fn handle(
+            &self,
+            _tx: &mut MemoryInboxTx,
+            event: &KafkaEvent,
+        ) -> Result<(), HandlerError> {
+            if event.event_id == self.0 {
+                return Err(HandlerError::Reject("amount is negative".into()));
+            }
+            Ok(())
+        }
+    }
+
+    let harness = Harness::new().await;
+    let topic = harness.publisher.topic_for("invoice.paid");
+    create_topic(&format!("{topic}.dlq")).await;
+    let events = stored(vec![event("a", 0), event("a", 1)]);
+    let refs: Vec<&StoredEvent> = events.iter().collect();
+    assert!(
+        harness
+            .publisher
+            .publish(&refs)
+            .await
+            .iter()
+            .all(Result::is_ok)
+    );
+    let mut config =
+        KafkaConsumerConfig::new(bootstrap(), format!("dlq-{topic}"), vec![topic.clone()]);
+    config
+        .librdkafka
+        .push(("session.timeout.ms".into(), "6000".into()));
+    let consumer =
+        KafkaConsumer::new(config, MemoryInbox::new(), RejectFirst(events[0].event_id)).unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(consumer.run(stop.clone()));
+    let dead = read(&reader(&format!("{topic}.dlq")), 1).await;
+    assert_eq!(dead[0].event_id, events[0].event_id);
+    assert!(
+        dead[0]
+            .headers
+            .iter()
+            .any(|(k, v)| k == "dlq.error" && v == "amount is negative"),
+        "{:?}",
+        dead[0].headers
+    );
+    assert!(
+        dead[0].headers.iter().any(|(k, _)| k == "traceparent"),
+        "original headers kept"
+    );
+    // The consumer checks for shutdown between messages, so the dead letter
+    // already read above is in its report.
+    stop.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(report.dead_lettered, 1, "{report:?}");
+}
