@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod consume;
 mod error;
 pub mod event;
 mod inbox;

@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-use outbox_core::policy::{RandomSource, RetryDecision, SplitMix64};
+use outbox_core::consume::{Applied, apply_once};
+use outbox_core::policy::SplitMix64;
 use outbox_core::{EventId, Headers, InboxStore, RetryPolicy, StoreError};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
@@ -80,23 +80,10 @@ impl KafkaEvent {
     }
 }
 
-/// What a handler reports for one event.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HandlerError {
-    /// Try again (with backoff, up to the retry policy's attempts).
-    #[error("retry: {0}")]
-    Retry(String),
-    /// Never going to work: dead-letter now.
-    #[error("reject: {0}")]
-    Reject(String),
-}
+pub use outbox_core::consume::HandlerError;
 
-/// Applies one event inside the inbox transaction `Tx`.
-#[async_trait]
-pub trait KafkaHandler<Tx: Send>: Send + Sync {
-    /// Writes the event's effect through `tx`; it commits with the inbox claim.
-    async fn handle(&self, tx: &mut Tx, event: &KafkaEvent) -> Result<(), HandlerError>;
-}
+/// The handler a runner calls: [`outbox_core::consume::Handler`] over [`KafkaEvent`].
+pub use outbox_core::consume::Handler;
 
 /// Consumer settings.
 #[derive(Clone, Debug)]
@@ -181,7 +168,7 @@ pub struct KafkaConsumer<I, H> {
 impl<I, H> KafkaConsumer<I, H>
 where
     I: InboxStore,
-    H: KafkaHandler<I::Transaction>,
+    H: Handler<I::Transaction, KafkaEvent>,
 {
     /// A consumer with `config`; subscribes when run.
     pub fn new(config: KafkaConsumerConfig, inbox: I, handler: H) -> Result<Self, KafkaError> {
@@ -235,17 +222,21 @@ where
             };
             let handled = match KafkaEvent::decode(&message) {
                 Ok(event) => {
-                    let handled = apply(
+                    let handler = &self.handler;
+                    let applied = apply_once(
                         &self.inbox,
-                        &self.handler,
-                        &self.config,
-                        &self.random,
+                        &self.config.group_id,
+                        event.event_id,
                         &event,
+                        handler,
+                        &self.config.handler_retry,
+                        &self.random,
                     )
                     .await?;
-                    match handled {
-                        Ok(handled) => handled,
-                        Err(reason) => {
+                    match applied {
+                        Applied::Applied => Handled::Applied,
+                        Applied::Duplicate => Handled::Duplicate,
+                        Applied::GaveUp(reason) => {
                             dead_letter(&self.dead_letters, &self.config, &message, &reason)
                                 .await?;
                             Handled::DeadLettered
@@ -269,56 +260,6 @@ where
             tracing::debug!(%error, "final offset commit");
         }
         Ok(self.report)
-    }
-}
-
-/// Claims and applies, retrying in place. `Err(reason)` means dead-letter.
-async fn apply<I, H>(
-    inbox: &I,
-    handler: &H,
-    config: &KafkaConsumerConfig,
-    random: &SplitMix64,
-    event: &KafkaEvent,
-) -> Result<Result<Handled, String>, ConsumerError>
-where
-    I: InboxStore,
-    H: KafkaHandler<I::Transaction>,
-{
-    let mut attempt = 0u32;
-    loop {
-        attempt += 1;
-        let mut tx = inbox.begin().await?;
-        if !inbox
-            .claim(&mut tx, &config.group_id, event.event_id)
-            .await?
-        {
-            inbox.rollback(tx).await?;
-            return Ok(Ok(Handled::Duplicate));
-        }
-        let failure = match handler.handle(&mut tx, event).await {
-            Ok(()) => match inbox.commit(tx).await {
-                Ok(()) => return Ok(Ok(Handled::Applied)),
-                Err(e) if e.is_retryable() => HandlerError::Retry(e.to_string()),
-                Err(e) => return Err(e.into()),
-            },
-            Err(failure) => {
-                inbox.rollback(tx).await?;
-                failure
-            }
-        };
-        match failure {
-            HandlerError::Reject(reason) => return Ok(Err(reason)),
-            HandlerError::Retry(reason) => match config
-                .handler_retry
-                .decide(attempt, random as &dyn RandomSource)
-            {
-                RetryDecision::RetryAfter(pause) => {
-                    tracing::warn!(event_id = %event.event_id, %reason, ?pause, "handler failed; retrying");
-                    tokio::time::sleep(pause).await;
-                }
-                RetryDecision::GiveUp => return Ok(Err(reason)),
-            },
-        }
     }
 }
 

@@ -10,8 +10,8 @@ mod publisher;
 
 pub use config::{KafkaPublisherConfig, TopicRouter};
 pub use consumer::{
-    ConsumerError, ConsumerReport, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent,
-    KafkaHandler,
+    ConsumerError, ConsumerReport, Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig,
+    KafkaEvent,
 };
 pub use context::BrokerHealth;
 pub use publisher::KafkaPublisher;

@@ -308,13 +308,11 @@ async fn an_oversized_event_fails_and_the_rest_flows_through_the_relay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_event_goes_to_the_dead_letter_topic() {
     use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
-    use outbox_kafka::{
-        HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaHandler,
-    };
+    use outbox_kafka::{Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent};
 
     struct RejectFirst(EventId);
     #[async_trait]
-    impl KafkaHandler<MemoryInboxTx> for RejectFirst {
+    impl Handler<MemoryInboxTx, KafkaEvent> for RejectFirst {
         async fn handle(
             &self,
             _tx: &mut MemoryInboxTx,

@@ -13,7 +13,7 @@ use outbox_core::{
     Publisher, PublisherCapabilities, Relay, RelayReport, StoreError, StoredEvent,
 };
 use outbox_kafka::{
-    HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaHandler, KafkaPublisher,
+    Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
     KafkaPublisherConfig, TopicRouter,
 };
 use outbox_sqlx::postgres::{PgInbox, PgStore};
@@ -107,7 +107,7 @@ impl Setup {
 
     fn consumer<I: InboxStore>(&self, inbox: I) -> KafkaConsumer<I, RecordEffect>
     where
-        RecordEffect: KafkaHandler<I::Transaction>,
+        RecordEffect: Handler<I::Transaction, KafkaEvent>,
     {
         self.consumer_on(&bootstrap(), inbox)
     }
@@ -118,7 +118,7 @@ impl Setup {
         inbox: I,
     ) -> KafkaConsumer<I, RecordEffect>
     where
-        RecordEffect: KafkaHandler<I::Transaction>,
+        RecordEffect: Handler<I::Transaction, KafkaEvent>,
     {
         // A group per test: the broker keeps groups (and their dead members)
         // in memory across tests and runs.
@@ -174,7 +174,7 @@ struct RecordEffect {
 }
 
 #[async_trait]
-impl KafkaHandler<Transaction<'static, Postgres>> for RecordEffect {
+impl Handler<Transaction<'static, Postgres>, KafkaEvent> for RecordEffect {
     async fn handle(
         &self,
         tx: &mut Transaction<'static, Postgres>,

@@ -17,8 +17,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use outbox_core::policy::{RandomSource, RetryDecision, SplitMix64};
+use outbox_core::consume::{Applied, apply_once};
+use outbox_core::policy::SplitMix64;
 use outbox_core::{ErrorClass, InboxStore, RetryPolicy, StoreError};
 use redis::aio::ConnectionManager;
 use redis::streams::{
@@ -29,23 +29,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fields::StreamEvent;
 
-/// What a handler reports for one event.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HandlerError {
-    /// Try again (with backoff, up to the retry policy's attempts).
-    #[error("retry: {0}")]
-    Retry(String),
-    /// Never going to work: dead-letter now.
-    #[error("reject: {0}")]
-    Reject(String),
-}
+pub use outbox_core::consume::HandlerError;
 
-/// Applies one event inside the inbox transaction `Tx`.
-#[async_trait]
-pub trait StreamHandler<Tx: Send>: Send + Sync {
-    /// Writes the event's effect through `tx`; it commits with the inbox claim.
-    async fn handle(&self, tx: &mut Tx, event: &StreamEvent) -> Result<(), HandlerError>;
-}
+/// The handler a runner calls: [`outbox_core::consume::Handler`] over [`StreamEvent`].
+pub use outbox_core::consume::Handler;
 
 /// Consumer settings.
 #[derive(Clone, Debug)]
@@ -141,7 +128,7 @@ pub struct RedisConsumer<I, H> {
 impl<I, H> RedisConsumer<I, H>
 where
     I: InboxStore,
-    H: StreamHandler<I::Transaction>,
+    H: Handler<I::Transaction, StreamEvent>,
 {
     /// A consumer on its own `connection` (blocking reads would stall other
     /// users of a shared one).
@@ -296,47 +283,21 @@ where
         event: &StreamEvent,
         deliveries: usize,
     ) -> Result<Handled, ConsumerError> {
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            let mut tx = self.inbox.begin().await?;
-            if !self
-                .inbox
-                .claim(&mut tx, &self.config.group, event.event_id)
-                .await?
-            {
-                self.inbox.rollback(tx).await?;
-                return Ok(Handled::Duplicate);
-            }
-            let failure = match self.handler.handle(&mut tx, event).await {
-                Ok(()) => match self.inbox.commit(tx).await {
-                    Ok(()) => return Ok(Handled::Applied),
-                    Err(e) if e.is_retryable() => HandlerError::Retry(e.to_string()),
-                    Err(e) => return Err(e.into()),
-                },
-                Err(failure) => {
-                    self.inbox.rollback(tx).await?;
-                    failure
-                }
-            };
-            let reason = match failure {
-                HandlerError::Reject(reason) => reason,
-                HandlerError::Retry(reason) => {
-                    match self
-                        .config
-                        .handler_retry
-                        .decide(attempt, &self.random as &dyn RandomSource)
-                    {
-                        RetryDecision::RetryAfter(pause) => {
-                            tracing::warn!(event_id = %event.event_id, %reason, ?pause, "handler failed; retrying");
-                            tokio::time::sleep(pause).await;
-                            continue;
-                        }
-                        RetryDecision::GiveUp => reason,
-                    }
-                }
-            };
-            return self.dead_letter(stream, entry, &reason, deliveries).await;
+        let handler = &self.handler;
+        let applied = apply_once(
+            &self.inbox,
+            &self.config.group,
+            event.event_id,
+            event,
+            handler,
+            &self.config.handler_retry,
+            &self.random,
+        )
+        .await?;
+        match applied {
+            Applied::Applied => Ok(Handled::Applied),
+            Applied::Duplicate => Ok(Handled::Duplicate),
+            Applied::GaveUp(reason) => self.dead_letter(stream, entry, &reason, deliveries).await,
         }
     }
 

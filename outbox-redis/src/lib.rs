@@ -10,7 +10,7 @@ mod publisher;
 
 pub use config::{StreamRouter, Trim};
 pub use consumer::{
-    ConsumerConfig, ConsumerError, ConsumerReport, HandlerError, RedisConsumer, StreamHandler,
+    ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, RedisConsumer,
 };
 pub use fields::{DecodeError, StreamEvent};
 pub use inbox::{RedisInbox, RedisInboxTx};

@@ -16,8 +16,8 @@ use outbox_core::{
     Publisher, PublisherCapabilities, Relay, RelayReport, StoreError, StoredEvent,
 };
 use outbox_redis::{
-    ConsumerConfig, ConsumerReport, HandlerError, RedisConsumer, RedisPublisher, StreamEvent,
-    StreamHandler, StreamRouter,
+    ConsumerConfig, ConsumerReport, Handler, HandlerError, RedisConsumer, RedisPublisher,
+    StreamEvent, StreamRouter,
 };
 use outbox_sqlx::postgres::{PgInbox, PgStore};
 use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
@@ -106,7 +106,7 @@ struct RecordEffect {
 }
 
 #[async_trait]
-impl StreamHandler<Transaction<'static, Postgres>> for RecordEffect {
+impl Handler<Transaction<'static, Postgres>, StreamEvent> for RecordEffect {
     async fn handle(
         &self,
         tx: &mut Transaction<'static, Postgres>,

@@ -258,7 +258,7 @@ mod dead_letters {
     use outbox_core::testing::event;
     use outbox_core::{CancellationToken, Publisher, RetryPolicy, StoredEvent};
     use outbox_redis::{
-        ConsumerConfig, HandlerError, RedisConsumer, RedisPublisher, StreamEvent, StreamHandler,
+        ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher, StreamEvent,
         StreamRouter,
     };
     use redis::AsyncCommands;
@@ -273,7 +273,7 @@ mod dead_letters {
     }
 
     #[async_trait]
-    impl StreamHandler<MemoryInboxTx> for Failing {
+    impl Handler<MemoryInboxTx, StreamEvent> for Failing {
         async fn handle(
             &self,
             _tx: &mut MemoryInboxTx,
