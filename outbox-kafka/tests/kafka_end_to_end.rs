@@ -2,21 +2,22 @@
 //! PostgreSQL inbox, against the loopback broker of `scripts/kafka.sh`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::store::{EventState, OutboxAdmin, RelayId};
-use outbox_core::testing::{events_over_keys, relay_suite};
+use outbox_core::testing::{
+    DieAfterCommit, assert_exactly_once_in_key_order, events_over_keys, relay_suite,
+};
 use outbox_core::{
-    CancellationToken, EventId, InboxStore, ManualClock, NewEvent, OutboxWriter, PublishOutcome,
-    Publisher, PublisherCapabilities, Relay, RelayReport, StoreError, StoredEvent,
+    CancellationToken, EventId, InboxStore, ManualClock, OutboxWriter, PublishOutcome, Publisher,
+    PublisherCapabilities, Relay, RelayReport, StoredEvent,
 };
 use outbox_kafka::{
     Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
     KafkaPublisherConfig, TopicRouter,
 };
-use outbox_sqlx::postgres::{PgInbox, PgStore};
+use outbox_sqlx::postgres::PgStore;
 use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -193,30 +194,6 @@ impl Handler<Transaction<'static, Postgres>, KafkaEvent> for RecordEffect {
     }
 }
 
-fn assert_exactly_once_in_key_order(effects: &[(String, EventId)], events: &[NewEvent]) {
-    let applied: Vec<EventId> = effects.iter().map(|(_, id)| *id).collect();
-    let unique: std::collections::HashSet<_> = applied.iter().collect();
-    assert_eq!(unique.len(), applied.len(), "an event was applied twice");
-    assert_eq!(applied.len(), events.len(), "an event was never applied");
-    for key in events
-        .iter()
-        .map(|e| e.partition_key.as_str())
-        .collect::<std::collections::BTreeSet<_>>()
-    {
-        let sent: Vec<_> = events
-            .iter()
-            .filter(|e| e.partition_key == key)
-            .map(|e| e.event_id)
-            .collect();
-        let got: Vec<_> = effects
-            .iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, id)| *id)
-            .collect();
-        assert_eq!(got, sent, "order of key {key} at the consumer");
-    }
-}
-
 fn relays(
     setup: &Setup,
     publisher: Arc<impl Publisher + 'static>,
@@ -335,45 +312,6 @@ async fn a_relay_killed_after_publish_is_absorbed_by_the_inbox() {
     assert_exactly_once_in_key_order(&setup.effects().await, &events);
 }
 
-/// An inbox whose N-th commit succeeds and then never returns: a consumer
-/// that dies between its effect commit and its offset commit.
-struct DieAfterCommit {
-    inner: PgInbox,
-    commits: AtomicUsize,
-    die_at: usize,
-    died: Arc<Notify>,
-}
-
-#[async_trait]
-impl InboxStore for DieAfterCommit {
-    type Transaction = Transaction<'static, Postgres>;
-    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        self.inner.begin().await
-    }
-    async fn claim(
-        &self,
-        tx: &mut Self::Transaction,
-        consumer: &str,
-        id: EventId,
-    ) -> Result<bool, StoreError> {
-        self.inner.claim(tx, consumer, id).await
-    }
-    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        self.inner.commit(tx).await?;
-        if self.commits.fetch_add(1, AtomicOrdering::SeqCst) + 1 == self.die_at {
-            self.died.notify_one();
-            std::future::pending::<()>().await;
-        }
-        Ok(())
-    }
-    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        self.inner.rollback(tx).await
-    }
-    async fn purge_older_than(&self, age: Duration, n: usize) -> Result<u64, StoreError> {
-        self.inner.purge_older_than(age, n).await
-    }
-}
-
 /// (e) A consumer dies between its effect commit and its offset commit: the
 /// next consumer of the group gets the message again, the inbox absorbs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,12 +321,7 @@ async fn a_consumer_crash_before_the_offset_commit_is_absorbed() {
     OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
     let (shutdown, handles) = relays(&setup, Arc::new(setup.publisher()), 1);
     let died = Arc::new(Notify::new());
-    let inbox = DieAfterCommit {
-        inner: setup.store.inbox(),
-        commits: AtomicUsize::new(0),
-        die_at: 1,
-        died: died.clone(),
-    };
+    let inbox = DieAfterCommit::new(setup.store.inbox(), 1, died.clone());
     let doomed = tokio::spawn(setup.consumer(inbox).run(CancellationToken::new()));
     within("the consumer's death", died.notified()).await;
     doomed.abort();

@@ -10,16 +10,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::memory::RecordingPublisher;
 use outbox_core::store::{OutboxAdmin, RelayId};
-use outbox_core::testing::{event, events_over_keys, relay_suite};
+use outbox_core::testing::{
+    DieAfterCommit, assert_exactly_once_in_key_order, event, events_over_keys, relay_suite,
+};
 use outbox_core::{
-    CancellationToken, ErrorClass, EventId, InboxStore, NewEvent, OutboxWriter, PublishOutcome,
-    Publisher, PublisherCapabilities, Relay, RelayReport, StoreError, StoredEvent,
+    CancellationToken, ErrorClass, EventId, NewEvent, OutboxWriter, PublishOutcome, Publisher,
+    PublisherCapabilities, Relay, RelayReport, StoredEvent,
 };
 use outbox_redis::{
     ConsumerConfig, ConsumerReport, Handler, HandlerError, RedisConsumer, RedisPublisher,
     StreamEvent, StreamRouter,
 };
-use outbox_sqlx::postgres::{PgInbox, PgStore};
+use outbox_sqlx::postgres::PgStore;
 use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
@@ -125,27 +127,6 @@ impl Handler<Transaction<'static, Postgres>, StreamEvent> for RecordEffect {
     }
 }
 
-fn assert_exactly_once_in_key_order(effects: &[(String, EventId)], events: &[NewEvent]) {
-    let applied: Vec<EventId> = effects.iter().map(|(_, id)| *id).collect();
-    let unique: std::collections::HashSet<_> = applied.iter().collect();
-    assert_eq!(unique.len(), applied.len(), "an event was applied twice");
-    assert_eq!(applied.len(), events.len(), "an event was never applied");
-    let mut keys: std::collections::HashMap<&str, Vec<EventId>> = Default::default();
-    for e in events {
-        keys.entry(e.partition_key.as_str())
-            .or_default()
-            .push(e.event_id);
-    }
-    for (key, expected) in keys {
-        let got: Vec<EventId> = effects
-            .iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, id)| *id)
-            .collect();
-        assert_eq!(got, expected, "order of key {key} at the consumer");
-    }
-}
-
 fn relay_config(name: &str) -> outbox_core::RelayConfig {
     let mut config = relay_suite::config(name);
     config.relay_id = RelayId::new(name);
@@ -228,45 +209,6 @@ async fn four_relays_keep_key_order_at_the_consumer() {
     assert_exactly_once_in_key_order(&db.effects().await, &events);
 }
 
-/// An inbox whose N-th commit succeeds and then never returns: a consumer
-/// that dies after its effect committed and before `XACK`.
-struct DieAfterCommit {
-    inner: PgInbox,
-    commits: AtomicUsize,
-    die_at: usize,
-    died: Arc<Notify>,
-}
-
-#[async_trait]
-impl InboxStore for DieAfterCommit {
-    type Transaction = Transaction<'static, Postgres>;
-    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        self.inner.begin().await
-    }
-    async fn claim(
-        &self,
-        tx: &mut Self::Transaction,
-        consumer: &str,
-        id: EventId,
-    ) -> Result<bool, StoreError> {
-        self.inner.claim(tx, consumer, id).await
-    }
-    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        self.inner.commit(tx).await?;
-        if self.commits.fetch_add(1, AtomicOrdering::SeqCst) + 1 == self.die_at {
-            self.died.notify_one();
-            std::future::pending::<()>().await;
-        }
-        Ok(())
-    }
-    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        self.inner.rollback(tx).await
-    }
-    async fn purge_older_than(&self, age: Duration, n: usize) -> Result<u64, StoreError> {
-        self.inner.purge_older_than(age, n).await
-    }
-}
-
 /// A consumer killed mid-batch, after committing an effect and before
 /// acknowledging it: another consumer reclaims its entries and the inbox
 /// absorbs the one already applied.
@@ -300,12 +242,7 @@ async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
     let doomed = RedisConsumer::new(
         support::connect(support::REDIS_URL).await,
         consumer_config(&prefix, "doomed"),
-        DieAfterCommit {
-            inner: db.store.inbox(),
-            commits: AtomicUsize::new(0),
-            die_at: 5,
-            died: died.clone(),
-        },
+        DieAfterCommit::new(db.store.inbox(), 5, died.clone()),
         RecordEffect {
             table: db.effects.clone(),
         },

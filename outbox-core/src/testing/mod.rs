@@ -10,6 +10,7 @@
 //! Stores take their time from the [`ManualClock`] the suite passes to the
 //! factory, so lease expiry and backoff are driven by the test, not by sleeps.
 
+pub mod faults;
 mod fixtures;
 pub mod inbox_suite;
 mod macros;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+pub use faults::{DieAfterCommit, assert_exactly_once_in_key_order};
 pub use fixtures::{event, event_with_payload, events_over_keys, namespace};
 
 use crate::clock::ManualClock;

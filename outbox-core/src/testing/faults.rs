@@ -1,0 +1,98 @@
+//! Faults and checks shared by adapters' end-to-end tests.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use crate::error::StoreError;
+use crate::event::{EventId, NewEvent};
+use crate::inbox::InboxStore;
+
+/// An inbox whose `die_at`-th commit succeeds and then never returns: a
+/// consumer that dies after its effect committed and before it acknowledged
+/// the broker (`XACK`, offset commit).
+pub struct DieAfterCommit<I> {
+    inner: I,
+    commits: AtomicUsize,
+    die_at: usize,
+    died: Arc<Notify>,
+}
+
+impl<I> DieAfterCommit<I> {
+    /// Wraps `inner`; `died` is notified when the consumer "dies".
+    pub fn new(inner: I, die_at: usize, died: Arc<Notify>) -> Self {
+        Self {
+            inner,
+            commits: AtomicUsize::new(0),
+            die_at,
+            died,
+        }
+    }
+}
+
+#[async_trait]
+impl<I: InboxStore> InboxStore for DieAfterCommit<I> {
+    type Transaction = I::Transaction;
+
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.inner.begin().await
+    }
+
+    async fn claim(
+        &self,
+        tx: &mut Self::Transaction,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        self.inner.claim(tx, consumer, event_id).await
+    }
+
+    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        self.inner.commit(tx).await?;
+        if self.commits.fetch_add(1, Ordering::SeqCst) + 1 == self.die_at {
+            self.died.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+
+    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        self.inner.rollback(tx).await
+    }
+
+    async fn purge_older_than(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.purge_older_than(older_than, batch_size).await
+    }
+}
+
+/// Checks a consumer's committed effects, `(partition key, event id)` in
+/// commit order, against the events enqueued: every event applied exactly
+/// once, and each key's events in enqueue order.
+pub fn assert_exactly_once_in_key_order(effects: &[(String, EventId)], events: &[NewEvent]) {
+    let applied: Vec<EventId> = effects.iter().map(|(_, id)| *id).collect();
+    let unique: HashSet<_> = applied.iter().collect();
+    assert_eq!(unique.len(), applied.len(), "an event was applied twice");
+    assert_eq!(applied.len(), events.len(), "an event was never applied");
+    let keys: BTreeSet<&str> = events.iter().map(|e| e.partition_key.as_str()).collect();
+    for key in keys {
+        let sent: Vec<EventId> = events
+            .iter()
+            .filter(|e| e.partition_key == key)
+            .map(|e| e.event_id)
+            .collect();
+        let got: Vec<EventId> = effects
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, id)| *id)
+            .collect();
+        assert_eq!(got, sent, "order of key {key} at the consumer");
+    }
+}
