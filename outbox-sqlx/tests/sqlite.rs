@@ -145,30 +145,50 @@ async fn enqueue_joins_the_callers_transaction() {
     ));
 }
 
-/// Commit order is sequence order: a second writer cannot even begin while
-/// the first is open, so no later sequence can commit before an earlier one.
+/// Commit order is sequence order: while one writer is open, no other can
+/// even begin (a connection that will not wait is refused with SQLITE_BUSY),
+/// so no later sequence can commit before an earlier one.
 #[tokio::test]
 async fn writers_are_serialised() {
-    let store = store_on(ManualClock::at_epoch()).await;
+    use sqlx::Connection;
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+    use std::str::FromStr;
+
+    let path = db_path();
+    let store = SqliteStore::open(&path, StoreConfig::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let impatient = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
+        .unwrap()
+        .busy_timeout(Duration::ZERO);
+    let mut other = SqliteConnection::connect_with(&impatient).await.unwrap();
+
     let mut first = store.begin_immediate().await.unwrap();
     store.enqueue(&mut first, &[event("a", 1)]).await.unwrap();
-    let second = {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let mut tx = store.begin_immediate().await.unwrap();
-            let outcome = store.enqueue(&mut tx, &[event("a", 2)]).await.unwrap();
-            tx.commit().await.unwrap();
-            outcome
-        })
-    };
-    // The second writer waits on SQLite's write lock (busy timeout 5 s).
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        !second.is_finished(),
-        "a second writer began while the first was open"
+    let refused = sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap_err();
+    let code = refused
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned());
+    assert_eq!(
+        code.as_deref(),
+        Some("5"),
+        "SQLITE_BUSY while a writer is open: {refused}"
     );
     first.commit().await.unwrap();
-    let outcome = second.await.unwrap();
+
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    let outcome = OutboxWriter::enqueue(&store, &[event("a", 2)])
+        .await
+        .unwrap();
     assert!(matches!(
         outcome[0],
         EnqueueOutcome::Inserted { sequence: 2 }
