@@ -113,13 +113,7 @@ impl KafkaConsumerConfig {
             bootstrap_servers: bootstrap_servers.into(),
             group_id: group_id.into(),
             topics,
-            handler_retry: RetryPolicy {
-                max_attempts: 5,
-                initial_interval: Duration::from_millis(100),
-                max_interval: Duration::from_secs(5),
-                multiplier: 2.0,
-                jitter: 0.2,
-            },
+            handler_retry: RetryPolicy::in_place(),
             dead_letter_suffix: ".dlq".into(),
             librdkafka: Vec::new(),
         }

@@ -17,13 +17,13 @@ use outbox_kafka::{
     Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
     KafkaPublisherConfig, TopicRouter,
 };
-use outbox_sqlx::postgres::PgStore;
+use outbox_sqlx::postgres::{EffectLog, PgStore};
 use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -41,8 +41,7 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 struct Setup {
     store: Arc<PgStore>,
     clock: ManualClock,
-    pool: PgPool,
-    effects: String,
+    log: EffectLog,
     topic: String,
     router: TopicRouter,
 }
@@ -61,13 +60,11 @@ async fn setup_on(bootstrap: &str) -> Setup {
         .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {url}: {e}"));
     let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
     let schema = format!("kafka_{id}");
-    sqlx::raw_sql(&format!(
-        "CREATE SCHEMA {schema};
-         CREATE TABLE {schema}.effects (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL, event_id UUID NOT NULL);"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let log = EffectLog::create(&pool, &schema).await.unwrap();
     let clock = ManualClock::at_epoch();
     let store = PgStore::new(
         pool.clone(),
@@ -94,8 +91,7 @@ async fn setup_on(bootstrap: &str) -> Setup {
     Setup {
         store: Arc::new(store),
         clock,
-        pool,
-        effects: format!("{schema}.effects"),
+        log,
         topic,
         router,
     }
@@ -136,42 +132,23 @@ impl Setup {
             config,
             inbox,
             RecordEffect {
-                table: self.effects.clone(),
+                log: self.log.clone(),
             },
         )
         .unwrap()
     }
 
     async fn effects(&self) -> Vec<(String, EventId)> {
-        sqlx::query(&format!(
-            "SELECT partition_key, event_id FROM {} ORDER BY seq",
-            self.effects
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r.get("partition_key"),
-                EventId::from_uuid(r.get("event_id")),
-            )
-        })
-        .collect()
+        self.log.read().await.unwrap()
     }
 
     async fn wait_for_effects(&self, n: usize) {
-        within(&format!("{n} effects"), async {
-            while self.effects().await.len() < n {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await;
+        self.log.wait_for(n, DEADLINE).await;
     }
 }
 
 struct RecordEffect {
-    table: String,
+    log: EffectLog,
 }
 
 #[async_trait]
@@ -181,15 +158,10 @@ impl Handler<Transaction<'static, Postgres>, KafkaEvent> for RecordEffect {
         tx: &mut Transaction<'static, Postgres>,
         event: &KafkaEvent,
     ) -> Result<(), HandlerError> {
-        sqlx::query(&format!(
-            "INSERT INTO {} (partition_key, event_id) VALUES ($1, $2)",
-            self.table
-        ))
-        .bind(&event.partition_key)
-        .bind(event.event_id.as_uuid())
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| HandlerError::Retry(e.to_string()))?;
+        self.log
+            .record(tx, &event.partition_key, event.event_id)
+            .await
+            .map_err(|e| HandlerError::Retry(e.to_string()))?;
         Ok(())
     }
 }

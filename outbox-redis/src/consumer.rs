@@ -73,13 +73,7 @@ impl ConsumerConfig {
             block: Duration::from_millis(200),
             reclaim_idle: Duration::from_secs(30),
             max_deliveries: 10,
-            handler_retry: RetryPolicy {
-                max_attempts: 5,
-                initial_interval: Duration::from_millis(100),
-                max_interval: Duration::from_secs(5),
-                multiplier: 2.0,
-                jitter: 0.2,
-            },
+            handler_retry: RetryPolicy::in_place(),
             dead_letter_suffix: ":dead".into(),
         }
     }

@@ -1,6 +1,6 @@
 //! Classifies Redis errors per DESIGN.md §6.
 
-use outbox_core::{ErrorClass, PublishError};
+use outbox_core::ErrorClass;
 use redis::RedisError;
 
 /// A connection-level failure: the broker is unreachable or failing over.
@@ -27,10 +27,6 @@ fn classify_code(code: &str) -> ErrorClass {
         "TRYAGAIN" | "BUSY" => ErrorClass::Transient,
         _ => ErrorClass::Transient,
     }
-}
-
-pub(crate) fn publish_error(class: ErrorClass, message: impl Into<String>) -> PublishError {
-    PublishError::new(class, message)
 }
 
 #[cfg(test)]

@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use outbox_core::{PublishOutcome, Publisher, PublisherCapabilities, StoredEvent};
+use outbox_core::{PublishError, PublishOutcome, Publisher, PublisherCapabilities, StoredEvent};
 use redis::Value;
 use redis::aio::{ConnectionLike, ConnectionManager};
 
 use crate::config::{StreamRouter, Trim};
-use crate::error::{classify, publish_error};
+use crate::error::classify;
 use crate::fields::entry_fields;
 
 /// Publishes to Redis Streams. The stream is chosen by a [`StreamRouter`]
@@ -107,7 +107,7 @@ impl Publisher for RedisPublisher {
                 .map(|reply| match reply {
                     Value::ServerError(e) => {
                         let e = redis::RedisError::from(e);
-                        Err(publish_error(classify(&e), format!("XADD: {e}")))
+                        Err(PublishError::new(classify(&e), format!("XADD: {e}")))
                     }
                     _ => Ok(()),
                 })
@@ -115,7 +115,7 @@ impl Publisher for RedisPublisher {
             Ok(replies) => batch
                 .iter()
                 .map(|_| {
-                    Err(publish_error(
+                    Err(PublishError::new(
                         outbox_core::ErrorClass::Transient,
                         format!("{} replies for {} XADDs", replies.len(), batch.len()),
                     ))
@@ -125,7 +125,7 @@ impl Publisher for RedisPublisher {
                 let class = classify(&e);
                 batch
                     .iter()
-                    .map(|_| Err(publish_error(class, format!("XADD pipeline: {e}"))))
+                    .map(|_| Err(PublishError::new(class, format!("XADD pipeline: {e}"))))
                     .collect()
             }
         }

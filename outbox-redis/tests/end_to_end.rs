@@ -21,10 +21,10 @@ use outbox_redis::{
     ConsumerConfig, ConsumerReport, Handler, HandlerError, RedisConsumer, RedisPublisher,
     StreamEvent, StreamRouter,
 };
-use outbox_sqlx::postgres::PgStore;
+use outbox_sqlx::postgres::{EffectLog, PgStore};
 use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -37,8 +37,7 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 
 struct Db {
     store: Arc<PgStore>,
-    pool: PgPool,
-    effects: String,
+    log: EffectLog,
 }
 
 async fn database() -> Db {
@@ -53,13 +52,11 @@ async fn database() -> Db {
         Err(e) => panic!("PostgreSQL unreachable at {url}: {e}"),
     };
     let schema = format!("e2e_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    sqlx::raw_sql(&format!(
-        "CREATE SCHEMA {schema};
-         CREATE TABLE {schema}.effects (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL, event_id UUID NOT NULL);"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let log = EffectLog::create(&pool, &schema).await.unwrap();
     let store = PgStore::new(
         pool.clone(),
         StoreConfig::with_tables(TableNames::default().in_schema(&schema).unwrap()),
@@ -67,44 +64,24 @@ async fn database() -> Db {
     store.migrate().await.unwrap();
     Db {
         store: Arc::new(store),
-        pool,
-        effects: format!("{schema}.effects"),
+        log,
     }
 }
 
 impl Db {
     /// Effects in commit order: (partition key, event id).
     async fn effects(&self) -> Vec<(String, EventId)> {
-        sqlx::query(&format!(
-            "SELECT partition_key, event_id FROM {} ORDER BY seq",
-            self.effects
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r.get("partition_key"),
-                EventId::from_uuid(r.get("event_id")),
-            )
-        })
-        .collect()
+        self.log.read().await.unwrap()
     }
 
     async fn wait_for_effects(&self, n: usize) {
-        within(&format!("{n} effects"), async {
-            while self.effects().await.len() < n {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
+        self.log.wait_for(n, DEADLINE).await;
     }
 }
 
 /// The consumer's effect: a row in the same transaction as the inbox claim.
 struct RecordEffect {
-    table: String,
+    log: EffectLog,
 }
 
 #[async_trait]
@@ -114,15 +91,10 @@ impl Handler<Transaction<'static, Postgres>, StreamEvent> for RecordEffect {
         tx: &mut Transaction<'static, Postgres>,
         event: &StreamEvent,
     ) -> Result<(), HandlerError> {
-        sqlx::query(&format!(
-            "INSERT INTO {} (partition_key, event_id) VALUES ($1, $2)",
-            self.table
-        ))
-        .bind(&event.partition_key)
-        .bind(event.event_id.as_uuid())
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| HandlerError::Retry(e.to_string()))?;
+        self.log
+            .record(tx, &event.partition_key, event.event_id)
+            .await
+            .map_err(|e| HandlerError::Retry(e.to_string()))?;
         Ok(())
     }
 }
@@ -196,7 +168,7 @@ async fn four_relays_keep_key_order_at_the_consumer() {
         consumer_config(&prefix, "c1"),
         db.store.inbox(),
         RecordEffect {
-            table: db.effects.clone(),
+            log: db.log.clone(),
         },
     );
     let consumer = tokio::spawn(consumer.run(consumer_stop.clone()));
@@ -244,7 +216,7 @@ async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
         consumer_config(&prefix, "doomed"),
         DieAfterCommit::new(db.store.inbox(), 5, died.clone()),
         RecordEffect {
-            table: db.effects.clone(),
+            log: db.log.clone(),
         },
     );
     let doomed = tokio::spawn(doomed.run(CancellationToken::new()));
@@ -263,7 +235,7 @@ async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
         consumer_config(&prefix, "survivor"),
         db.store.inbox(),
         RecordEffect {
-            table: db.effects.clone(),
+            log: db.log.clone(),
         },
     );
     let survivor = tokio::spawn(survivor.run(stop.clone()));
@@ -326,7 +298,7 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
         consumer_config(&prefix, "c1"),
         db.store.inbox(),
         RecordEffect {
-            table: db.effects.clone(),
+            log: db.log.clone(),
         },
     );
     let consumer = tokio::spawn(consumer.run(stop.clone()));

@@ -56,6 +56,18 @@ impl RetryPolicy {
         }
     }
 
+    /// Retrying a consumer's handler in place (the consumer waits, so keep
+    /// it short): 5 attempts, 100 ms doubling to at most 5 s, ±20 % jitter.
+    pub fn in_place() -> Self {
+        Self {
+            max_attempts: 5,
+            initial_interval: Duration::from_millis(100),
+            max_interval: Duration::from_secs(5),
+            multiplier: 2.0,
+            jitter: 0.2,
+        }
+    }
+
     /// Sets `max_attempts`.
     pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts;

@@ -31,6 +31,9 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     -- ranges (0, 1) and never the published rows.
     KEY outbox_events_live (status, sequence),
     KEY outbox_events_key (partition_key, status, sequence),
+    -- The crash-loop sweep before every claim reads only rows claimed
+    -- without an outcome, not the whole live backlog.
+    KEY outbox_events_unfinished (status, unfinished_claims),
     KEY outbox_events_published (status, published_at),
     KEY outbox_events_superseded (superseded_by)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

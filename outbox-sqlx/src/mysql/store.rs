@@ -300,10 +300,10 @@ impl OutboxStore for MySqlStore {
             );
             let entries: Vec<_> = crash_looped
                 .iter()
-                .map(|(e, _)| {
-                    let attempts = i64::from(e.event.attempts);
+                .map(|c| {
+                    let attempts = i64::from(c.event.attempts);
                     HistoryEntry {
-                        event_id: e.event.event_id,
+                        event_id: c.event.event_id,
                         kind: AttemptKind::CrashLoop,
                         actor: request.owner.as_str(),
                         error_class: None,
@@ -372,19 +372,8 @@ impl OutboxStore for MySqlStore {
         }
         tx.commit().await.store()?;
         Ok(ClaimedBatch {
-            events: events
-                .into_iter()
-                .map(|(event, (token, expires_at))| ClaimedEvent {
-                    lease: Lease {
-                        sequence: event.event.sequence,
-                        event_id: event.event.event_id,
-                        fencing_token: FencingToken(token),
-                        lease_expires_at: expires_at,
-                    },
-                    event: event.event,
-                })
-                .collect(),
-            crash_looped: crash_looped.into_iter().map(|(e, _)| e.event).collect(),
+            events,
+            crash_looped: crash_looped.into_iter().map(|c| c.event).collect(),
         })
     }
 
@@ -514,13 +503,6 @@ impl OutboxStore for MySqlStore {
     }
 }
 
-type LeasedRow = (ClaimedEventParts, (i64, chrono::DateTime<chrono::Utc>));
-
-/// A stored event read back inside a claim.
-pub(super) struct ClaimedEventParts {
-    pub(super) event: outbox_core::StoredEvent,
-}
-
 impl MySqlStore {
     /// Locks those of `sequences` that are still claimable, skipping rows a
     /// settlement holds. Returns the locked sequences.
@@ -548,7 +530,7 @@ impl MySqlStore {
         &self,
         tx: &mut Transaction<'static, MySql>,
         sequences: &[i64],
-    ) -> Result<Vec<LeasedRow>, StoreError> {
+    ) -> Result<Vec<ClaimedEvent>, StoreError> {
         let read = with_in_list(&self.queries.read_rows, sequences.len());
         query_in(&read, sequences)
             .fetch_all(&mut **tx)
@@ -558,13 +540,14 @@ impl MySqlStore {
             .map(|r| {
                 let token: i64 = r.try_get("fencing_token").store()?;
                 let expires: Option<i64> = r.try_get("lease_expires_at").store()?;
-                let expires = row::from_micros(expires.unwrap_or(0))?;
-                Ok((
-                    ClaimedEventParts {
-                        event: row::stored_event(r)?,
-                    },
-                    (token, expires),
-                ))
+                let event = row::stored_event(r)?;
+                let lease = Lease {
+                    sequence: event.sequence,
+                    event_id: event.event_id,
+                    fencing_token: FencingToken(token),
+                    lease_expires_at: row::from_micros(expires.unwrap_or(0))?,
+                };
+                Ok(ClaimedEvent { event, lease })
             })
             .collect()
     }

@@ -12,3 +12,5 @@ mod testing;
 pub use inbox::PgInbox;
 pub use listen::PgWakeUp;
 pub use store::PgStore;
+#[cfg(feature = "testing")]
+pub use testing::EffectLog;

@@ -33,3 +33,85 @@ impl BeginWrite for PgStore {
         }))
     }
 }
+
+/// An effects table for end-to-end tests: a consumer's handler records
+/// `(partition key, event id)` inside its inbox transaction, and the test
+/// reads them back in commit order to check exactly-once and key order.
+#[derive(Clone, Debug)]
+pub struct EffectLog {
+    pool: sqlx::PgPool,
+    table: String,
+}
+
+impl EffectLog {
+    /// Creates `{schema}.effects` (the schema must exist).
+    pub async fn create(pool: &sqlx::PgPool, schema: &str) -> Result<Self, StoreError> {
+        crate::config::check_identifier("schema", schema, 63)?;
+        let table = format!("{schema}.effects");
+        sqlx::query(&format!(
+            "CREATE TABLE {table} (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL, event_id UUID NOT NULL)"
+        ))
+        .execute(pool)
+        .await
+        .store()?;
+        Ok(Self {
+            pool: pool.clone(),
+            table,
+        })
+    }
+
+    /// Records an effect on `conn` (the inbox transaction).
+    pub async fn record(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        partition_key: &str,
+        event_id: outbox_core::EventId,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO {} (partition_key, event_id) VALUES ($1, $2)",
+            self.table
+        ))
+        .bind(partition_key)
+        .bind(event_id.as_uuid())
+        .execute(conn)
+        .await
+        .store()?;
+        Ok(())
+    }
+
+    /// Committed effects in commit order.
+    pub async fn read(&self) -> Result<Vec<(String, outbox_core::EventId)>, StoreError> {
+        use sqlx::Row;
+        let rows = sqlx::query(&format!(
+            "SELECT partition_key, event_id FROM {} ORDER BY seq",
+            self.table
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .store()?;
+        rows.iter()
+            .map(|r| {
+                let id: uuid::Uuid = r.try_get("event_id").store()?;
+                Ok((
+                    r.try_get("partition_key").store()?,
+                    outbox_core::EventId::from_uuid(id),
+                ))
+            })
+            .collect()
+    }
+
+    /// Waits (polling the table) until at least `n` effects committed;
+    /// panics after `deadline`.
+    pub async fn wait_for(&self, n: usize, deadline: std::time::Duration) {
+        let waited = tokio::time::timeout(deadline, async {
+            while self.read().await.expect("read effects").len() < n {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "timed out after {deadline:?} waiting for {n} effects"
+        );
+    }
+}

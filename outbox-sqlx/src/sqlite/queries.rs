@@ -90,7 +90,8 @@ impl Queries {
             crash_loops: format!(
                 "UPDATE {events} AS c
                  SET status = 3, blocks_key = ?3, unfinished_claims = 0, lease_expires_at = NULL
-                 WHERE c.status IN (0, 1) AND c.unfinished_claims >= ?2 AND {CLAIMABLE}
+                 WHERE c.status IN (0, 1) AND c.unfinished_claims > 0
+                   AND c.unfinished_claims >= ?2 AND {CLAIMABLE}
                    AND NOT EXISTS (
                        SELECT 1 FROM {events} p
                        WHERE p.partition_key = c.partition_key

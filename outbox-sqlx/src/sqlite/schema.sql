@@ -33,6 +33,9 @@ CREATE INDEX IF NOT EXISTS outbox_events_live
     ON outbox_events (COALESCE(ord, sequence), sequence) WHERE status IN (0, 1);
 CREATE INDEX IF NOT EXISTS outbox_events_key_live
     ON outbox_events (partition_key, COALESCE(ord, sequence), sequence) WHERE status IN (0, 1) OR blocks_key;
+-- Rows claimed without an outcome yet: the crash-loop sweep reads only these.
+CREATE INDEX IF NOT EXISTS outbox_events_unfinished
+    ON outbox_events (unfinished_claims) WHERE status IN (0, 1) AND unfinished_claims > 0;
 CREATE INDEX IF NOT EXISTS outbox_events_published
     ON outbox_events (published_at) WHERE status = 2;
 CREATE INDEX IF NOT EXISTS outbox_events_failed
