@@ -31,6 +31,11 @@ tail -n 3 /tmp/outbox-quickstart.log
 target/debug/examples/billing-postgres > /tmp/outbox-billing.log
 tail -n 3 /tmp/outbox-billing.log
 
+# The benchmark set at smoke sizes, in the debug build made above: it fails
+# only if a scenario errors or loses events, never on a missed target.
+step "benchmarks (--quick smoke, debug build)"
+target/debug/outbox-bench all --quick --out target/bench-smoke
+
 # Doc tests before nextest: the run then closes on nextest's summary.
 step "doc tests"
 cargo test --workspace --all-features --doc

@@ -60,7 +60,12 @@ impl Queries {
                           AND (p.status IN (0, 1) OR p.blocks_key)
                           AND (p.order_xid, p.ord) < (c.order_xid, c.ord)
                           AND NOT (p.status = 0 AND p.available_at <= $1
-                                   OR p.status = 1 AND p.lease_expires_at <= $1))"
+                                   OR p.status = 1 AND p.lease_expires_at <= $1)
+                        -- OFFSET 0 keeps this a per-candidate index probe:
+                        -- flattened into an anti-join, the planner may
+                        -- misjudge the held-back rows as one and seq-scan the
+                        -- whole table on every claim.
+                        OFFSET 0)"
                 )
             } else {
                 String::new()
@@ -114,7 +119,8 @@ impl Queries {
                            SELECT 1 FROM {events} p
                            WHERE p.partition_key = c.partition_key
                              AND (p.status IN (0, 1) OR p.blocks_key)
-                             AND (p.order_xid, p.ord) < (c.order_xid, c.ord))
+                             AND (p.order_xid, p.ord) < (c.order_xid, c.ord)
+                           OFFSET 0)
                      RETURNING {cols}
                  ), history AS (
                      INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)

@@ -1,0 +1,189 @@
+//! Where the services are and how a scenario gets a clean outbox on each.
+//!
+//! Everything lives in databases of the bench's own (`outbox_bench`), so a
+//! run never touches what the tests use. Each round starts from empty tables.
+
+use std::time::Duration;
+
+use outbox_core::{NewEvent, StoreError};
+use outbox_sqlx::mysql::MySqlStore;
+use outbox_sqlx::postgres::PgStore;
+use outbox_sqlx::sqlite::SqliteStore;
+use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Executor, PgPool};
+
+/// A boxed error: the harness reports and exits on any failure.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The bench's database name on every server.
+pub const DATABASE: &str = "outbox_bench";
+
+fn var(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.into())
+}
+
+/// PostgreSQL server URL without a database (`OUTBOX_BENCH_PG`).
+pub fn pg_server() -> String {
+    var("OUTBOX_BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+}
+
+/// MariaDB/MySQL server URL (`OUTBOX_BENCH_MYSQL`).
+pub fn mysql_server() -> String {
+    var("OUTBOX_BENCH_MYSQL", "mysql://root@127.0.0.1:3306")
+}
+
+/// Redis URL (`OUTBOX_BENCH_REDIS`).
+pub fn redis_url() -> String {
+    var("OUTBOX_BENCH_REDIS", "redis://127.0.0.1:6379")
+}
+
+/// Kafka bootstrap servers (`OUTBOX_KAFKA_BOOTSTRAP`, as the tests).
+pub fn kafka_bootstrap() -> String {
+    var("OUTBOX_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
+}
+
+/// A pool on the bench database, created if missing.
+pub async fn pg_pool(max_connections: u32) -> Result<PgPool, Error> {
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&format!("{}/postgres", pg_server()))
+        .await?;
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(DATABASE)
+        .fetch_optional(&admin)
+        .await?;
+    if exists.is_none() {
+        admin
+            .execute(&*format!("CREATE DATABASE {DATABASE}"))
+            .await?;
+    }
+    admin.close().await;
+    Ok(guard_cancelled_transactions(PgPoolOptions::new())
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(&format!("{}/{DATABASE}", pg_server()))
+        .await?)
+}
+
+/// The outbox on PostgreSQL with the bench's table prefix, migrated.
+pub async fn pg_store(pool: &PgPool) -> Result<PgStore, Error> {
+    let store = PgStore::new(pool.clone(), config()?);
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// Empties the bench's outbox tables on PostgreSQL.
+pub async fn pg_reset(pool: &PgPool) -> Result<(), Error> {
+    pool.execute(
+        "TRUNCATE bench_events, bench_attempts, bench_inbox, bench_relays;
+         ALTER SEQUENCE bench_events_seq RESTART",
+    )
+    .await?;
+    Ok(())
+}
+
+/// The outbox on MariaDB in database `outbox_bench`, migrated and empty.
+pub async fn mysql_store(max_connections: u32) -> Result<MySqlStore, Error> {
+    let admin = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&mysql_server())
+        .await?;
+    admin
+        .execute(&*format!("CREATE DATABASE IF NOT EXISTS {DATABASE}"))
+        .await?;
+    admin.close().await;
+    let pool = guard_cancelled_transactions(MySqlPoolOptions::new())
+        .max_connections(max_connections)
+        .connect(&format!("{}/{DATABASE}", mysql_server()))
+        .await?;
+    let store = MySqlStore::new(pool, config()?);
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// The outbox on a fresh SQLite file under `dir`.
+pub async fn sqlite_store(dir: &std::path::Path) -> Result<SqliteStore, Error> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("bench.sqlite");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let store = SqliteStore::open(&path.display().to_string(), config()?).await?;
+    store.migrate().await?;
+    Ok(store)
+}
+
+fn config() -> Result<StoreConfig, StoreError> {
+    Ok(StoreConfig::with_tables(TableNames::with_prefix("bench")?))
+}
+
+/// Distinct ordering keys in generated backlogs (subscriptions).
+pub const KEYS: usize = 10_000;
+
+/// The `i`-th event of a generated backlog: an invoice paid, about 120
+/// bytes of JSON, keyed by one of [`KEYS`] subscriptions.
+pub fn event(round: usize, i: usize) -> NewEvent {
+    NewEvent::builder("invoice.paid", "invoice", format!("inv-{round}-{i}"))
+        .event_id(outbox_core::EventId::random())
+        .partition_key(format!("sub-{}", i % KEYS))
+        .payload(&serde_json::json!({
+            "invoice_id": format!("inv-{round}-{i}"),
+            "subscription_id": format!("sub-{}", i % KEYS),
+            "amount_cents": 1000 + (i % 9000),
+            "currency": "EUR",
+        }))
+        .build()
+        .expect("generated events are valid")
+}
+
+/// Events per enqueue transaction when filling a backlog.
+pub const FILL_CHUNK: usize = 5_000;
+
+/// Fills the PostgreSQL outbox with `n` pending events through the real
+/// enqueue path, then refreshes the planner's statistics.
+pub async fn pg_fill(store: &PgStore, round: usize, n: usize) -> Result<(), Error> {
+    for start in (0..n).step_by(FILL_CHUNK) {
+        let events: Vec<NewEvent> = (start..(start + FILL_CHUNK).min(n))
+            .map(|i| event(round, i))
+            .collect();
+        let mut tx = store.pool().begin().await?;
+        store.enqueue(&mut tx, &events).await?;
+        tx.commit().await?;
+    }
+    store.pool().execute("ANALYZE bench_events").await?;
+    Ok(())
+}
+
+/// Rows of the PostgreSQL outbox by status code (0 pending, 1 in flight,
+/// 2 published, 3 failed).
+pub async fn pg_status_counts(pool: &PgPool) -> Result<[i64; 4], Error> {
+    let rows: Vec<(i16, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM bench_events GROUP BY status")
+            .fetch_all(pool)
+            .await?;
+    let mut counts = [0i64; 4];
+    for (status, count) in rows {
+        counts[status as usize] = count;
+    }
+    Ok(counts)
+}
+
+/// The server's current WAL position, to count what a run wrote.
+pub async fn pg_wal_position(pool: &PgPool) -> Result<String, Error> {
+    Ok(sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(pool)
+        .await?)
+}
+
+/// WAL bytes written since `position` (whole server: runs are alone on it).
+pub async fn pg_wal_bytes_since(pool: &PgPool, position: &str) -> Result<f64, Error> {
+    let bytes: f64 = sqlx::query_scalar(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8",
+    )
+    .bind(position)
+    .fetch_one(pool)
+    .await?;
+    Ok(bytes)
+}

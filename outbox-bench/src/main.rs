@@ -1,0 +1,147 @@
+//! `cargo run --release -p outbox-bench -- <scenario|all> [--quick] [--rounds N] [--out DIR]`
+//!
+//! Measures the relay side by side with baselines implemented here, on the
+//! same databases and driver, contenders interleaved round by round. Prints
+//! a table per scenario and the targets, writes `results.jsonl` and PNG
+//! plots into `--out` (default `target/bench`). Exits non-zero if a
+//! scenario errors or loses an event; a missed target is reported, not fatal.
+
+mod counting;
+mod env;
+mod plot;
+mod query_count;
+mod relay_run;
+mod report;
+mod scenario;
+mod seed;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use report::Report;
+use scenario::Scale;
+
+const SCENARIOS: [&str; 6] = [
+    "drain", "brokers", "dialects", "latency", "enqueue", "claim",
+];
+
+struct Args {
+    scenarios: Vec<String>,
+    scale: Scale,
+    out: PathBuf,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: outbox-bench <all|{}>... [--quick] [--rounds N] [--only CONTENDER] [--out DIR]",
+        SCENARIOS.join("|")
+    );
+    std::process::exit(2)
+}
+
+fn parse_args() -> Args {
+    let mut scenarios = Vec::new();
+    let mut quick = false;
+    let mut rounds = None;
+    let mut only = None;
+    let mut out = PathBuf::from("target/bench");
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--rounds" => {
+                rounds = Some(
+                    args.next()
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .filter(|n| *n >= 1)
+                        .unwrap_or_else(|| usage()),
+                )
+            }
+            "--only" => only = Some(args.next().unwrap_or_else(|| usage())),
+            "--out" => out = PathBuf::from(args.next().unwrap_or_else(|| usage())),
+            "all" => scenarios.extend(SCENARIOS.iter().map(|s| s.to_string())),
+            name if SCENARIOS.contains(&name) => scenarios.push(name.to_string()),
+            _ => usage(),
+        }
+    }
+    if scenarios.is_empty() {
+        usage();
+    }
+    Args {
+        scenarios,
+        scale: Scale {
+            rounds: rounds.unwrap_or(3),
+            quick,
+            only,
+        },
+        out,
+    }
+}
+
+fn main() {
+    let args = parse_args();
+    query_count::install();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = runtime.block_on(run(args));
+    std::process::exit(code);
+}
+
+async fn run(args: Args) -> i32 {
+    let mut report = match Report::create(&args.out) {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("cannot write into {}: {error}", args.out.display());
+            return 1;
+        }
+    };
+    println!(
+        "# outbox-bench {} ({} rounds{}; {} CPUs; build {})",
+        args.scenarios.join(" "),
+        args.scale.rounds,
+        if args.scale.quick {
+            ", --quick: smoke sizes, figures not comparable"
+        } else {
+            ""
+        },
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    );
+    let mut failed = Vec::new();
+    for name in &args.scenarios {
+        let started = Instant::now();
+        eprintln!("==> {name}");
+        let result = match name.as_str() {
+            "drain" => scenario::drain::run(args.scale.clone(), &mut report).await,
+            "brokers" => scenario::brokers::run(args.scale.clone(), &mut report).await,
+            "dialects" => scenario::dialects::run(args.scale.clone(), &mut report).await,
+            "latency" => scenario::latency::run(args.scale.clone(), &mut report).await,
+            "enqueue" => scenario::enqueue::run(args.scale.clone(), &mut report).await,
+            "claim" => scenario::claim::run(args.scale.clone(), &mut report).await,
+            _ => unreachable!("parse_args admits known scenarios only"),
+        };
+        eprintln!("<== {name} in {:.1} s", started.elapsed().as_secs_f64());
+        if let Err(error) = result {
+            eprintln!("scenario {name} FAILED: {error}");
+            failed.push(name.clone());
+        }
+    }
+    report.print_targets();
+    if let Err(error) = plot::draw(&report) {
+        eprintln!("plots not written: {error}");
+    }
+    println!("\nresults: {}", args.out.join("results.jsonl").display());
+    if failed.is_empty() {
+        0
+    } else {
+        eprintln!("failed scenarios: {}", failed.join(", "));
+        1
+    }
+}

@@ -1,0 +1,72 @@
+//! Drives one relay over a filled outbox until every event is delivered.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::store::OutboxStore;
+use outbox_core::{CancellationToken, Publisher, Relay, RelayConfig, RelayReport};
+
+use crate::counting::CountingPublisher;
+use crate::env::Error;
+
+/// How long a drain may take before the harness calls events lost.
+const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+
+/// The relay settings every drain uses: the defaults, with `batch_size`
+/// and `ordering` as the contender says.
+pub fn config(batch_size: usize, ordering: outbox_core::Ordering) -> RelayConfig {
+    RelayConfig {
+        batch_size,
+        ordering,
+        ..RelayConfig::default()
+    }
+}
+
+/// Runs `relays` relays over `store` until `publisher` has delivered
+/// `expected` events, stops them gracefully and returns the time from
+/// start to the last settlement written. Errors if events go missing (the
+/// deliveries never arrive) or a relay reports failures.
+pub async fn drain<S, P>(
+    store: Arc<S>,
+    publisher: Arc<CountingPublisher<P>>,
+    config: RelayConfig,
+    relays: usize,
+    expected: u64,
+) -> Result<Duration, Error>
+where
+    S: OutboxStore + 'static,
+    P: Publisher + 'static,
+{
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let handles: Vec<_> = (0..relays)
+        .map(|i| {
+            let config = RelayConfig {
+                relay_id: outbox_core::store::RelayId::new(format!("bench-{i}")),
+                ..config.clone()
+            };
+            Relay::new(store.clone(), publisher.clone(), config).map(|r| r.spawn(shutdown.clone()))
+        })
+        .collect::<Result<_, _>>()?;
+    let reached = tokio::time::timeout(DRAIN_LIMIT, publisher.wait_for(expected)).await;
+    shutdown.cancel();
+    let mut total = RelayReport::default();
+    for handle in handles {
+        let report = handle.await?;
+        total.published += report.published;
+        total.failed += report.failed;
+        total.store_errors += report.store_errors;
+    }
+    let elapsed = started.elapsed();
+    if reached.is_err() {
+        return Err(format!(
+            "only {} of {expected} events delivered within {DRAIN_LIMIT:?}",
+            publisher.delivered()
+        )
+        .into());
+    }
+    if total.failed > 0 || total.published < expected {
+        return Err(format!("relay report shows a loss: {total:?}").into());
+    }
+    Ok(elapsed)
+}

@@ -1,0 +1,110 @@
+//! The no-op drain on MariaDB and SQLite beside PostgreSQL: same relay,
+//! same events, same batch size.
+
+use std::sync::Arc;
+
+use outbox_core::{NewEvent, Ordering, OutboxWriter};
+
+use super::{Rounds, Scale, progress, rate};
+use crate::counting::CountingPublisher;
+use crate::env::{self, Error, FILL_CHUNK};
+use crate::relay_run;
+use crate::report::{Report, TargetCheck};
+
+/// Scenario name.
+pub const NAME: &str = "drain-dialects";
+const BATCH: usize = 1_000;
+
+/// Runs the scenario.
+pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
+    let n = scale.pick(50_000, 2_000);
+    let pool = env::pg_pool(8).await?;
+    let pg = Arc::new(env::pg_store(&pool).await?);
+    let mut rounds = Rounds::default();
+    for round in 0..scale.rounds {
+        for dialect in ["postgres", "mariadb", "sqlite"] {
+            if !scale.includes(dialect) {
+                continue;
+            }
+            let publisher = Arc::new(CountingPublisher::noop(BATCH));
+            let config = relay_run::config(BATCH, Ordering::PerKey);
+            let elapsed = match dialect {
+                "postgres" => {
+                    env::pg_reset(&pool).await?;
+                    env::pg_fill(&pg, round, n).await?;
+                    let elapsed =
+                        relay_run::drain(pg.clone(), publisher, config, 1, n as u64).await?;
+                    check_all_published(&env::pg_status_counts(&pool).await?, n)?;
+                    elapsed
+                }
+                "mariadb" => {
+                    let store = Arc::new(env::mysql_store(8).await?);
+                    sqlx::query("DELETE FROM bench_events")
+                        .execute(store.pool())
+                        .await?;
+                    fill(store.as_ref(), round, n).await?;
+                    let elapsed =
+                        relay_run::drain(store.clone(), publisher, config, 1, n as u64).await?;
+                    let published: i64 =
+                        sqlx::query_scalar("SELECT count(*) FROM bench_events WHERE status = 2")
+                            .fetch_one(store.pool())
+                            .await?;
+                    check_all_published(&[0, 0, published, 0], n)?;
+                    store.pool().close().await;
+                    elapsed
+                }
+                _ => {
+                    let store = Arc::new(
+                        env::sqlite_store(std::path::Path::new("target/bench/sqlite")).await?,
+                    );
+                    fill(store.as_ref(), round, n).await?;
+                    let elapsed =
+                        relay_run::drain(store.clone(), publisher, config, 1, n as u64).await?;
+                    let published: i64 =
+                        sqlx::query_scalar("SELECT count(*) FROM bench_events WHERE status = 2")
+                            .fetch_one(store.pool())
+                            .await?;
+                    check_all_published(&[0, 0, published, 0], n)?;
+                    store.pool().close().await;
+                    elapsed
+                }
+            };
+            rounds.add(dialect, "events/s", rate(n as u64, elapsed), true);
+            progress(format!(
+                "round {round} {dialect}: {:.0} events/s",
+                rate(n as u64, elapsed)
+            ));
+        }
+    }
+    rounds.finish(NAME, report);
+    let pg = report
+        .median(NAME, "postgres", "events/s")
+        .unwrap_or(f64::NAN);
+    for dialect in ["mariadb", "sqlite"] {
+        let ratio = report.median(NAME, dialect, "events/s").unwrap_or(f64::NAN) / pg;
+        report.target(TargetCheck::reported(
+            format!("drain: {dialect} / postgres"),
+            ratio,
+        ));
+    }
+    pool.close().await;
+    Ok(())
+}
+
+async fn fill(store: &dyn OutboxWriter, round: usize, n: usize) -> Result<(), Error> {
+    for start in (0..n).step_by(FILL_CHUNK) {
+        let events: Vec<NewEvent> = (start..(start + FILL_CHUNK).min(n))
+            .map(|i| env::event(round, i))
+            .collect();
+        store.enqueue(&events).await?;
+    }
+    Ok(())
+}
+
+fn check_all_published(counts: &[i64; 4], n: usize) -> Result<(), Error> {
+    if counts[2] == n as i64 && counts[0] + counts[1] + counts[3] == 0 {
+        Ok(())
+    } else {
+        Err(format!("rows by status {counts:?} after the drain, expected {n} published").into())
+    }
+}

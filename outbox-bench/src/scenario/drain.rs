@@ -1,0 +1,137 @@
+//! Drain 200k pre-inserted events to a no-op publisher on PostgreSQL: the
+//! relay (per-key and unordered) against the seed's relay and the floor.
+
+use std::sync::Arc;
+
+use outbox_core::Ordering;
+
+use super::{Rounds, Scale, progress, rate};
+use crate::counting::CountingPublisher;
+use crate::env::{self, Error};
+use crate::relay_run;
+use crate::report::{Report, TargetCheck};
+use crate::seed::{self, Baseline};
+
+/// Scenario name in the table and JSON.
+pub const NAME: &str = "drain-postgres";
+/// Events per claim for the relay contenders (the floor marks 1,000 per statement).
+pub const RELAY_BATCH: usize = 1_000;
+
+const SEED_CONTENDERS: [(&str, Baseline, usize); 4] = [
+    ("seed-per-row-1w", Baseline::PerRow, 1),
+    ("seed-per-row-4w", Baseline::PerRow, 4),
+    ("seed-batched-1w", Baseline::Batched, 1),
+    ("seed-batched-4w", Baseline::Batched, 4),
+];
+
+/// Runs the scenario and checks its targets.
+pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
+    let n = scale.pick(200_000, 10_000);
+    let pool = env::pg_pool(8).await?;
+    let store = Arc::new(env::pg_store(&pool).await?);
+    let mut rounds = Rounds::default();
+    for round in 0..scale.rounds {
+        for (name, ordering) in [
+            ("relay-per-key", Ordering::PerKey),
+            ("relay-unordered", Ordering::Unordered),
+        ] {
+            if !scale.includes(name) {
+                continue;
+            }
+            env::pg_reset(&pool).await?;
+            env::pg_fill(&store, round, n).await?;
+            let publisher = Arc::new(CountingPublisher::noop(RELAY_BATCH));
+            let config = relay_run::config(RELAY_BATCH, ordering);
+            let wal = env::pg_wal_position(&pool).await?;
+            let elapsed = relay_run::drain(store.clone(), publisher, config, 1, n as u64).await?;
+            let counts = env::pg_status_counts(&pool).await?;
+            if counts[2] != n as i64 {
+                return Err(format!(
+                    "{name}: {counts:?} rows by status after the drain, expected {n} published"
+                )
+                .into());
+            }
+            rounds.add(name, "events/s", rate(n as u64, elapsed), true);
+            rounds.add(
+                name,
+                "WAL bytes/event",
+                env::pg_wal_bytes_since(&pool, &wal).await? / n as f64,
+                false,
+            );
+            progress(format!(
+                "round {round} {name}: {:.0} events/s",
+                rate(n as u64, elapsed)
+            ));
+        }
+        for (name, baseline, workers) in SEED_CONTENDERS {
+            if !scale.includes(name) {
+                continue;
+            }
+            seed::fill(&pool, n).await?;
+            let publisher = Arc::new(CountingPublisher::noop(1));
+            let wal = env::pg_wal_position(&pool).await?;
+            let started = std::time::Instant::now();
+            seed::drain(&pool, baseline, workers, publisher.clone()).await?;
+            let elapsed = started.elapsed();
+            let left = seed::pending(&pool).await?;
+            if left != 0 || publisher.delivered() < n as u64 {
+                return Err(format!(
+                    "{name}: {left} rows left, {} delivered",
+                    publisher.delivered()
+                )
+                .into());
+            }
+            rounds.add(name, "events/s", rate(n as u64, elapsed), true);
+            rounds.add(
+                name,
+                "WAL bytes/event",
+                env::pg_wal_bytes_since(&pool, &wal).await? / n as f64,
+                false,
+            );
+            progress(format!(
+                "round {round} {name}: {:.0} events/s",
+                rate(n as u64, elapsed)
+            ));
+        }
+        if !scale.includes("raw-floor") {
+            continue;
+        }
+        seed::fill(&pool, n).await?;
+        let wal = env::pg_wal_position(&pool).await?;
+        let started = std::time::Instant::now();
+        let marked = seed::raw_floor(&pool).await?;
+        let elapsed = started.elapsed();
+        if marked != n as u64 {
+            return Err(format!("raw-floor marked {marked} of {n}").into());
+        }
+        rounds.add("raw-floor", "events/s", rate(n as u64, elapsed), true);
+        rounds.add(
+            "raw-floor",
+            "WAL bytes/event",
+            env::pg_wal_bytes_since(&pool, &wal).await? / n as f64,
+            false,
+        );
+        progress(format!(
+            "round {round} raw-floor: {:.0} events/s",
+            rate(n as u64, elapsed)
+        ));
+    }
+    rounds.finish(NAME, report);
+    let m = |report: &Report, c: &str| report.median(NAME, c, "events/s").unwrap_or(f64::NAN);
+    let per_key = m(report, "relay-per-key");
+    for (baseline, bound) in [
+        ("raw-floor", 0.7),
+        ("seed-batched-4w", 1.5),
+        ("seed-per-row-1w", 10.0),
+        ("relay-unordered", 0.7),
+    ] {
+        let ratio = per_key / m(report, baseline);
+        report.target(TargetCheck::at_least(
+            format!("drain: relay-per-key / {baseline}"),
+            ratio,
+            bound,
+        ));
+    }
+    pool.close().await;
+    Ok(())
+}

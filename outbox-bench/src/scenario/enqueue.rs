@@ -1,0 +1,97 @@
+//! What enqueueing costs the business transaction: one `UPDATE invoices`
+//! with and without one event, and one transaction of 40,000 events.
+
+use std::time::Instant;
+
+use outbox_core::NewEvent;
+use sqlx::Executor;
+
+use super::{Rounds, Scale, progress};
+use crate::env::{self, Error};
+use crate::report::{Report, TargetCheck};
+
+/// Scenario name.
+pub const NAME: &str = "enqueue-postgres";
+const INVOICES: i64 = 10_000;
+const BULK: usize = 40_000;
+
+/// Runs the scenario.
+pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
+    let transactions = scale.pick(5_000, 300);
+    let pool = env::pg_pool(4).await?;
+    let store = env::pg_store(&pool).await?;
+    pool.execute(&*format!(
+        "CREATE TABLE IF NOT EXISTS bench_invoices (id BIGINT PRIMARY KEY, status TEXT NOT NULL, amount_cents BIGINT NOT NULL);
+         TRUNCATE bench_invoices;
+         INSERT INTO bench_invoices SELECT i, 'open', 1000 FROM generate_series(1, {INVOICES}) AS i;
+         ANALYZE bench_invoices;"
+    ))
+    .await?;
+    let mut rounds = Rounds::default();
+    for round in 0..scale.rounds {
+        env::pg_reset(&pool).await?;
+        for with_event in [false, true] {
+            let name = if with_event {
+                "update+event"
+            } else {
+                "update-only"
+            };
+            let started = Instant::now();
+            for i in 0..transactions {
+                let id = (i as i64 % INVOICES) + 1;
+                let mut tx = pool.begin().await?;
+                sqlx::query("UPDATE bench_invoices SET status = 'paid', amount_cents = amount_cents + 1 WHERE id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                if with_event {
+                    let event = env::event(round, i);
+                    store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
+                }
+                tx.commit().await?;
+            }
+            let micros = started.elapsed().as_secs_f64() * 1e6 / transactions as f64;
+            rounds.add(name, "µs/txn", micros, false);
+            progress(format!(
+                "round {round} {name}: {micros:.0} µs per transaction"
+            ));
+        }
+        let written: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_events")
+            .fetch_one(&pool)
+            .await?;
+        if written != transactions as i64 {
+            return Err(format!("{written} of {transactions} events written").into());
+        }
+        if scale.includes("bulk") {
+            env::pg_reset(&pool).await?;
+            let events: Vec<NewEvent> = (0..BULK).map(|i| env::event(round, i)).collect();
+            let started = Instant::now();
+            let mut tx = pool.begin().await?;
+            let outcomes = store.enqueue(&mut tx, &events).await?;
+            tx.commit().await?;
+            let seconds = started.elapsed().as_secs_f64();
+            if outcomes.len() != BULK {
+                return Err("bulk enqueue lost outcomes".into());
+            }
+            rounds.add("bulk-40k", "seconds", seconds, false);
+            progress(format!("round {round} bulk 40,000: {seconds:.3} s"));
+        }
+    }
+    rounds.finish(NAME, report);
+    let m =
+        |report: &Report, c: &str, metric: &str| report.median(NAME, c, metric).unwrap_or(f64::NAN);
+    let overhead = m(report, "update+event", "µs/txn") / m(report, "update-only", "µs/txn");
+    report.target(TargetCheck::at_most(
+        "enqueue: business txn with / without one event",
+        overhead,
+        1.15,
+    ));
+    let bulk = m(report, "bulk-40k", "seconds");
+    report.target(TargetCheck::at_most(
+        "enqueue: 40,000 events in one transaction, s",
+        bulk,
+        1.0,
+    ));
+    pool.close().await;
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! Commit → publish latency on PostgreSQL under an open-loop producer of
+//! 1,000 events/s (one event per transaction), with LISTEN/NOTIFY and, for
+//! contrast, polling at the default interval; and the statements per second
+//! an idle relay sends.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_core::{CancellationToken, EventId, Relay, RelayConfig};
+use outbox_sqlx::postgres::PgStore;
+
+use super::{Rounds, Scale, progress};
+use crate::counting::CountingPublisher;
+use crate::env::{self, Error};
+use crate::query_count;
+use crate::report::{Report, TargetCheck};
+use crate::stats::percentiles;
+
+/// Scenario name.
+pub const NAME: &str = "latency-postgres";
+/// Events per second the producer offers.
+const RATE: u64 = 1_000;
+
+/// Runs the scenario.
+pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
+    let seconds = scale.pick(15, 3) as u64;
+    let idle_seconds = scale.pick(20, 4) as u64;
+    let pool = env::pg_pool(32).await?;
+    let store = Arc::new(env::pg_store(&pool).await?);
+    let mut rounds = Rounds::default();
+    for round in 0..scale.rounds {
+        for contender in ["notify", "polling-1s"] {
+            if !scale.includes(contender) {
+                continue;
+            }
+            env::pg_reset(&pool).await?;
+            let latencies = open_loop(&store, round, contender == "notify", seconds).await?;
+            let mut values = latencies;
+            let p = percentiles(&mut values, &[50.0, 90.0, 99.0, 100.0]);
+            for (metric, value) in ["p50 ms", "p90 ms", "p99 ms", "max ms"].iter().zip(&p) {
+                rounds.add(contender, metric, *value, false);
+            }
+            progress(format!(
+                "round {round} {contender}: p50 {:.2} ms, p99 {:.2} ms",
+                p[0], p[2]
+            ));
+        }
+        if scale.includes("idle") {
+            env::pg_reset(&pool).await?;
+            let per_second = idle_queries(&store, idle_seconds).await?;
+            rounds.add("idle-notify", "queries/s", per_second, false);
+            progress(format!(
+                "round {round} idle relay: {per_second:.2} statements/s"
+            ));
+        }
+    }
+    rounds.finish(NAME, report);
+    let m =
+        |report: &Report, c: &str, metric: &str| report.median(NAME, c, metric).unwrap_or(f64::NAN);
+    let p50 = m(report, "notify", "p50 ms");
+    let p99 = m(report, "notify", "p99 ms");
+    let idle = m(report, "idle-notify", "queries/s");
+    report.target(TargetCheck::at_most(
+        "latency: notify p50 ms at 1,000 events/s",
+        p50,
+        2.0,
+    ));
+    report.target(TargetCheck::at_most(
+        "latency: notify p99 ms at 1,000 events/s",
+        p99,
+        10.0,
+    ));
+    report.target(TargetCheck::at_most(
+        "idle relay (notify) statements/s",
+        idle,
+        2.0,
+    ));
+    pool.close().await;
+    Ok(())
+}
+
+/// Offers one event per transaction every millisecond for `seconds`, on
+/// schedule whatever the commits take, and returns each event's time from
+/// its commit returning to its delivery, in milliseconds.
+async fn open_loop(
+    store: &Arc<PgStore>,
+    round: usize,
+    notify: bool,
+    seconds: u64,
+) -> Result<Vec<f64>, Error> {
+    let total = RATE * seconds;
+    let publisher = Arc::new(CountingPublisher::noop(256).recording_arrivals());
+    let mut relay = Relay::new(store.clone(), publisher.clone(), RelayConfig::default())?;
+    if notify {
+        relay = relay.with_wake_up(store.wake_up().await?);
+    }
+    let shutdown = CancellationToken::new();
+    let handle = relay.spawn(shutdown.clone());
+    // Let the relay reach its idle wait before the first event.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let commits: Arc<Mutex<HashMap<EventId, Instant>>> = Arc::default();
+    let start = tokio::time::Instant::now();
+    let mut producers = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        tokio::time::sleep_until(start + Duration::from_micros(i * 1_000_000 / RATE)).await;
+        let store = store.clone();
+        let commits = commits.clone();
+        producers.push(tokio::spawn(async move {
+            let event = env::event(round, i as usize);
+            let mut tx = store.pool().begin().await?;
+            store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
+            tx.commit().await?;
+            commits
+                .lock()
+                .expect("commits")
+                .insert(event.event_id, Instant::now());
+            Ok::<_, Error>(())
+        }));
+    }
+    for producer in producers {
+        producer.await??;
+    }
+    let offered = start.elapsed();
+    let reached = tokio::time::timeout(Duration::from_secs(30), publisher.wait_for(total)).await;
+    shutdown.cancel();
+    handle.await?;
+    if reached.is_err() {
+        return Err(format!("only {} of {total} events delivered", publisher.delivered()).into());
+    }
+    if offered > Duration::from_secs(seconds) + Duration::from_millis(500) {
+        // The figures then describe a lower offered rate: say so loudly;
+        // the smoke run (a debug build on a busy machine) only warns.
+        eprintln!(
+            "WARNING: the producer fell behind its schedule: {total} events took {offered:?}"
+        );
+    }
+    let arrivals = publisher.take_arrivals();
+    let commits = commits.lock().expect("commits");
+    commits
+        .iter()
+        .map(|(id, committed)| {
+            let arrived = arrivals
+                .get(id)
+                .ok_or_else(|| format!("event {id} never delivered"))?;
+            Ok(arrived.saturating_duration_since(*committed).as_secs_f64() * 1_000.0)
+        })
+        .collect()
+}
+
+/// Statements per second a relay with LISTEN/NOTIFY sends while the outbox
+/// stays empty, measured after it settles into its idle loop.
+async fn idle_queries(store: &Arc<PgStore>, seconds: u64) -> Result<f64, Error> {
+    let publisher = Arc::new(CountingPublisher::noop(256));
+    let relay = Relay::new(store.clone(), publisher, RelayConfig::default())?
+        .with_wake_up(store.wake_up().await?);
+    let shutdown = CancellationToken::new();
+    let handle = relay.spawn(shutdown.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    query_count::start();
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let statements = query_count::stop();
+    let elapsed = started.elapsed();
+    shutdown.cancel();
+    handle.await?;
+    Ok(statements as f64 / elapsed.as_secs_f64())
+}
