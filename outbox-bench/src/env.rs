@@ -156,18 +156,23 @@ pub async fn pg_fill(store: &PgStore, round: usize, n: usize) -> Result<(), Erro
     Ok(())
 }
 
-/// Rows of the PostgreSQL outbox by status code (0 pending, 1 in flight,
-/// 2 published, 3 failed).
-pub async fn pg_status_counts(pool: &PgPool) -> Result<[i64; 4], Error> {
-    let rows: Vec<(i16, i64)> =
-        sqlx::query_as("SELECT status, count(*) FROM bench_events GROUP BY status")
-            .fetch_all(pool)
-            .await?;
-    let mut counts = [0i64; 4];
-    for (status, count) in rows {
-        counts[status as usize] = count;
+/// Fails unless the store reports nothing claimable, parked, in flight or
+/// failed: every one of the `expected` events was settled as published.
+pub async fn check_drained(
+    store: &dyn outbox_core::OutboxAdmin,
+    expected: usize,
+) -> Result<(), Error> {
+    let stats = store.stats().await?;
+    let open: u64 = stats
+        .iter()
+        .map(|s| s.claimable + s.parked + s.in_flight + s.failed)
+        .sum();
+    if open != 0 {
+        return Err(
+            format!("{open} of {expected} events still open after the drain: {stats:?}").into(),
+        );
     }
-    Ok(counts)
+    Ok(())
 }
 
 /// The server's current WAL position, to count what a run wrote.

@@ -8,6 +8,9 @@ pub(crate) const PENDING: i16 = 0;
 pub(crate) const IN_FLIGHT: i16 = 1;
 pub(crate) const PUBLISHED: i16 = 2;
 pub(crate) const FAILED: i16 = 3;
+/// PostgreSQL: pending outside claim order (retrying, delayed, requeued).
+#[cfg(feature = "postgres")]
+pub(crate) const TRACKED: i16 = 4;
 
 pub(crate) fn attempt_kind_code(kind: AttemptKind) -> &'static str {
     match kind {

@@ -84,6 +84,12 @@ impl TableNames {
         format!("{}{}_relays", self.qualifier(), self.prefix)
     }
 
+    /// Another table of this outbox (`<prefix>_<suffix>`), qualified.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn table(&self, suffix: &str) -> String {
+        format!("{}{}_{suffix}", self.qualifier(), self.prefix)
+    }
+
     #[cfg_attr(
         not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
         allow(dead_code)

@@ -61,13 +61,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             let counting = Arc::new(CountingPublisher::wrapping(publisher, BATCH));
             let config = relay_run::config(BATCH, Ordering::PerKey);
             let elapsed = relay_run::drain(store.clone(), counting, config, 1, n as u64).await?;
-            let counts = env::pg_status_counts(&pool).await?;
-            if counts[2] != n as i64 {
-                return Err(format!(
-                    "{contender}: rows by status {counts:?}, expected {n} published"
-                )
-                .into());
-            }
+            env::check_drained(store.as_ref(), n).await?;
             if contender == "redis" {
                 let stream = format!("{tag}:invoice.paid");
                 let mut conn = redis.clone();

@@ -34,7 +34,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     env::pg_fill(&pg, round, n).await?;
                     let elapsed =
                         relay_run::drain(pg.clone(), publisher, config, 1, n as u64).await?;
-                    check_all_published(&env::pg_status_counts(&pool).await?, n)?;
+                    env::check_drained(pg.as_ref(), n).await?;
                     elapsed
                 }
                 "mariadb" => {
@@ -45,11 +45,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     fill(store.as_ref(), round, n).await?;
                     let elapsed =
                         relay_run::drain(store.clone(), publisher, config, 1, n as u64).await?;
-                    let published: i64 =
-                        sqlx::query_scalar("SELECT count(*) FROM bench_events WHERE status = 2")
-                            .fetch_one(store.pool())
-                            .await?;
-                    check_all_published(&[0, 0, published, 0], n)?;
+                    env::check_drained(store.as_ref(), n).await?;
                     store.pool().close().await;
                     elapsed
                 }
@@ -60,11 +56,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     fill(store.as_ref(), round, n).await?;
                     let elapsed =
                         relay_run::drain(store.clone(), publisher, config, 1, n as u64).await?;
-                    let published: i64 =
-                        sqlx::query_scalar("SELECT count(*) FROM bench_events WHERE status = 2")
-                            .fetch_one(store.pool())
-                            .await?;
-                    check_all_published(&[0, 0, published, 0], n)?;
+                    env::check_drained(store.as_ref(), n).await?;
                     store.pool().close().await;
                     elapsed
                 }
@@ -99,12 +91,4 @@ async fn fill(store: &dyn OutboxWriter, round: usize, n: usize) -> Result<(), Er
         store.enqueue(&events).await?;
     }
     Ok(())
-}
-
-fn check_all_published(counts: &[i64; 4], n: usize) -> Result<(), Error> {
-    if counts[2] == n as i64 && counts[0] + counts[1] + counts[3] == 0 {
-        Ok(())
-    } else {
-        Err(format!("rows by status {counts:?} after the drain, expected {n} published").into())
-    }
 }

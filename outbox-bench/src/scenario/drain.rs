@@ -44,13 +44,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             let config = relay_run::config(RELAY_BATCH, ordering);
             let wal = env::pg_wal_position(&pool).await?;
             let elapsed = relay_run::drain(store.clone(), publisher, config, 1, n as u64).await?;
-            let counts = env::pg_status_counts(&pool).await?;
-            if counts[2] != n as i64 {
-                return Err(format!(
-                    "{name}: {counts:?} rows by status after the drain, expected {n} published"
-                )
-                .into());
-            }
+            env::check_drained(store.as_ref(), n).await?;
             rounds.add(name, "events/s", rate(n as u64, elapsed), true);
             rounds.add(
                 name,

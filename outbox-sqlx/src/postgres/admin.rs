@@ -286,6 +286,15 @@ impl OutboxAdmin for PgStore {
             .fetch_one(&self.pool)
             .await
             .store()?;
+        if (purged as u64) < batch_size as u64 {
+            // Nothing the cutoff allows is left: older cursor-log entries
+            // describe no row any more.
+            sqlx::query(&self.queries.prune_cursor_log)
+                .bind(cutoff)
+                .execute(&self.pool)
+                .await
+                .store()?;
+        }
         Ok(purged as u64)
     }
 

@@ -21,32 +21,71 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_events (
     headers           JSONB NOT NULL,
     created_at        TIMESTAMPTZ NOT NULL,
     available_at      TIMESTAMPTZ NOT NULL,
-    -- 0 pending, 1 in flight, 2 published, 3 failed
+    -- 0 pending in claim order: published once the cursor has passed it;
+    -- 2 published out of cursor order; 3 failed; 4 pending and tracked
+    -- (delayed, retrying, requeued or a replacement: found by its own index
+    -- wherever the cursor is). A row leased by a relay is in outbox_leases.
+    -- The happy path never updates a row: publication moves the cursor.
     status            SMALLINT NOT NULL DEFAULT 0,
     blocks_key        BOOLEAN NOT NULL DEFAULT FALSE,
     superseded_by     UUID,
     attempts          INTEGER NOT NULL DEFAULT 0,
     unfinished_claims INTEGER NOT NULL DEFAULT 0,
-    fencing_token     BIGINT NOT NULL DEFAULT 0,
-    lease_owner       TEXT,
-    lease_expires_at  TIMESTAMPTZ,
     published_at      TIMESTAMPTZ,
     CONSTRAINT outbox_events_event_id_key UNIQUE (event_id)
 );
 
--- The live backlog in claim order: the claim never reads published rows.
-CREATE INDEX IF NOT EXISTS outbox_events_live
-    ON {{schema}}outbox_events (order_xid, ord) WHERE status IN (0, 1);
--- A key's unsettled rows, for the per-key ordering check.
-CREATE INDEX IF NOT EXISTS outbox_events_key_live
-    ON {{schema}}outbox_events (partition_key, order_xid, ord) WHERE status IN (0, 1) OR blocks_key;
+-- Claim order: the claim reads forward from the cursor, never the history.
+CREATE INDEX IF NOT EXISTS outbox_events_order
+    ON {{schema}}outbox_events (order_xid, ord);
+-- A key's rows in order, for the per-key check (also read from the cursor).
+CREATE INDEX IF NOT EXISTS outbox_events_key
+    ON {{schema}}outbox_events (partition_key, order_xid, ord);
+-- Tracked rows (status 4) and failed rows that block their key: the claim
+-- and the per-key check find them wherever the cursor is.
+CREATE INDEX IF NOT EXISTS outbox_events_tracked
+    ON {{schema}}outbox_events (partition_key, order_xid, ord) WHERE status = 4 OR blocks_key;
+CREATE INDEX IF NOT EXISTS outbox_events_tracked_due
+    ON {{schema}}outbox_events (order_xid, ord) WHERE status = 4;
 -- Rows claimed without an outcome yet: the crash-loop sweep reads only these.
 CREATE INDEX IF NOT EXISTS outbox_events_unfinished
-    ON {{schema}}outbox_events (unfinished_claims) WHERE status IN (0, 1) AND unfinished_claims > 0;
+    ON {{schema}}outbox_events (unfinished_claims) WHERE status IN (0, 4) AND unfinished_claims > 0;
 CREATE INDEX IF NOT EXISTS outbox_events_published
     ON {{schema}}outbox_events (published_at) WHERE status = 2;
 CREATE INDEX IF NOT EXISTS outbox_events_failed
     ON {{schema}}outbox_events (sequence) WHERE status = 3;
+
+-- Every status-0 row before (order_xid, ord) is published. Acks move it
+-- past the rows they settle; it never passes a row a relay still holds, a
+-- pending one, or a transaction still running (pg_snapshot_xmin).
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_cursor (
+    id        BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
+    order_xid xid8 NOT NULL,
+    ord       BIGINT NOT NULL,
+    moved_at  TIMESTAMPTZ NOT NULL
+);
+INSERT INTO {{schema}}outbox_cursor (id, order_xid, ord, moved_at)
+    VALUES (TRUE, '0', 0, now()) ON CONFLICT (id) DO NOTHING;
+-- Where the cursor was when, at most one entry per second: when a row it
+-- passed was published (to the second), and what purge may delete.
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_cursor_log (
+    order_xid xid8 NOT NULL,
+    ord       BIGINT NOT NULL,
+    at        TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (order_xid, ord)
+);
+
+-- A relay's claim: the rows it holds, fenced by the token. Settlements
+-- remove their rows; the claim after expiry deletes the lease (counting an
+-- unfinished claim on each row still in it).
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_leases (
+    token      BIGSERIAL PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL,
+    sequences  BIGINT[] NOT NULL,
+    -- The partition keys of its rows: a key with a leased row waits.
+    keys       TEXT[] NOT NULL
+);
 
 CREATE TABLE IF NOT EXISTS {{schema}}outbox_attempts (
     id          BIGSERIAL PRIMARY KEY,

@@ -1,6 +1,7 @@
 //! [`PgStore`]: the outbox on PostgreSQL.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -22,6 +23,14 @@ use crate::validate::{check_event, headers_json};
 
 const SCHEMA: &str = include_str!("schema.sql");
 
+/// Takes the table's claim lock and turns JIT compilation off for the
+/// transaction: the claim's cost estimate can cross `jit_above_cost` while
+/// the claim itself takes milliseconds, and compiling costs hundreds.
+const LOCK_WITHOUT_JIT: &str = "SELECT pg_advisory_xact_lock($1), set_config('jit', 'off', true)";
+
+/// The same for settlements, which take no lock.
+const NO_JIT: &str = "SELECT set_config('jit', 'off', true)";
+
 /// The outbox, attempt history, inbox and relay tables on PostgreSQL (≥ 13).
 ///
 /// Clones share the pool. Enqueue inside your own transaction with
@@ -32,6 +41,9 @@ pub struct PgStore {
     pub(super) pool: PgPool,
     pub(super) config: StoreConfig,
     pub(super) queries: Arc<Queries>,
+    /// The last claim found nothing: the next one asks first whether there
+    /// is anything to claim (one statement instead of a transaction).
+    idle: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -50,6 +62,7 @@ impl PgStore {
             pool,
             config,
             queries,
+            idle: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -180,7 +193,10 @@ impl PgStore {
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
         asked: impl Iterator<Item = EventId>,
     ) -> Result<SettleReport, StoreError> {
-        let rows = query.fetch_all(&self.pool).await.store()?;
+        let mut tx = self.pool.begin().await.store()?;
+        sqlx::query(NO_JIT).execute(&mut *tx).await.store()?;
+        let rows = query.fetch_all(&mut *tx).await.store()?;
+        tx.commit().await.store()?;
         let mut settled = std::collections::HashSet::with_capacity(rows.len());
         for row in &rows {
             settled.insert(EventId::from_uuid(
@@ -210,11 +226,28 @@ impl OutboxStore for PgStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
         let now = self.config.clock.now();
         let expires = add_duration(now, request.lease_duration);
+        // While idle, one cheap statement instead of a claim transaction.
+        if self.idle.load(AtomicOrdering::Relaxed) {
+            let anything: bool = sqlx::query_scalar(&self.queries.anything_to_do)
+                .bind(now)
+                .fetch_one(&self.pool)
+                .await
+                .store()?;
+            if !anything {
+                return Ok(ClaimedBatch::default());
+            }
+        }
         let mut tx = self.pool.begin().await.store()?;
         // One claimer per table at a time: two concurrent claims could
         // otherwise split one key's prefix between two relays.
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        sqlx::query(LOCK_WITHOUT_JIT)
             .bind(self.queries.lock_key)
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        // Expired leases go; each of their rows counts an unfinished claim.
+        sqlx::query(&self.queries.reap)
+            .bind(now)
             .execute(&mut *tx)
             .await
             .store()?;
@@ -239,6 +272,7 @@ impl OutboxStore for PgStore {
             .await
             .store()?;
         tx.commit().await.store()?;
+        self.idle.store(rows.is_empty(), AtomicOrdering::Relaxed);
 
         let mut events = Vec::with_capacity(rows.len());
         for r in &rows {
@@ -285,7 +319,7 @@ impl OutboxStore for PgStore {
         for nack in nacks {
             match &nack.action {
                 NackAction::Retry { after } => {
-                    status.push(codes::PENDING);
+                    status.push(codes::TRACKED);
                     blocks.push(false);
                     available.push(Some(add_duration(now, *after)));
                 }
