@@ -487,15 +487,3 @@ mod tests {
         assert_eq!(lock_key("a_events"), lock_key("a_events"));
     }
 }
-#[cfg(test)]
-mod dump {
-    #[test]
-    #[ignore]
-    fn dump_queries() {
-        let q = super::Queries::new(&crate::config::TableNames::with_prefix("bench").unwrap());
-        std::fs::write("/tmp/pgq/ack.sql", &q.ack).unwrap();
-        std::fs::write("/tmp/pgq/claim.sql", &q.claim_per_key).unwrap();
-        std::fs::write("/tmp/pgq/claim_unordered.sql", &q.claim_unordered).unwrap();
-        std::fs::write("/tmp/pgq/todo.sql", &q.anything_to_do).unwrap();
-    }
-}
