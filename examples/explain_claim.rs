@@ -1,5 +1,5 @@
-//! Shows that the PostgreSQL claim reads the live backlog through its
-//! partial indexes, not the retained published rows.
+//! Shows that the PostgreSQL claim reads forward from its publication
+//! cursor, not the retained published rows behind it.
 //!
 //! `cargo run --example explain-claim [published] [pending]` (defaults
 //! 1,000,000 and 1,000). Builds schema `explain_claim` (recreated), fills it
@@ -42,18 +42,24 @@ async fn main() -> Result<(), Error> {
             created_at, available_at, status, published_at)
         SELECT g, g, gen_random_uuid(), 'invoice', 'inv-' || g, 'invoice.paid',
             'sub-' || (g % 5000), jsonb_build_object('n', g), 1, '{}'::jsonb,
-            now(), now(), $3, CASE WHEN $3 = 2 THEN now() END
+            now(), now(), 0, NULL
         FROM generate_series($1::bigint, $2::bigint) AS g";
     sqlx::query(fill)
         .bind(1i64)
         .bind(published)
-        .bind(2i16)
         .execute(&pool)
         .await?;
+    // Published the way the store publishes: its cursor has passed them.
+    sqlx::query(
+        "UPDATE explain_claim.outbox_cursor SET (order_xid, ord) =
+             (SELECT order_xid, ord + 1 FROM explain_claim.outbox_events
+              ORDER BY order_xid DESC, ord DESC LIMIT 1)",
+    )
+    .execute(&pool)
+    .await?;
     sqlx::query(fill)
         .bind(published + 1)
         .bind(published + pending)
-        .bind(0i16)
         .execute(&pool)
         .await?;
     sqlx::query(&format!(
@@ -73,12 +79,17 @@ async fn main() -> Result<(), Error> {
     let claim = store.claim_statement(Ordering::PerKey);
     println!("claim statement:\n{claim}\n");
     let mut tx = pool.begin().await?;
+    // As the store runs it: after the claim lock, with JIT off.
+    sqlx::query("SELECT set_config('jit', 'off', true)")
+        .execute(&mut *tx)
+        .await?;
     let now = chrono::Utc::now();
     let plan = sqlx::query(&format!("EXPLAIN (ANALYZE, BUFFERS) {claim}"))
         .bind(now)
         .bind("explain-relay")
         .bind(now + chrono::Duration::seconds(30))
         .bind(256i64)
+        .bind(5i32)
         .fetch_all(&mut *tx)
         .await?;
     tx.rollback().await?;

@@ -35,8 +35,12 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                 continue;
             }
             env::pg_reset(&pool).await?;
-            let latencies = open_loop(&store, round, contender == "notify", seconds).await?;
+            let (latencies, mut transactions) =
+                open_loop(&store, round, contender == "notify", seconds).await?;
             let mut values = latencies;
+            let t = percentiles(&mut transactions, &[50.0, 99.0]);
+            rounds.add(contender, "producer txn p50 ms", t[0], false);
+            rounds.add(contender, "producer txn p99 ms", t[1], false);
             let p = percentiles(&mut values, &[50.0, 90.0, 99.0, 100.0]);
             for (metric, value) in ["p50 ms", "p90 ms", "p99 ms", "max ms"].iter().zip(&p) {
                 rounds.add(contender, metric, *value, false);
@@ -88,7 +92,7 @@ async fn open_loop(
     round: usize,
     notify: bool,
     seconds: u64,
-) -> Result<Vec<f64>, Error> {
+) -> Result<(Vec<f64>, Vec<f64>), Error> {
     let total = RATE * seconds;
     let publisher = Arc::new(CountingPublisher::noop(256).recording_arrivals());
     let mut relay = Relay::new(store.clone(), publisher.clone(), RelayConfig::default())?;
@@ -108,18 +112,21 @@ async fn open_loop(
         let commits = commits.clone();
         producers.push(tokio::spawn(async move {
             let event = env::event(round, i as usize);
+            let began = Instant::now();
             let mut tx = store.pool().begin().await?;
             store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
             tx.commit().await?;
+            let committed = Instant::now();
             commits
                 .lock()
                 .expect("commits")
-                .insert(event.event_id, Instant::now());
-            Ok::<_, Error>(())
+                .insert(event.event_id, committed);
+            Ok::<_, Error>((committed - began).as_secs_f64() * 1_000.0)
         }));
     }
+    let mut transactions = Vec::with_capacity(producers.len());
     for producer in producers {
-        producer.await??;
+        transactions.push(producer.await??);
     }
     let offered = start.elapsed();
     let reached = tokio::time::timeout(Duration::from_secs(30), publisher.wait_for(total)).await;
@@ -137,7 +144,7 @@ async fn open_loop(
     }
     let arrivals = publisher.take_arrivals();
     let commits = commits.lock().expect("commits");
-    commits
+    let latencies = commits
         .iter()
         .map(|(id, committed)| {
             let arrived = arrivals
@@ -145,7 +152,8 @@ async fn open_loop(
                 .ok_or_else(|| format!("event {id} never delivered"))?;
             Ok(arrived.saturating_duration_since(*committed).as_secs_f64() * 1_000.0)
         })
-        .collect()
+        .collect::<Result<_, Error>>()?;
+    Ok((latencies, transactions))
 }
 
 /// Statements per second a relay with LISTEN/NOTIFY sends while the outbox

@@ -12,7 +12,7 @@ pub(super) struct Queries {
     pub(super) lock_key: i64,
     pub(super) enqueue: String,
     pub(super) anything_to_do: String,
-    pub(super) reap: String,
+    pub(super) lock_and_reap: String,
     pub(super) crash_loops: String,
     pub(super) claim_per_key: String,
     pub(super) claim_unordered: String,
@@ -47,6 +47,13 @@ pub(super) struct Queries {
 // * rows that leave claim order (retrying, delayed, requeued, replacements)
 //   are status 4 and found by their own index wherever the cursor is;
 //   failures are status 3, publications out of cursor order status 2.
+
+/// Claims and settlements commit without waiting for the WAL flush: a
+/// database crash can forget the last few hundred milliseconds of them, which
+/// only makes those events claimable again (published twice, absorbed by the
+/// inbox). Enqueue, in the caller's transaction, keeps the caller's setting.
+/// In FROM of the final SELECT of each settlement, evaluated once.
+const ASYNC_COMMIT: &str = "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit";
 
 impl Queries {
     pub(super) fn new(names: &TableNames) -> Self {
@@ -93,6 +100,7 @@ impl Queries {
                      (SELECT x.* FROM cur CROSS JOIN LATERAL (
                           SELECT {cols}, c.order_xid AS xid, c.ord FROM {events} c
                           WHERE (c.order_xid, c.ord) >= (cur.order_xid, cur.ord) AND c.status = 0
+                            AND c.unfinished_claims < $5
                             AND c.order_xid < pg_snapshot_xmin(pg_current_snapshot())
                             AND c.sequence NOT IN (SELECT s FROM leased)
                             {key_order}
@@ -101,6 +109,7 @@ impl Queries {
                      (SELECT x.* FROM cur CROSS JOIN LATERAL (
                           SELECT {cols}, c.order_xid AS xid, c.ord FROM {events} c
                           WHERE c.status = 4 AND c.available_at <= $1
+                            AND c.unfinished_claims < $5
                             AND c.sequence NOT IN (SELECT s FROM leased)
                             {key_order}
                           ORDER BY c.order_xid, c.ord LIMIT $4) AS x)
@@ -221,11 +230,29 @@ impl Queries {
                      OR EXISTS (SELECT 1 FROM {events} WHERE status = 4 AND available_at <= $1)
                      OR EXISTS (SELECT 1 FROM {leases})"
             ),
-            reap: format!(
-                "WITH reaped AS (DELETE FROM {leases} WHERE expires_at <= $1 RETURNING sequences)
-                 UPDATE {events} AS e SET unfinished_claims = e.unfinished_claims + 1
-                 FROM (SELECT DISTINCT unnest(sequences) AS s FROM reaped) AS r
-                 WHERE e.sequence = r.s AND e.status IN (0, 4)"
+            // The claim lock and JIT switch come first; the reaping is safe
+            // on the statement's earlier snapshot (a lease another claimer
+            // deleted meanwhile is skipped, never counted twice). A row at
+            // the crash-loop limit is never claimed (the claim checks), so
+            // skipping the sweep when this sees none costs no attempt.
+            lock_and_reap: format!(
+                "WITH lock AS (
+                     SELECT pg_advisory_xact_lock($2) AS locked, set_config('jit', 'off', true) AS jit,
+                            set_config('synchronous_commit', 'off', true) AS async_commit,
+                            set_config('plan_cache_mode', 'force_generic_plan', true) AS generic
+                 ), reaped AS (
+                     DELETE FROM {leases} WHERE expires_at <= $1 AND EXISTS (SELECT 1 FROM lock)
+                     RETURNING sequences
+                 ), counted AS (
+                     UPDATE {events} AS e SET unfinished_claims = e.unfinished_claims + 1
+                     FROM (SELECT DISTINCT unnest(sequences) AS s FROM reaped) AS r
+                     WHERE e.sequence = r.s AND e.status IN (0, 4)
+                     RETURNING 1
+                 )
+                 SELECT EXISTS (SELECT 1 FROM lock)
+                    AND (EXISTS (SELECT 1 FROM counted)
+                         OR EXISTS (SELECT 1 FROM {events}
+                                    WHERE status IN (0, 4) AND unfinished_claims > 0))"
             ),
             crash_loops: format!(
                 "WITH cur AS (SELECT order_xid, ord FROM {cursor} LIMIT 1),
@@ -269,7 +296,7 @@ impl Queries {
                        AND (e.status = 4 OR e.unfinished_claims > 0
                             OR (e.order_xid, e.ord) >= (t.order_xid, t.ord))
                  )
-                 SELECT e.event_id FROM {events} e JOIN valid v ON e.sequence = v.sequence",
+                 SELECT e.event_id FROM {ASYNC_COMMIT}, {events} e JOIN valid v ON e.sequence = v.sequence",
                 head = settle_head("", ""),
                 cursor_move = move_cursor("$3::timestamptz"),
             ),
@@ -288,7 +315,7 @@ impl Queries {
                      SELECT event_id, kind, $9, owner, error_class, error, attempts
                      FROM settled
                  )
-                 SELECT event_id FROM settled",
+                 SELECT event_id FROM {ASYNC_COMMIT}, settled",
                 head = settle_head(
                     ", $3::int2[], $4::bool[], $5::timestamptz[], $6::text[], $7::text[], $8::text[]",
                     ", new_status, blocks_key, available_at, kind, error_class, error"
@@ -300,7 +327,7 @@ impl Queries {
                      UPDATE {events} e SET unfinished_claims = e.unfinished_claims + 1
                      FROM valid v WHERE e.sequence = v.sequence AND v.started
                  )
-                 SELECT e.event_id FROM {events} e JOIN valid v ON e.sequence = v.sequence",
+                 SELECT e.event_id FROM {ASYNC_COMMIT}, {events} e JOIN valid v ON e.sequence = v.sequence",
                 head = settle_head(", $3::bool[]", ", started"),
             ),
             heartbeat: format!(

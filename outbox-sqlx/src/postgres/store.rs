@@ -23,14 +23,6 @@ use crate::validate::{check_event, headers_json};
 
 const SCHEMA: &str = include_str!("schema.sql");
 
-/// Takes the table's claim lock and turns JIT compilation off for the
-/// transaction: the claim's cost estimate can cross `jit_above_cost` while
-/// the claim itself takes milliseconds, and compiling costs hundreds.
-const LOCK_WITHOUT_JIT: &str = "SELECT pg_advisory_xact_lock($1), set_config('jit', 'off', true)";
-
-/// The same for settlements, which take no lock.
-const NO_JIT: &str = "SELECT set_config('jit', 'off', true)";
-
 /// The outbox, attempt history, inbox and relay tables on PostgreSQL (≥ 13).
 ///
 /// Clones share the pool. Enqueue inside your own transaction with
@@ -72,7 +64,9 @@ impl PgStore {
     }
 
     /// The exact claim statement for `ordering`, for `EXPLAIN` and review.
-    /// Parameters: `$1` now, `$2` owner, `$3` lease expiry, `$4` limit.
+    /// Parameters: `$1` now, `$2` owner, `$3` lease expiry, `$4` limit,
+    /// `$5` crash-loop limit. It runs after `SELECT pg_advisory_xact_lock(…),
+    /// set_config('jit', 'off', true)` in the same transaction.
     pub fn claim_statement(&self, ordering: Ordering) -> &str {
         match ordering {
             Ordering::PerKey => &self.queries.claim_per_key,
@@ -193,10 +187,9 @@ impl PgStore {
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
         asked: impl Iterator<Item = EventId>,
     ) -> Result<SettleReport, StoreError> {
-        let mut tx = self.pool.begin().await.store()?;
-        sqlx::query(NO_JIT).execute(&mut *tx).await.store()?;
-        let rows = query.fetch_all(&mut *tx).await.store()?;
-        tx.commit().await.store()?;
+        // One statement, its own transaction; its estimate stays far below
+        // `jit_above_cost` (the input arrays are estimated at ten rows).
+        let rows = query.fetch_all(&self.pool).await.store()?;
         let mut settled = std::collections::HashSet::with_capacity(rows.len());
         for row in &rows {
             settled.insert(EventId::from_uuid(
@@ -237,28 +230,30 @@ impl OutboxStore for PgStore {
                 return Ok(ClaimedBatch::default());
             }
         }
+        let limit = request.crash_loop_limit.min(i32::MAX as u32) as i32;
         let mut tx = self.pool.begin().await.store()?;
-        // One claimer per table at a time: two concurrent claims could
-        // otherwise split one key's prefix between two relays.
-        sqlx::query(LOCK_WITHOUT_JIT)
+        // One claimer per table at a time (two concurrent claims could
+        // otherwise split one key's prefix between two relays), JIT off for
+        // the transaction, expired leases reaped; and whether any row may
+        // have reached the crash-loop limit.
+        let sweep: bool = sqlx::query_scalar(&self.queries.lock_and_reap)
+            .bind(now)
             .bind(self.queries.lock_key)
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await
             .store()?;
-        // Expired leases go; each of their rows counts an unfinished claim.
-        sqlx::query(&self.queries.reap)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .store()?;
-        let looped = sqlx::query(&self.queries.crash_loops)
-            .bind(now)
-            .bind(request.crash_loop_limit.min(i32::MAX as u32) as i32)
-            .bind(request.poison == PoisonPolicy::Block)
-            .bind(request.owner.as_str())
-            .fetch_all(&mut *tx)
-            .await
-            .store()?;
+        let looped = if sweep {
+            sqlx::query(&self.queries.crash_loops)
+                .bind(now)
+                .bind(limit)
+                .bind(request.poison == PoisonPolicy::Block)
+                .bind(request.owner.as_str())
+                .fetch_all(&mut *tx)
+                .await
+                .store()?
+        } else {
+            Vec::new()
+        };
         let claim = match request.ordering {
             Ordering::PerKey => &self.queries.claim_per_key,
             Ordering::Unordered => &self.queries.claim_unordered,
@@ -268,6 +263,7 @@ impl OutboxStore for PgStore {
             .bind(request.owner.as_str())
             .bind(expires)
             .bind(request.limit.min(i64::MAX as usize) as i64)
+            .bind(limit)
             .fetch_all(&mut *tx)
             .await
             .store()?;
