@@ -296,7 +296,7 @@ impl Queries {
                        AND (e.status = 4 OR e.unfinished_claims > 0
                             OR (e.order_xid, e.ord) >= (t.order_xid, t.ord))
                  )
-                 SELECT e.event_id FROM {ASYNC_COMMIT}, {events} e JOIN valid v ON e.sequence = v.sequence",
+                 SELECT v.sequence FROM {ASYNC_COMMIT}, valid v",
                 head = settle_head("", ""),
                 cursor_move = move_cursor("$3::timestamptz"),
             ),
@@ -309,13 +309,13 @@ impl Queries {
                          attempts = e.attempts + 1, unfinished_claims = 0
                      FROM valid v
                      WHERE e.sequence = v.sequence
-                     RETURNING e.event_id, e.attempts, v.owner, v.kind, v.error_class, v.error
+                     RETURNING e.sequence, e.event_id, e.attempts, v.owner, v.kind, v.error_class, v.error
                  ), history AS (
                      INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)
                      SELECT event_id, kind, $9, owner, error_class, error, attempts
                      FROM settled
                  )
-                 SELECT event_id FROM {ASYNC_COMMIT}, settled",
+                 SELECT sequence FROM {ASYNC_COMMIT}, settled",
                 head = settle_head(
                     ", $3::int2[], $4::bool[], $5::timestamptz[], $6::text[], $7::text[], $8::text[]",
                     ", new_status, blocks_key, available_at, kind, error_class, error"
@@ -327,7 +327,7 @@ impl Queries {
                      UPDATE {events} e SET unfinished_claims = e.unfinished_claims + 1
                      FROM valid v WHERE e.sequence = v.sequence AND v.started
                  )
-                 SELECT e.event_id FROM {ASYNC_COMMIT}, {events} e JOIN valid v ON e.sequence = v.sequence",
+                 SELECT v.sequence FROM {ASYNC_COMMIT}, valid v",
                 head = settle_head(", $3::bool[]", ", started"),
             ),
             heartbeat: format!(

@@ -86,6 +86,9 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_leases (
     -- The partition keys of its rows: a key with a leased row waits.
     keys       TEXT[] NOT NULL
 );
+-- A lease lives for one batch: compressing its arrays costs more than it saves.
+ALTER TABLE {{schema}}outbox_leases ALTER COLUMN sequences SET STORAGE EXTERNAL;
+ALTER TABLE {{schema}}outbox_leases ALTER COLUMN keys SET STORAGE EXTERNAL;
 
 CREATE TABLE IF NOT EXISTS {{schema}}outbox_attempts (
     id          BIGSERIAL PRIMARY KEY,

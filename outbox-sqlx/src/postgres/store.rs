@@ -182,21 +182,24 @@ impl PgStore {
             .collect())
     }
 
-    async fn settle_ids(
+    /// Runs a settlement statement returning the `sequence` of each row it
+    /// settled; the rest of `asked` (sequence, event id) was fenced.
+    async fn settle_sequences(
         &self,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-        asked: impl Iterator<Item = EventId>,
+        asked: impl Iterator<Item = (i64, EventId)>,
     ) -> Result<SettleReport, StoreError> {
         // One statement, its own transaction; its estimate stays far below
         // `jit_above_cost` (the input arrays are estimated at ten rows).
         let rows = query.fetch_all(&self.pool).await.store()?;
         let mut settled = std::collections::HashSet::with_capacity(rows.len());
         for row in &rows {
-            settled.insert(EventId::from_uuid(
-                row.try_get::<Uuid, _>("event_id").store()?,
-            ));
+            settled.insert(row.try_get::<i64, _>("sequence").store()?);
         }
-        let fenced = asked.filter(|id| !settled.contains(id)).collect();
+        let fenced = asked
+            .filter(|(sequence, _)| !settled.contains(sequence))
+            .map(|(_, id)| id)
+            .collect();
         Ok(SettleReport {
             applied: settled.len(),
             fenced,
@@ -300,7 +303,7 @@ impl OutboxStore for PgStore {
             .bind(leases.iter().map(|l| l.sequence).collect::<Vec<_>>())
             .bind(leases.iter().map(|l| l.fencing_token.0).collect::<Vec<_>>())
             .bind(self.config.clock.now());
-        self.settle_ids(query, leases.iter().map(|l| l.event_id))
+        self.settle_sequences(query, leases.iter().map(|l| (l.sequence, l.event_id)))
             .await
     }
 
@@ -351,8 +354,11 @@ impl OutboxStore for PgStore {
             )
             .bind(nacks.iter().map(|n| n.error.as_str()).collect::<Vec<_>>())
             .bind(now);
-        self.settle_ids(query, nacks.iter().map(|n| n.lease.event_id))
-            .await
+        self.settle_sequences(
+            query,
+            nacks.iter().map(|n| (n.lease.sequence, n.lease.event_id)),
+        )
+        .await
     }
 
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
@@ -378,8 +384,13 @@ impl OutboxStore for PgStore {
                     .map(|r| r.attempt_started)
                     .collect::<Vec<_>>(),
             );
-        self.settle_ids(query, releases.iter().map(|r| r.lease.event_id))
-            .await
+        self.settle_sequences(
+            query,
+            releases
+                .iter()
+                .map(|r| (r.lease.sequence, r.lease.event_id)),
+        )
+        .await
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
