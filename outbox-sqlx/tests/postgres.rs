@@ -260,6 +260,68 @@ async fn notify_wakes_an_idle_relay() {
     relay.await.unwrap();
 }
 
+/// A busy relay costs producers no NOTIFY: with no relay waiting an
+/// enqueue sends none; once a relay waits (`PgWakeUp::wait` sets the flag)
+/// the next enqueue does, and a claim clears the flag again. A sentinel
+/// notification sent after each enqueue shows what came first (PostgreSQL
+/// delivers notifications in commit order).
+#[tokio::test]
+async fn enqueue_notifies_only_while_a_relay_waits() {
+    use outbox_core::WakeUp;
+    use outbox_core::store::{ClaimRequest, OutboxStore, RelayId};
+    let store = store_on(ManualClock::at_epoch()).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .unwrap();
+    listener.listen("outbox_events").await.unwrap();
+    async fn first_after(
+        store: &PgStore,
+        listener: &mut sqlx::postgres::PgListener,
+        n: usize,
+    ) -> String {
+        outbox_core::OutboxWriter::enqueue(store, &[event("a", n)])
+            .await
+            .unwrap();
+        sqlx::query("SELECT pg_notify('outbox_events', 'sentinel')")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        listener.recv().await.unwrap().payload().to_string()
+    }
+    assert_eq!(
+        first_after(&store, &mut listener, 1).await,
+        "sentinel",
+        "no relay waits"
+    );
+
+    let mut wake_up = store.wake_up().await.unwrap();
+    // Registers, sees event 1 claimable and returns at once.
+    tokio::time::timeout(std::time::Duration::from_secs(10), wake_up.wait())
+        .await
+        .expect("a claimable event ends the wait at once");
+    assert_eq!(
+        first_after(&store, &mut listener, 2).await,
+        "",
+        "a relay waits"
+    );
+    assert_eq!(listener.recv().await.unwrap().payload(), "sentinel");
+
+    let request = ClaimRequest {
+        owner: RelayId::new("r1"),
+        limit: 10,
+        lease_duration: std::time::Duration::from_secs(30),
+        ordering: outbox_core::Ordering::PerKey,
+        poison: outbox_core::PoisonPolicy::Skip,
+        crash_loop_limit: 5,
+    };
+    assert_eq!(store.claim_batch(&request).await.unwrap().events.len(), 2);
+    assert_eq!(
+        first_after(&store, &mut listener, 3).await,
+        "sentinel",
+        "the claim cleared the flag"
+    );
+}
+
 #[tokio::test]
 async fn shipped_migration_is_the_default_rendering() {
     let store = PgStore::new(

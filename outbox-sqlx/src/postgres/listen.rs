@@ -3,18 +3,25 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use outbox_core::{StoreError, WakeUp};
 use sqlx::postgres::PgListener;
 
 use super::store::PgStore;
 use crate::error::ResultExt;
 
-/// Listens on the store's channel; the insert trigger notifies it on commit.
+/// Listens on the store's channel; the insert trigger notifies it on commit
+/// while a relay has said it waits (`relay_waiting`), so busy relays cost
+/// producers no NOTIFY.
 ///
-/// A lost notification (listener reconnecting) costs at most one poll
-/// interval: the relay's poll is the backstop.
+/// A lost notification (listener reconnecting, another relay's claim
+/// clearing the flag) costs at most one poll interval: the relay's poll is
+/// the backstop.
 pub struct PgWakeUp {
     listener: PgListener,
+    store: PgStore,
+    /// This relay set the flag and has not been woken since.
+    registered: bool,
 }
 
 impl std::fmt::Debug for PgWakeUp {
@@ -28,17 +35,56 @@ impl PgStore {
     pub async fn wake_up(&self) -> Result<PgWakeUp, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool).await.store()?;
         listener.listen(&self.queries.channel).await.store()?;
-        Ok(PgWakeUp { listener })
+        Ok(PgWakeUp {
+            listener,
+            store: self.clone(),
+            registered: false,
+        })
+    }
+
+    /// Sets `relay_waiting` once every enqueue that could have missed it has
+    /// committed, then says whether anything is claimable already.
+    async fn wait_for_notify(&self) -> Result<bool, StoreError> {
+        sqlx::query(&self.queries.wait_for_notify)
+            .execute(&self.pool)
+            .await
+            .store()?;
+        sqlx::query_scalar(&self.queries.anything_to_do)
+            .bind(self.config.clock.now())
+            .fetch_one(&self.pool)
+            .await
+            .store()
     }
 }
 
 #[async_trait]
 impl WakeUp for PgWakeUp {
     async fn wait(&mut self) {
-        if let Err(error) = self.listener.recv().await {
-            // The listener reconnects on the next call; don't spin meanwhile.
-            tracing::warn!(%error, "LISTEN connection lost; relying on polling");
-            tokio::time::sleep(Duration::from_secs(1)).await;
+        if !self.registered {
+            match self.store.wait_for_notify().await {
+                Ok(anything) => {
+                    self.registered = true;
+                    if anything {
+                        return;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "could not ask for NOTIFY; relying on polling")
+                }
+            }
+        }
+        match self.listener.recv().await {
+            Ok(_) => {
+                // The claim that follows clears the flag; older notifications
+                // buffered meanwhile say nothing new.
+                self.registered = false;
+                while let Some(Ok(Some(_))) = self.listener.try_recv().now_or_never() {}
+            }
+            Err(error) => {
+                // The listener reconnects on the next call; don't spin meanwhile.
+                tracing::warn!(%error, "LISTEN connection lost; relying on polling");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         }
     }
 }

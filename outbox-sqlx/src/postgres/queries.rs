@@ -12,6 +12,7 @@ pub(super) struct Queries {
     pub(super) lock_key: i64,
     pub(super) enqueue: String,
     pub(super) anything_to_do: String,
+    pub(super) wait_for_notify: String,
     pub(super) lock_and_reap: String,
     pub(super) crash_loops: String,
     pub(super) claim_per_key: String,
@@ -230,6 +231,17 @@ impl Queries {
                      OR EXISTS (SELECT 1 FROM {events} WHERE status = 4 AND available_at <= $1)
                      OR EXISTS (SELECT 1 FROM {leases})"
             ),
+            // After this commits, every transaction that enqueued without
+            // seeing the flag has committed (it held the shared lock), and
+            // every later one notifies. The claim clears it.
+            wait_for_notify: format!(
+                "WITH lock AS (
+                     SELECT pg_advisory_xact_lock(hashtext('{wake_key}'), 0)
+                 )
+                 UPDATE {cursor} SET relay_waiting = TRUE
+                 WHERE EXISTS (SELECT 1 FROM lock) AND NOT relay_waiting",
+                wake_key = format!("{events}_wake")
+            ),
             // The claim lock and JIT switch come first; the reaping is safe
             // on the statement's earlier snapshot (a lease another claimer
             // deleted meanwhile is skipped, never counted twice). A row at
@@ -248,6 +260,8 @@ impl Queries {
                      FROM (SELECT DISTINCT unnest(sequences) AS s FROM reaped) AS r
                      WHERE e.sequence = r.s AND e.status IN (0, 4)
                      RETURNING 1
+                 ), awake AS (
+                     UPDATE {cursor} SET relay_waiting = FALSE WHERE relay_waiting
                  )
                  SELECT EXISTS (SELECT 1 FROM lock)
                     AND (EXISTS (SELECT 1 FROM counted)

@@ -62,7 +62,9 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_cursor (
     id        BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
     order_xid xid8 NOT NULL,
     ord       BIGINT NOT NULL,
-    moved_at  TIMESTAMPTZ NOT NULL
+    moved_at  TIMESTAMPTZ NOT NULL,
+    -- A relay is waiting for a NOTIFY (set by PgWakeUp, cleared by a claim).
+    relay_waiting BOOLEAN NOT NULL DEFAULT FALSE
 );
 INSERT INTO {{schema}}outbox_cursor (id, order_xid, ord, moved_at)
     VALUES (TRUE, '0', 0, now()) ON CONFLICT (id) DO NOTHING;
@@ -115,12 +117,19 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_relays (
     last_seen TIMESTAMPTZ NOT NULL
 );
 
--- Wake idle relays on commit (a hint: polling stays the backstop). One
--- notification per statement, and PostgreSQL folds duplicates per transaction.
+-- Wake idle relays on commit (a hint: polling stays the backstop), only
+-- while a relay waits: a NOTIFY costs every committing transaction a
+-- cluster-wide lock and about 0.1 ms, which a busy relay does not need. The
+-- shared lock pairs with the exclusive one a relay takes to set
+-- relay_waiting, so either the relay's next look sees this transaction's
+-- rows or this trigger (a fresh snapshot per statement) sees the flag.
 CREATE OR REPLACE FUNCTION {{schema}}outbox_events_notify() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('outbox_events', '');
+    PERFORM pg_advisory_xact_lock_shared(hashtext('{{schema}}outbox_events_wake'), 0);
+    IF (SELECT relay_waiting FROM {{schema}}outbox_cursor) THEN
+        PERFORM pg_notify('outbox_events', '');
+    END IF;
     RETURN NULL;
 END
 $$;
