@@ -74,11 +74,14 @@ pub async fn pg_store(pool: &PgPool) -> Result<PgStore, Error> {
     Ok(store)
 }
 
-/// Empties the bench's outbox tables on PostgreSQL.
+/// Empties the bench's outbox tables on PostgreSQL and rewinds the cursor
+/// (a relay stopped while waiting for NOTIFY leaves `relay_waiting` set;
+/// producers would notify until the next claim).
 pub async fn pg_reset(pool: &PgPool) -> Result<(), Error> {
     pool.execute(
-        "TRUNCATE bench_events, bench_attempts, bench_inbox, bench_relays;
-         ALTER SEQUENCE bench_events_seq RESTART",
+        "TRUNCATE bench_events, bench_attempts, bench_inbox, bench_relays, bench_leases, bench_cursor_log;
+         ALTER SEQUENCE bench_events_seq RESTART;
+         UPDATE bench_cursor SET order_xid = '0', ord = 0, relay_waiting = FALSE",
     )
     .await?;
     Ok(())

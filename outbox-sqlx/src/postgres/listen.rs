@@ -57,6 +57,28 @@ impl PgStore {
     }
 }
 
+impl Drop for PgWakeUp {
+    /// A relay that stops while waiting would leave producers notifying
+    /// until the next claim: clear the flag (best effort; another relay
+    /// waiting then falls back to its poll until it asks again).
+    fn drop(&mut self) {
+        if !self.registered {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let store = self.store.clone();
+            runtime.spawn(async move {
+                let cleared = sqlx::query(&store.queries.stop_waiting)
+                    .execute(&store.pool)
+                    .await;
+                if let Err(error) = cleared {
+                    tracing::debug!(%error, "could not clear relay_waiting");
+                }
+            });
+        }
+    }
+}
+
 #[async_trait]
 impl WakeUp for PgWakeUp {
     async fn wait(&mut self) {

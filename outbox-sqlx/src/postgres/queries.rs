@@ -13,6 +13,7 @@ pub(super) struct Queries {
     pub(super) enqueue: String,
     pub(super) anything_to_do: String,
     pub(super) wait_for_notify: String,
+    pub(super) stop_waiting: String,
     pub(super) lock_and_reap: String,
     pub(super) crash_loops: String,
     pub(super) claim_per_key: String,
@@ -236,12 +237,12 @@ impl Queries {
             // every later one notifies. The claim clears it.
             wait_for_notify: format!(
                 "WITH lock AS (
-                     SELECT pg_advisory_xact_lock(hashtext('{wake_key}'), 0)
+                     SELECT pg_advisory_xact_lock(hashtext('{events}_wake'), 0)
                  )
                  UPDATE {cursor} SET relay_waiting = TRUE
-                 WHERE EXISTS (SELECT 1 FROM lock) AND NOT relay_waiting",
-                wake_key = format!("{events}_wake")
+                 WHERE EXISTS (SELECT 1 FROM lock) AND NOT relay_waiting"
             ),
+            stop_waiting: format!("UPDATE {cursor} SET relay_waiting = FALSE WHERE relay_waiting"),
             // The claim lock and JIT switch come first; the reaping is safe
             // on the statement's earlier snapshot (a lease another claimer
             // deleted meanwhile is skipped, never counted twice). A row at
@@ -282,9 +283,16 @@ impl Queries {
                        AND NOT EXISTS (
                            SELECT 1 FROM {events} p
                            WHERE p.partition_key = c.partition_key
+                             AND (p.status = 4 OR p.blocks_key)
                              AND (p.order_xid, p.ord) < (c.order_xid, c.ord)
-                             AND (p.status = 4 OR p.blocks_key
-                                  OR p.status = 0 AND (p.order_xid, p.ord) >= (cur.order_xid, cur.ord))
+                           OFFSET 0)
+                       -- Rare (rows at the crash-loop limit): a range of claim
+                       -- order from the cursor, no index of its own.
+                       AND NOT EXISTS (
+                           SELECT 1 FROM {events} p
+                           WHERE (p.order_xid, p.ord) >= (cur.order_xid, cur.ord)
+                             AND (p.order_xid, p.ord) < (c.order_xid, c.ord)
+                             AND p.partition_key = c.partition_key AND p.status = 0
                            OFFSET 0)
                      RETURNING {cols}
                  ), history AS (

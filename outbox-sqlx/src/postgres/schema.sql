@@ -38,9 +38,6 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_events (
 -- Claim order: the claim reads forward from the cursor, never the history.
 CREATE INDEX IF NOT EXISTS outbox_events_order
     ON {{schema}}outbox_events (order_xid, ord);
--- A key's rows in order, for the per-key check (also read from the cursor).
-CREATE INDEX IF NOT EXISTS outbox_events_key
-    ON {{schema}}outbox_events (partition_key, order_xid, ord);
 -- Tracked rows (status 4) and failed rows that block their key: the claim
 -- and the per-key check find them wherever the cursor is.
 CREATE INDEX IF NOT EXISTS outbox_events_tracked
