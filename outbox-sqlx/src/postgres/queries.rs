@@ -234,10 +234,13 @@ impl Queries {
             ),
             // After this commits, every transaction that enqueued without
             // seeing the flag has committed (it held the shared lock), and
-            // every later one notifies. The claim clears it.
+            // every later one notifies. The claim clears it. Producers wait
+            // on the lock while this runs: it commits without waiting for
+            // the WAL flush (lost in a crash, the flag only costs a poll).
             wait_for_notify: format!(
                 "WITH lock AS (
-                     SELECT pg_advisory_xact_lock(hashtext('{events}_wake'), 0)
+                     SELECT pg_advisory_xact_lock(hashtext('{events}_wake'), 0),
+                            set_config('synchronous_commit', 'off', true)
                  )
                  UPDATE {cursor} SET relay_waiting = TRUE
                  WHERE EXISTS (SELECT 1 FROM lock) AND NOT relay_waiting"
