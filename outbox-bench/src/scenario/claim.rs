@@ -37,7 +37,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             ("retained-10M", 10_000_000),
         ]
     };
-    let claims_per_round = scale.pick(60, 10);
+    let claims_per_round = scale.pick(200, 10);
     let pool = env::pg_pool(4).await?;
     let mut stores = Vec::new();
     for (name, retained) in sizes {
@@ -50,11 +50,19 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     }
     let mut rounds = Rounds::default();
     for round in 0..scale.rounds {
-        for (name, store) in &stores {
-            // Warm the caches the same way for everyone, then measure.
+        // Warm the caches the same way for everyone, then alternate one
+        // claim per store, so drift within the round hits all alike.
+        for (_, store) in &stores {
             claim_and_release(store.as_ref(), 3).await?;
-            let mut latencies = claim_and_release(store.as_ref(), claims_per_round).await?;
-            let samples = Samples(std::mem::take(&mut latencies));
+        }
+        let mut latencies: Vec<Vec<f64>> = vec![Vec::new(); stores.len()];
+        for _ in 0..claims_per_round {
+            for (i, (_, store)) in stores.iter().enumerate() {
+                latencies[i].extend(claim_and_release(store.as_ref(), 1).await?);
+            }
+        }
+        for ((name, _), values) in stores.iter().zip(latencies) {
+            let samples = Samples(values);
             rounds.add(name, "claim p50 ms", samples.median(), false);
             progress(format!(
                 "round {round} {name}: claim p50 {:.3} ms",
