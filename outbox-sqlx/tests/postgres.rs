@@ -322,6 +322,90 @@ async fn enqueue_notifies_only_while_a_relay_waits() {
     );
 }
 
+/// An ack that lands before an earlier batch's cannot move the cursor past
+/// the earlier batch: its rows are written published (status 2). Once the
+/// earlier batch is acked, the cursor passes both and the row it published
+/// is never written at all.
+#[tokio::test]
+async fn an_ack_out_of_cursor_order_is_written_and_the_cursor_catches_up() {
+    use outbox_core::store::{ClaimRequest, OutboxStore, RelayId};
+    let pool = pool().await;
+    let schema = support::unique_name("t");
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let tables = TableNames::default().in_schema(&schema).unwrap();
+    let store = PgStore::new(pool.clone(), StoreConfig::with_tables(tables));
+    store.migrate().await.unwrap();
+    let (a1, b1) = (event("a", 1), event("b", 1));
+    outbox_core::OutboxWriter::enqueue(&store, &[a1.clone(), b1.clone()])
+        .await
+        .unwrap();
+    let request = ClaimRequest {
+        owner: RelayId::new("r1"),
+        limit: 1,
+        lease_duration: std::time::Duration::from_secs(30),
+        ordering: outbox_core::Ordering::PerKey,
+        poison: outbox_core::PoisonPolicy::Skip,
+        crash_loop_limit: 5,
+    };
+    let first = store.claim_batch(&request).await.unwrap().events;
+    let second = store.claim_batch(&request).await.unwrap().events;
+    assert_eq!(first[0].event.event_id, a1.event_id);
+    assert_eq!(second[0].event.event_id, b1.event_id);
+    let row_status = |id: EventId| {
+        let pool = pool.clone();
+        let schema = schema.clone();
+        async move {
+            sqlx::query_scalar::<_, i16>(&format!(
+                "SELECT status FROM {schema}.outbox_events WHERE event_id = $1"
+            ))
+            .bind(id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    let report = store.ack(&[second[0].lease.clone()]).await.unwrap();
+    assert_eq!(report.applied, 1);
+    assert_eq!(
+        row_status(b1.event_id).await,
+        2,
+        "written: a1 is still held"
+    );
+    assert!(matches!(
+        store.event_state(b1.event_id).await.unwrap(),
+        Some(EventState::Published { .. })
+    ));
+    assert!(matches!(
+        store.event_state(a1.event_id).await.unwrap(),
+        Some(EventState::InFlight { .. })
+    ));
+
+    let report = store.ack(&[first[0].lease.clone()]).await.unwrap();
+    assert_eq!(report.applied, 1);
+    assert_eq!(
+        row_status(a1.event_id).await,
+        0,
+        "published by the cursor, never written"
+    );
+    assert!(matches!(
+        store.event_state(a1.event_id).await.unwrap(),
+        Some(EventState::Published { .. })
+    ));
+    let open: u64 = store
+        .stats()
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.claimable + s.parked + s.in_flight + s.failed)
+        .sum();
+    assert_eq!(open, 0);
+    assert!(store.claim_batch(&request).await.unwrap().events.is_empty());
+}
+
 #[tokio::test]
 async fn shipped_migration_is_the_default_rendering() {
     let store = PgStore::new(
