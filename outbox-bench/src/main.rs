@@ -1,4 +1,4 @@
-//! `cargo run --release -p outbox-bench -- <scenario|all> [--quick] [--rounds N] [--out DIR]`
+//! `cargo run --release -p outbox-bench -- <scenario|all> [--quick] [--rounds N] [--only CONTENDER] [--relays N] [--out DIR]`
 //!
 //! Measures the relay side by side with baselines implemented here, on the
 //! same databases and driver, contenders interleaved round by round. Prints
@@ -34,7 +34,7 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: outbox-bench <all|{}>... [--quick] [--rounds N] [--only CONTENDER] [--out DIR]",
+        "usage: outbox-bench <all|{}>... [--quick] [--rounds N] [--only CONTENDER] [--relays N] [--out DIR]",
         SCENARIOS.join("|")
     );
     std::process::exit(2)
@@ -45,6 +45,7 @@ fn parse_args() -> Args {
     let mut quick = false;
     let mut rounds = None;
     let mut only = None;
+    let mut relays = 1;
     let mut out = PathBuf::from("target/bench");
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -59,6 +60,13 @@ fn parse_args() -> Args {
                 )
             }
             "--only" => only = Some(args.next().unwrap_or_else(|| usage())),
+            "--relays" => {
+                relays = args
+                    .next()
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .filter(|n| *n >= 1)
+                    .unwrap_or_else(|| usage())
+            }
             "--out" => out = PathBuf::from(args.next().unwrap_or_else(|| usage())),
             "all" => scenarios.extend(SCENARIOS.iter().map(|s| s.to_string())),
             name if SCENARIOS.contains(&name) => scenarios.push(name.to_string()),
@@ -74,6 +82,7 @@ fn parse_args() -> Args {
             rounds: rounds.unwrap_or(3),
             quick,
             only,
+            relays,
         },
         out,
     }

@@ -44,7 +44,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             let config = relay_run::config(RELAY_BATCH, ordering);
             let wal = env::pg_wal_position(&pool).await?;
             let elapsed =
-                relay_run::drain(store.clone(), publisher, config, relays(), n as u64).await?;
+                relay_run::drain(store.clone(), publisher, config, scale.relays, n as u64).await?;
             env::check_drained(store.as_ref(), n).await?;
             rounds.add(name, "events/s", rate(n as u64, elapsed), true);
             rounds.add(
@@ -129,11 +129,4 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     }
     pool.close().await;
     Ok(())
-}
-
-fn relays() -> usize {
-    std::env::var("RELAYS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
 }

@@ -24,6 +24,9 @@ pub struct Scale {
     /// Only contenders whose name contains this (`--only`), for profiling
     /// one contender; targets then compare against missing figures (NaN).
     pub only: Option<String>,
+    /// Relays the PostgreSQL drain runs side by side in this process
+    /// (`--relays`, default 1).
+    pub relays: usize,
 }
 
 impl Scale {
