@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::store::OutboxStore;
+use outbox_core::store::{OutboxAdmin, OutboxStore};
 use outbox_core::{CancellationToken, Publisher, Relay, RelayConfig, RelayReport};
 
 use crate::counting::CountingPublisher;
@@ -25,7 +25,8 @@ pub fn config(batch_size: usize, ordering: outbox_core::Ordering) -> RelayConfig
 /// Runs `relays` relays over `store` until `publisher` has delivered
 /// `expected` events, stops them gracefully and returns the time from
 /// start to the last settlement written. Errors if events go missing (the
-/// deliveries never arrive) or a relay reports failures.
+/// deliveries never arrive), a relay reports failures, or the store still
+/// holds an open event afterwards.
 pub async fn drain<S, P>(
     store: Arc<S>,
     publisher: Arc<CountingPublisher<P>>,
@@ -34,7 +35,7 @@ pub async fn drain<S, P>(
     expected: u64,
 ) -> Result<Duration, Error>
 where
-    S: OutboxStore + 'static,
+    S: OutboxStore + OutboxAdmin + 'static,
     P: Publisher + 'static,
 {
     let shutdown = CancellationToken::new();
@@ -68,5 +69,6 @@ where
     if total.failed > 0 || total.published < expected {
         return Err(format!("relay report shows a loss: {total:?}").into());
     }
+    crate::env::check_drained(store.as_ref(), expected as usize).await?;
     Ok(elapsed)
 }

@@ -35,6 +35,12 @@ async fn pool() -> PgPool {
 
 /// A store on fresh tables in a schema of its own.
 async fn store_on(clock: ManualClock) -> PgStore {
+    store_in_schema(clock).await.0
+}
+
+/// A migrated store in a schema of its own, and that schema's name (for
+/// tests that look at the tables).
+async fn store_in_schema(clock: ManualClock) -> (PgStore, String) {
     let pool = pool().await;
     let schema = support::unique_name("t");
     sqlx::query(&format!("CREATE SCHEMA {schema}"))
@@ -47,7 +53,7 @@ async fn store_on(clock: ManualClock) -> PgStore {
         StoreConfig::with_tables(tables).with_clock(Arc::new(clock)),
     );
     store.migrate().await.unwrap();
-    store
+    (store, schema)
 }
 
 /// Boxed as `dyn Future + Send`: works around rustc's "not general enough"
@@ -268,7 +274,8 @@ async fn notify_wakes_an_idle_relay() {
 #[tokio::test]
 async fn enqueue_notifies_only_while_a_relay_waits() {
     use outbox_core::WakeUp;
-    use outbox_core::store::{ClaimRequest, OutboxStore, RelayId};
+    use outbox_core::store::OutboxStore;
+    use outbox_core::testing::store_suite::request;
     let store = store_on(ManualClock::at_epoch()).await;
     let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
         .await
@@ -306,14 +313,7 @@ async fn enqueue_notifies_only_while_a_relay_waits() {
     );
     assert_eq!(listener.recv().await.unwrap().payload(), "sentinel");
 
-    let request = ClaimRequest {
-        owner: RelayId::new("r1"),
-        limit: 10,
-        lease_duration: std::time::Duration::from_secs(30),
-        ordering: outbox_core::Ordering::PerKey,
-        poison: outbox_core::PoisonPolicy::Skip,
-        crash_loop_limit: 5,
-    };
+    let request = request("r1", 10);
     assert_eq!(store.claim_batch(&request).await.unwrap().events.len(), 2);
     assert_eq!(
         first_after(&store, &mut listener, 3).await,
@@ -328,28 +328,15 @@ async fn enqueue_notifies_only_while_a_relay_waits() {
 /// is never written at all.
 #[tokio::test]
 async fn an_ack_out_of_cursor_order_is_written_and_the_cursor_catches_up() {
-    use outbox_core::store::{ClaimRequest, OutboxStore, RelayId};
-    let pool = pool().await;
-    let schema = support::unique_name("t");
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let tables = TableNames::default().in_schema(&schema).unwrap();
-    let store = PgStore::new(pool.clone(), StoreConfig::with_tables(tables));
-    store.migrate().await.unwrap();
+    use outbox_core::store::OutboxStore;
+    use outbox_core::testing::store_suite::request;
+    let (store, schema) = store_in_schema(ManualClock::at_epoch()).await;
+    let pool = store.pool().clone();
     let (a1, b1) = (event("a", 1), event("b", 1));
     outbox_core::OutboxWriter::enqueue(&store, &[a1.clone(), b1.clone()])
         .await
         .unwrap();
-    let request = ClaimRequest {
-        owner: RelayId::new("r1"),
-        limit: 1,
-        lease_duration: std::time::Duration::from_secs(30),
-        ordering: outbox_core::Ordering::PerKey,
-        poison: outbox_core::PoisonPolicy::Skip,
-        crash_loop_limit: 5,
-    };
+    let request = request("r1", 1);
     let first = store.claim_batch(&request).await.unwrap().events;
     let second = store.claim_batch(&request).await.unwrap().events;
     assert_eq!(first[0].event.event_id, a1.event_id);

@@ -26,16 +26,11 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             if !scale.includes(dialect) {
                 continue;
             }
-            let publisher = Arc::new(CountingPublisher::noop(BATCH));
-            let config = relay_run::config(BATCH, Ordering::PerKey);
             let elapsed = match dialect {
                 "postgres" => {
                     env::pg_reset(&pool).await?;
                     env::pg_fill(&pg, round, n).await?;
-                    let elapsed =
-                        relay_run::drain(pg.clone(), publisher, config, 1, n as u64).await?;
-                    env::check_drained(pg.as_ref(), n).await?;
-                    elapsed
+                    drain(pg.clone(), n).await?
                 }
                 "mariadb" => {
                     let store = Arc::new(env::mysql_store(8).await?);
@@ -43,9 +38,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                         .execute(store.pool())
                         .await?;
                     fill(store.as_ref(), round, n).await?;
-                    let elapsed =
-                        relay_run::drain(store.clone(), publisher, config, 1, n as u64).await?;
-                    env::check_drained(store.as_ref(), n).await?;
+                    let elapsed = drain(store.clone(), n).await?;
                     store.pool().close().await;
                     elapsed
                 }
@@ -54,9 +47,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                         env::sqlite_store(std::path::Path::new("target/bench/sqlite")).await?,
                     );
                     fill(store.as_ref(), round, n).await?;
-                    let elapsed =
-                        relay_run::drain(store.clone(), publisher, config, 1, n as u64).await?;
-                    env::check_drained(store.as_ref(), n).await?;
+                    let elapsed = drain(store.clone(), n).await?;
                     store.pool().close().await;
                     elapsed
                 }
@@ -91,4 +82,14 @@ async fn fill(store: &dyn OutboxWriter, round: usize, n: usize) -> Result<(), Er
         store.enqueue(&events).await?;
     }
     Ok(())
+}
+
+/// The same relay over any store: per-key, batch [`BATCH`], no-op publisher.
+async fn drain<S>(store: Arc<S>, n: usize) -> Result<std::time::Duration, Error>
+where
+    S: outbox_core::OutboxStore + outbox_core::OutboxAdmin + 'static,
+{
+    let publisher = Arc::new(CountingPublisher::noop(BATCH));
+    let config = relay_run::config(BATCH, Ordering::PerKey);
+    relay_run::drain(store, publisher, config, 1, n as u64).await
 }

@@ -45,18 +45,8 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             let wal = env::pg_wal_position(&pool).await?;
             let elapsed =
                 relay_run::drain(store.clone(), publisher, config, scale.relays, n as u64).await?;
-            env::check_drained(store.as_ref(), n).await?;
-            rounds.add(name, "events/s", rate(n as u64, elapsed), true);
-            rounds.add(
-                name,
-                "WAL bytes/event",
-                env::pg_wal_bytes_since(&pool, &wal).await? / n as f64,
-                false,
-            );
-            progress(format!(
-                "round {round} {name}: {:.0} events/s",
-                rate(n as u64, elapsed)
-            ));
+            let wal_bytes = env::pg_wal_bytes_since(&pool, &wal).await?;
+            record(&mut rounds, round, name, n, elapsed, wal_bytes);
         }
         for (name, baseline, workers) in SEED_CONTENDERS {
             if !scale.includes(name) {
@@ -76,17 +66,8 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                 )
                 .into());
             }
-            rounds.add(name, "events/s", rate(n as u64, elapsed), true);
-            rounds.add(
-                name,
-                "WAL bytes/event",
-                env::pg_wal_bytes_since(&pool, &wal).await? / n as f64,
-                false,
-            );
-            progress(format!(
-                "round {round} {name}: {:.0} events/s",
-                rate(n as u64, elapsed)
-            ));
+            let wal_bytes = env::pg_wal_bytes_since(&pool, &wal).await?;
+            record(&mut rounds, round, name, n, elapsed, wal_bytes);
         }
         if !scale.includes("raw-floor") {
             continue;
@@ -99,17 +80,8 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         if marked != n as u64 {
             return Err(format!("raw-floor marked {marked} of {n}").into());
         }
-        rounds.add("raw-floor", "events/s", rate(n as u64, elapsed), true);
-        rounds.add(
-            "raw-floor",
-            "WAL bytes/event",
-            env::pg_wal_bytes_since(&pool, &wal).await? / n as f64,
-            false,
-        );
-        progress(format!(
-            "round {round} raw-floor: {:.0} events/s",
-            rate(n as u64, elapsed)
-        ));
+        let wal_bytes = env::pg_wal_bytes_since(&pool, &wal).await?;
+        record(&mut rounds, round, "raw-floor", n, elapsed, wal_bytes);
     }
     rounds.finish(NAME, report);
     let m = |report: &Report, c: &str| report.median(NAME, c, "events/s").unwrap_or(f64::NAN);
@@ -129,4 +101,21 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     }
     pool.close().await;
     Ok(())
+}
+
+/// One contender's round: throughput and the WAL it wrote per event.
+fn record(
+    rounds: &mut Rounds,
+    round: usize,
+    name: &str,
+    n: usize,
+    elapsed: std::time::Duration,
+    wal_bytes: f64,
+) {
+    let events_per_second = rate(n as u64, elapsed);
+    rounds.add(name, "events/s", events_per_second, true);
+    rounds.add(name, "WAL bytes/event", wal_bytes / n as f64, false);
+    progress(format!(
+        "round {round} {name}: {events_per_second:.0} events/s"
+    ));
 }

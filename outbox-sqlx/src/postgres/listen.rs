@@ -55,6 +55,12 @@ impl PgStore {
             .await
             .store()
     }
+
+    /// The next claim goes straight to its transaction: whoever calls this
+    /// has just learnt there is something to claim.
+    fn expect_work(&self) {
+        self.idle.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Drop for PgWakeUp {
@@ -87,6 +93,7 @@ impl WakeUp for PgWakeUp {
                 Ok(anything) => {
                     self.registered = true;
                     if anything {
+                        self.store.expect_work();
                         return;
                     }
                 }
@@ -100,6 +107,7 @@ impl WakeUp for PgWakeUp {
                 // The claim that follows clears the flag; older notifications
                 // buffered meanwhile say nothing new.
                 self.registered = false;
+                self.store.expect_work();
                 while let Some(Ok(Some(_))) = self.listener.try_recv().now_or_never() {}
             }
             Err(error) => {

@@ -34,8 +34,9 @@ pub struct PgStore {
     pub(super) config: StoreConfig,
     pub(super) queries: Arc<Queries>,
     /// The last claim found nothing: the next one asks first whether there
-    /// is anything to claim (one statement instead of a transaction).
-    idle: Arc<AtomicBool>,
+    /// is anything to claim (one statement instead of a transaction). A
+    /// wake-up that already knows (it asked, or was notified) clears it.
+    pub(super) idle: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for PgStore {
