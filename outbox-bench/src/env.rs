@@ -50,15 +50,19 @@ pub async fn pg_pool(max_connections: u32) -> Result<PgPool, Error> {
         .max_connections(1)
         .connect(&format!("{}/postgres", pg_server()))
         .await?;
-    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-        .bind(DATABASE)
-        .fetch_optional(&admin)
+    // Recreated once per run: tables of an older schema never linger.
+    static FRESH: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    FRESH
+        .get_or_try_init(|| async {
+            admin
+                .execute(&*format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
+                .await?;
+            admin
+                .execute(&*format!("CREATE DATABASE {DATABASE}"))
+                .await
+                .map(drop)
+        })
         .await?;
-    if exists.is_none() {
-        admin
-            .execute(&*format!("CREATE DATABASE {DATABASE}"))
-            .await?;
-    }
     admin.close().await;
     Ok(guard_cancelled_transactions(PgPoolOptions::new())
         .max_connections(max_connections)
@@ -79,9 +83,12 @@ pub async fn pg_store(pool: &PgPool) -> Result<PgStore, Error> {
 /// producers would notify until the next claim).
 pub async fn pg_reset(pool: &PgPool) -> Result<(), Error> {
     pool.execute(
-        "TRUNCATE bench_events, bench_attempts, bench_inbox, bench_relays, bench_leases, bench_cursor_log;
+        "TRUNCATE bench_events, bench_attempts, bench_inbox, bench_relays, bench_leases, bench_cursor_log,
+             bench_order;
          ALTER SEQUENCE bench_events_seq RESTART;
-         UPDATE bench_cursor SET order_xid = '0', ord = 0, relay_waiting = FALSE",
+         UPDATE bench_cursor SET position = 0, end_position = 0, tick_snapshot = NULL,
+             system_identifier = NULL;
+         UPDATE bench_control SET relay_waiting = FALSE",
     )
     .await?;
     Ok(())
@@ -95,6 +102,19 @@ pub async fn mysql_store(max_connections: u32) -> Result<MySqlStore, Error> {
         .await?;
     admin
         .execute(&*format!("CREATE DATABASE IF NOT EXISTS {DATABASE}"))
+        .await?;
+    // Recreated once per run: tables of an older schema never linger.
+    static FRESH: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    FRESH
+        .get_or_try_init(|| async {
+            admin
+                .execute(&*format!("DROP DATABASE IF EXISTS {DATABASE}"))
+                .await?;
+            admin
+                .execute(&*format!("CREATE DATABASE {DATABASE}"))
+                .await
+                .map(drop)
+        })
         .await?;
     admin.close().await;
     let pool = guard_cancelled_transactions(MySqlPoolOptions::new())

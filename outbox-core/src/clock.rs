@@ -23,12 +23,23 @@ impl Clock for SystemClock {
 
 /// A clock that moves only when told to. Clones share one time.
 #[derive(Clone, Debug)]
-pub struct ManualClock(Arc<Mutex<DateTime<Utc>>>);
+pub struct ManualClock {
+    now: Arc<Mutex<DateTime<Utc>>>,
+    start: DateTime<Utc>,
+}
 
 impl ManualClock {
     /// A clock frozen at `start`.
     pub fn new(start: DateTime<Utc>) -> Self {
-        Self(Arc::new(Mutex::new(start)))
+        Self {
+            now: Arc::new(Mutex::new(start)),
+            start,
+        }
+    }
+
+    /// How far the clock has been moved since it was made.
+    pub fn advanced(&self) -> Duration {
+        elapsed_between(self.now(), self.start)
     }
 
     /// A clock frozen at a fixed, arbitrary instant (2026-01-01T00:00:00Z).
@@ -38,15 +49,38 @@ impl ManualClock {
 
     /// Moves time forward by `by`.
     pub fn advance(&self, by: Duration) {
-        let mut now = self.0.lock().expect("clock lock");
+        let mut now = self.now.lock().expect("clock lock");
         *now += chrono::Duration::from_std(by).expect("duration in range");
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> DateTime<Utc> {
-        *self.0.lock().expect("clock lock")
+        *self.now.lock().expect("clock lock")
     }
+}
+
+/// Where a store takes "now" from for every lease, delay, backoff and age
+/// it stores or compares (DESIGN.md §4).
+///
+/// A store shared by relays and producers on many hosts must not trust any
+/// one host's clock: SQL stores use the database server's clock, so a relay
+/// host minutes off changes nothing. The host clock a store is given
+/// (`StoreConfig::clock` in `outbox-sqlx`) only turns an absolute
+/// `available_at` into a delay from "now" on that host.
+#[derive(Clone, Debug, Default)]
+pub enum StoreTime {
+    /// The database server's clock (the default).
+    #[default]
+    Database,
+    /// The database clock plus however far `clock` has been
+    /// [advanced](ManualClock::advanced): tests drive lease expiry and
+    /// backoff without sleeping. Every handle on one store shares the clock
+    /// (the shift is kept in the database, so all of them agree). A store
+    /// writes the shift at the start of its own operations (claims,
+    /// settlements, its own enqueue and inbox transactions), never from
+    /// inside a caller's transaction.
+    Shifted(ManualClock),
 }
 
 /// `a - b` as a std duration, zero when `b` is later.

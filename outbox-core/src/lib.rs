@@ -15,10 +15,11 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, StoreTime, SystemClock};
 pub use error::{BoxError, StoreError};
 pub use event::{
-    EventId, EventLimits, Headers, InvalidEvent, NewEvent, Payload, StoredEvent, TypedEvent,
+    EventId, EventLimits, Headers, InvalidEvent, NewEvent, Payload, RawEvent, StoredEvent,
+    TypedEvent, UnreadableEvent,
 };
 pub use inbox::InboxStore;
 pub use policy::{Ordering, PoisonPolicy, RetryPolicy};

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use outbox_core::ManualClock;
 use outbox_core::memory::MemoryStore;
-use outbox_core::testing::{MemoryInboxHarness, RecordingHarness, publisher_suite, store_suite};
+use outbox_core::testing::{MemoryInboxHarness, RecordingHarness, publisher_suite};
 
 async fn memory_store(clock: ManualClock) -> Arc<MemoryStore> {
     Arc::new(MemoryStore::with_clock(Arc::new(clock)))
@@ -17,10 +17,7 @@ async fn memory_inbox(clock: ManualClock) -> Arc<MemoryInboxHarness> {
 mod store {
     outbox_core::store_conformance_tests!(super::memory_store);
 
-    #[tokio::test]
-    async fn commit_order_guard() {
-        super::store_suite::commit_order_guard(&super::memory_store).await;
-    }
+    outbox_core::commit_order_conformance_tests!(super::memory_store);
 }
 
 mod relay {

@@ -8,9 +8,6 @@ pub(crate) const PENDING: i16 = 0;
 pub(crate) const IN_FLIGHT: i16 = 1;
 pub(crate) const PUBLISHED: i16 = 2;
 pub(crate) const FAILED: i16 = 3;
-/// PostgreSQL: pending outside claim order (retrying, delayed, requeued).
-#[cfg(feature = "postgres")]
-pub(crate) const TRACKED: i16 = 4;
 
 pub(crate) fn attempt_kind_code(kind: AttemptKind) -> &'static str {
     match kind {
@@ -21,6 +18,7 @@ pub(crate) fn attempt_kind_code(kind: AttemptKind) -> &'static str {
         AttemptKind::Requeued => "Requeued",
         AttemptKind::Skipped => "Skipped",
         AttemptKind::Superseded => "Superseded",
+        AttemptKind::Unreadable => "Unreadable",
     }
 }
 
@@ -33,6 +31,7 @@ pub(crate) fn attempt_kind(code: &str) -> Result<AttemptKind, StoreError> {
         "Requeued" => AttemptKind::Requeued,
         "Skipped" => AttemptKind::Skipped,
         "Superseded" => AttemptKind::Superseded,
+        "Unreadable" => AttemptKind::Unreadable,
         other => return Err(StoreError::fatal(format!("unknown attempt kind {other:?}"))),
     })
 }

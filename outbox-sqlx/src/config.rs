@@ -1,8 +1,8 @@
-//! Store settings: validated table names, limits, clock.
+//! Store settings: validated table names, limits, time.
 
 use std::sync::Arc;
 
-use outbox_core::{Clock, EventLimits, StoreError, SystemClock};
+use outbox_core::{Clock, EventLimits, StoreError, StoreTime, SystemClock};
 
 /// Names of the tables a store uses, derived from one validated prefix:
 /// `{prefix}_events`, `{prefix}_attempts`, `{prefix}_inbox`, `{prefix}_relays`,
@@ -85,7 +85,10 @@ impl TableNames {
     }
 
     /// Another table of this outbox (`<prefix>_<suffix>`), qualified.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code)
+    )]
     pub(crate) fn table(&self, suffix: &str) -> String {
         format!("{}{}_{suffix}", self.qualifier(), self.prefix)
     }
@@ -100,6 +103,28 @@ impl TableNames {
         template
             .replace("{{schema}}", &self.qualifier())
             .replace("outbox_", &format!("{}_", self.prefix))
+    }
+}
+
+/// Refuses tables another schema version made: an error that says which
+/// and where the upgrade is described, rather than SQL failing later.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub(crate) fn check_schema_version(
+    events: &str,
+    found: Option<i32>,
+    expected: i32,
+) -> Result<(), StoreError> {
+    match found {
+        Some(v) if v == expected => Ok(()),
+        None => Ok(()),
+        Some(v) => Err(StoreError::Config(format!(
+            "the outbox tables ({events}) are schema version {v}; this version of outbox-sqlx \
+             needs version {expected}. Drain the outbox, then follow the upgrade notes in \
+             CHANGELOG.md (\"Upgrading to schema version {expected}\")"
+        ))),
     }
 }
 
@@ -125,9 +150,14 @@ pub struct StoreConfig {
     pub tables: TableNames,
     /// Limits checked at enqueue.
     pub limits: EventLimits,
-    /// The store's notion of "now" (leases, backoff, ages). Every relay
-    /// sharing a table should run on well-synchronised clocks; leases of
-    /// seconds tolerate the usual NTP skew.
+    /// Where "now" comes from for every lease, delay, backoff, age and
+    /// timestamp the store writes or compares: the database server's clock
+    /// (default), so relays and producers on hosts whose clocks disagree
+    /// still agree on leases. Tests shift it ([`StoreTime::Shifted`]).
+    pub time: StoreTime,
+    /// This process's clock. Used only to turn an event's absolute
+    /// `available_at` into a delay ("in 60 s by my clock" is 60 s of store
+    /// time), and to report this host's skew in [`outbox_core::store::RelayStatus`].
     pub clock: Arc<dyn Clock>,
 }
 
@@ -136,6 +166,7 @@ impl Default for StoreConfig {
         Self {
             tables: TableNames::default(),
             limits: EventLimits::default(),
+            time: StoreTime::Database,
             clock: Arc::new(SystemClock),
         }
     }
@@ -150,10 +181,47 @@ impl StoreConfig {
         }
     }
 
-    /// Replaces the clock.
+    /// Replaces the host clock (see [`StoreConfig::clock`]).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Replaces the store time (see [`StoreConfig::time`]).
+    pub fn with_time(mut self, time: StoreTime) -> Self {
+        self.time = time;
+        self
+    }
+
+    /// The delay until `available_at` by the host clock, in milliseconds
+    /// (`None` for "as soon as committed").
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    pub(crate) fn delay_ms(
+        &self,
+        available_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Option<i64> {
+        available_at.map(|at| {
+            let delay = outbox_core::clock::elapsed_between(at, self.clock.now());
+            i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)
+        })
+    }
+
+    /// How far tests have shifted store time, in microseconds (0 on the
+    /// database clock).
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    pub(crate) fn shift_micros(&self) -> Option<i64> {
+        match &self.time {
+            StoreTime::Database => None,
+            StoreTime::Shifted(clock) => {
+                Some(i64::try_from(clock.advanced().as_micros()).unwrap_or(i64::MAX))
+            }
+        }
     }
 
     /// Replaces the limits.

@@ -3,6 +3,8 @@
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod admin_common;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+mod blame;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod codes;
 mod config;

@@ -35,9 +35,10 @@ pub(crate) fn check_event(
     Ok(())
 }
 
-/// The headers as the JSON object stored beside the event.
+/// The headers as the JSON object stored beside the event: flat, string
+/// values only ([`outbox_core::Headers::to_flat_json`]).
 pub(crate) fn headers_json(event: &NewEvent) -> String {
-    serde_json::to_string(&event.headers).expect("headers serialize")
+    event.headers.to_flat_json()
 }
 
 #[cfg(test)]

@@ -43,7 +43,9 @@ async fn store_on(clock: ManualClock) -> MySqlStore {
     let tables = TableNames::default().in_schema(&database).unwrap();
     let store = MySqlStore::new(
         pool,
-        StoreConfig::with_tables(tables).with_clock(Arc::new(clock)),
+        StoreConfig::with_tables(tables)
+            .with_clock(Arc::new(clock.clone()))
+            .with_time(outbox_core::StoreTime::Shifted(clock)),
     );
     store.migrate().await.unwrap();
     store

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use outbox_core::store::{EnqueueOutcome, EventState, OutboxAdmin};
 use outbox_core::testing::{InboxHarness, event, event_with_payload};
-use outbox_core::{EventId, InvalidEvent, ManualClock, StoreError};
+use outbox_core::{EventId, InvalidEvent, ManualClock, StoreError, StoreTime};
 use outbox_sqlx::postgres::{PgInbox, PgStore};
 use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -50,7 +50,9 @@ async fn store_in_schema(clock: ManualClock) -> (PgStore, String) {
     let tables = TableNames::default().in_schema(&schema).unwrap();
     let store = PgStore::new(
         pool,
-        StoreConfig::with_tables(tables).with_clock(Arc::new(clock)),
+        StoreConfig::with_tables(tables)
+            .with_clock(Arc::new(clock.clone()))
+            .with_time(StoreTime::Shifted(clock)),
     );
     store.migrate().await.unwrap();
     (store, schema)
@@ -65,10 +67,7 @@ fn pg_store(clock: ManualClock) -> BoxFuture<'static, Arc<PgStore>> {
 mod store {
     outbox_core::store_conformance_tests!(super::pg_store);
 
-    #[tokio::test]
-    async fn commit_order_guard() {
-        outbox_core::testing::store_suite::commit_order_guard(&super::pg_store).await;
-    }
+    outbox_core::commit_order_conformance_tests!(super::pg_store);
 }
 
 mod relay {
@@ -280,7 +279,7 @@ async fn enqueue_notifies_only_while_a_relay_waits() {
     let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
         .await
         .unwrap();
-    listener.listen("outbox_events").await.unwrap();
+    listener.listen(store.channel()).await.unwrap();
     async fn first_after(
         store: &PgStore,
         listener: &mut sqlx::postgres::PgListener,
@@ -289,7 +288,8 @@ async fn enqueue_notifies_only_while_a_relay_waits() {
         outbox_core::OutboxWriter::enqueue(store, &[event("a", n)])
             .await
             .unwrap();
-        sqlx::query("SELECT pg_notify('outbox_events', 'sentinel')")
+        sqlx::query("SELECT pg_notify($1, 'sentinel')")
+            .bind(store.channel())
             .execute(store.pool())
             .await
             .unwrap();
@@ -320,77 +320,6 @@ async fn enqueue_notifies_only_while_a_relay_waits() {
         "sentinel",
         "the claim cleared the flag"
     );
-}
-
-/// An ack that lands before an earlier batch's cannot move the cursor past
-/// the earlier batch: its rows are written published (status 2). Once the
-/// earlier batch is acked, the cursor passes both and the row it published
-/// is never written at all.
-#[tokio::test]
-async fn an_ack_out_of_cursor_order_is_written_and_the_cursor_catches_up() {
-    use outbox_core::store::OutboxStore;
-    use outbox_core::testing::store_suite::request;
-    let (store, schema) = store_in_schema(ManualClock::at_epoch()).await;
-    let pool = store.pool().clone();
-    let (a1, b1) = (event("a", 1), event("b", 1));
-    outbox_core::OutboxWriter::enqueue(&store, &[a1.clone(), b1.clone()])
-        .await
-        .unwrap();
-    let request = request("r1", 1);
-    let first = store.claim_batch(&request).await.unwrap().events;
-    let second = store.claim_batch(&request).await.unwrap().events;
-    assert_eq!(first[0].event.event_id, a1.event_id);
-    assert_eq!(second[0].event.event_id, b1.event_id);
-    let row_status = |id: EventId| {
-        let pool = pool.clone();
-        let schema = schema.clone();
-        async move {
-            sqlx::query_scalar::<_, i16>(&format!(
-                "SELECT status FROM {schema}.outbox_events WHERE event_id = $1"
-            ))
-            .bind(id.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-        }
-    };
-
-    let report = store.ack(&[second[0].lease.clone()]).await.unwrap();
-    assert_eq!(report.applied, 1);
-    assert_eq!(
-        row_status(b1.event_id).await,
-        2,
-        "written: a1 is still held"
-    );
-    assert!(matches!(
-        store.event_state(b1.event_id).await.unwrap(),
-        Some(EventState::Published { .. })
-    ));
-    assert!(matches!(
-        store.event_state(a1.event_id).await.unwrap(),
-        Some(EventState::InFlight { .. })
-    ));
-
-    let report = store.ack(&[first[0].lease.clone()]).await.unwrap();
-    assert_eq!(report.applied, 1);
-    assert_eq!(
-        row_status(a1.event_id).await,
-        0,
-        "published by the cursor, never written"
-    );
-    assert!(matches!(
-        store.event_state(a1.event_id).await.unwrap(),
-        Some(EventState::Published { .. })
-    ));
-    let open: u64 = store
-        .stats()
-        .await
-        .unwrap()
-        .iter()
-        .map(|s| s.claimable + s.parked + s.in_flight + s.failed)
-        .sum();
-    assert_eq!(open, 0);
-    assert!(store.claim_batch(&request).await.unwrap().events.is_empty());
 }
 
 #[tokio::test]

@@ -24,7 +24,9 @@ fn db_path() -> String {
 }
 
 async fn store_on(clock: ManualClock) -> SqliteStore {
-    let config = StoreConfig::default().with_clock(Arc::new(clock));
+    let config = StoreConfig::default()
+        .with_clock(Arc::new(clock.clone()))
+        .with_time(outbox_core::StoreTime::Shifted(clock));
     let store = SqliteStore::open(&db_path(), config).await.unwrap();
     store.migrate().await.unwrap();
     store
@@ -238,7 +240,9 @@ async fn leases_and_fencing_hold_across_processes_sharing_the_file() {
     let open = || {
         SqliteStore::open(
             &path,
-            StoreConfig::default().with_clock(Arc::new(clock.clone())),
+            StoreConfig::default()
+                .with_clock(Arc::new(clock.clone()))
+                .with_time(outbox_core::StoreTime::Shifted(clock.clone())),
         )
     };
     let first = Arc::new(open().await.unwrap());

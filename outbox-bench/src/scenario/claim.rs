@@ -1,12 +1,14 @@
 //! Claim latency against retained history: 0, 1M and 10M published rows
-//! (generated in SQL, published as the store publishes them: behind its
-//! cursor) beside 2,000 pending ones. A claim must cost the same
-//! whatever the table has kept.
+//! (generated in SQL, published as the store publishes them: ordered by a
+//! tick and passed by its cursor) beside 2,000 pending ones. A claim must
+//! cost the same whatever the table has kept. Each measured claim is undone
+//! in SQL (its lease deleted, the cursor put back), so every claim finds
+//! the same backlog in claim order.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::store::{ClaimRequest, OutboxStore, RelayId, Release};
+use outbox_core::store::{ClaimRequest, OutboxStore, RelayId};
 use outbox_core::{NewEvent, Ordering, PoisonPolicy};
 use outbox_sqlx::postgres::PgStore;
 use outbox_sqlx::{StoreConfig, TableNames};
@@ -42,7 +44,8 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     let mut stores = Vec::new();
     for (name, retained) in sizes {
         let started = Instant::now();
-        stores.push((name, Arc::new(prepare(&pool, name, retained).await?)));
+        let (store, schema) = prepare(&pool, name, retained).await?;
+        stores.push((name, Arc::new(store), schema));
         progress(format!(
             "{name}: {retained} published + {PENDING} pending rows in {:.1} s",
             started.elapsed().as_secs_f64()
@@ -52,16 +55,16 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     for round in 0..scale.rounds {
         // Warm the caches the same way for everyone, then alternate one
         // claim per store, so drift within the round hits all alike.
-        for (_, store) in &stores {
-            claim_and_release(store.as_ref(), 3).await?;
+        for (_, store, schema) in &stores {
+            claim_and_undo(store.as_ref(), &pool, schema, 3).await?;
         }
         let mut latencies: Vec<Vec<f64>> = vec![Vec::new(); stores.len()];
         for _ in 0..claims_per_round {
-            for (i, (_, store)) in stores.iter().enumerate() {
-                latencies[i].extend(claim_and_release(store.as_ref(), 1).await?);
+            for (i, (_, store, schema)) in stores.iter().enumerate() {
+                latencies[i].extend(claim_and_undo(store.as_ref(), &pool, schema, 1).await?);
             }
         }
-        for ((name, _), values) in stores.iter().zip(latencies) {
+        for ((name, _, _), values) in stores.iter().zip(latencies) {
             let samples = Samples(values);
             rounds.add(name, "claim p50 ms", samples.median(), false);
             progress(format!(
@@ -84,7 +87,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
 
 /// A store in schema `claim_<name>` holding `retained` published rows, then
 /// [`PENDING`] events enqueued through the store.
-async fn prepare(pool: &PgPool, name: &str, retained: i64) -> Result<PgStore, Error> {
+async fn prepare(pool: &PgPool, name: &str, retained: i64) -> Result<(PgStore, String), Error> {
     let schema = format!("claim_{}", name.replace('-', "_").to_lowercase());
     pool.execute(&*format!(
         "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
@@ -95,26 +98,21 @@ async fn prepare(pool: &PgPool, name: &str, retained: i64) -> Result<PgStore, Er
     store.migrate().await?;
     if retained > 0 {
         sqlx::query(&format!(
-            "INSERT INTO {schema}.outbox_events (sequence, ord, event_id, aggregate_type, aggregate_id,
-                 event_type, partition_key, payload, payload_version, headers, created_at,
-                 available_at, status, published_at)
-             SELECT g, g, gen_random_uuid(), 'invoice', 'inv-' || g, 'invoice.paid',
-                 'sub-' || (g % {keys}), jsonb_build_object('invoice_id', 'inv-' || g, 'amount_cents', g % 9000),
-                 1, '{{}}'::jsonb, now(), now(), 0, NULL
+            "INSERT INTO {schema}.outbox_events (event_id, aggregate_type, aggregate_id,
+                 event_type, partition_key, payload)
+             SELECT gen_random_uuid(), 'invoice', 'inv-' || g, 'invoice.paid',
+                 'sub-' || (g % {keys}), jsonb_build_object('invoice_id', 'inv-' || g, 'amount_cents', g % 9000)
              FROM generate_series(1, $1::bigint) AS g",
             keys = env::KEYS
         ))
         .bind(retained)
         .execute(pool)
         .await?;
-        sqlx::query(&format!("SELECT setval('{schema}.outbox_events_seq', $1)"))
-            .bind(retained)
-            .execute(pool)
-            .await?;
-        // Published the way the store publishes: the cursor has passed them.
+        // Published the way the store publishes: a tick ordered them and the
+        // cursor passed them (no row written after its insert).
         pool.execute(&*format!(
-            "UPDATE {schema}.outbox_cursor SET (order_xid, ord, moved_at) =
-                 (SELECT order_xid, ord + 1, now() FROM {schema}.outbox_events ORDER BY order_xid DESC, ord DESC LIMIT 1)"
+            "SELECT {schema}.outbox_tick();
+             UPDATE {schema}.outbox_cursor SET position = end_position, moved_at = now();"
         ))
         .await?;
     }
@@ -124,12 +122,18 @@ async fn prepare(pool: &PgPool, name: &str, retained: i64) -> Result<PgStore, Er
     tx.commit().await?;
     pool.execute(&*format!("VACUUM ANALYZE {schema}.outbox_events"))
         .await?;
-    Ok(store)
+    Ok((store, schema))
 }
 
-/// `count` claims of [`BATCH`] events, each released unstarted right after
-/// (so the next claim finds the same backlog); the claim latencies in ms.
-async fn claim_and_release(store: &PgStore, count: usize) -> Result<Vec<f64>, Error> {
+/// `count` claims of [`BATCH`] events, each undone right after (its lease
+/// deleted, the cursor put back: the next claim finds the same backlog);
+/// the claim latencies in ms.
+async fn claim_and_undo(
+    store: &PgStore,
+    pool: &PgPool,
+    schema: &str,
+    count: usize,
+) -> Result<Vec<f64>, Error> {
     let request = ClaimRequest {
         owner: RelayId::new("bench-claim"),
         limit: BATCH,
@@ -140,21 +144,23 @@ async fn claim_and_release(store: &PgStore, count: usize) -> Result<Vec<f64>, Er
     };
     let mut latencies = Vec::with_capacity(count);
     for _ in 0..count {
+        let position: i64 =
+            sqlx::query_scalar(&format!("SELECT position FROM {schema}.outbox_cursor"))
+                .fetch_one(pool)
+                .await?;
         let started = Instant::now();
         let batch = store.claim_batch(&request).await?;
         latencies.push(started.elapsed().as_secs_f64() * 1_000.0);
         if batch.events.len() != BATCH {
             return Err(format!("claimed {} of {BATCH}", batch.events.len()).into());
         }
-        let releases: Vec<Release> = batch
-            .events
-            .into_iter()
-            .map(|e| Release {
-                lease: e.lease,
-                attempt_started: false,
-            })
-            .collect();
-        store.release(&releases).await?;
+        sqlx::query(&format!("DELETE FROM {schema}.outbox_leases"))
+            .execute(pool)
+            .await?;
+        sqlx::query(&format!("UPDATE {schema}.outbox_cursor SET position = $1"))
+            .bind(position)
+            .execute(pool)
+            .await?;
     }
     Ok(latencies)
 }

@@ -54,6 +54,50 @@ impl Headers {
         headers
     }
 
+    /// The headers as one flat JSON object of string values
+    /// (`{"correlation_id": "c1", "tenant": "acme"}`): how stores keep them,
+    /// and what a producer in another language writes.
+    pub fn to_flat_json(&self) -> String {
+        let map: serde_json::Map<String, serde_json::Value> = self
+            .iter()
+            .map(|(k, v)| (k.to_owned(), serde_json::Value::String(v.to_owned())))
+            .collect();
+        serde_json::Value::Object(map).to_string()
+    }
+
+    /// Reads headers a store kept: a flat JSON object of string values
+    /// ([`Headers::to_flat_json`]), or the nested form earlier versions
+    /// wrote (`{"correlation_id": …, "extra": {…}}`). Anything else is an
+    /// error naming what is wrong; nothing is dropped silently.
+    pub fn from_flat_json(text: &str) -> Result<Self, String> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("headers are not JSON: {e}"))?;
+        let serde_json::Value::Object(map) = value else {
+            return Err(format!("headers must be a JSON object, found {text}"));
+        };
+        let mut pairs: Vec<(String, String)> = Vec::with_capacity(map.len());
+        for (name, value) in map {
+            match value {
+                serde_json::Value::String(v) => pairs.push((name, v)),
+                serde_json::Value::Null => {}
+                serde_json::Value::Object(extra) if name == "extra" => {
+                    for (k, v) in extra {
+                        match v {
+                            serde_json::Value::String(v) => pairs.push((k, v)),
+                            other => {
+                                return Err(format!("header {k:?} is not a string: {other}"));
+                            }
+                        }
+                    }
+                }
+                other => return Err(format!("header {name:?} is not a string: {other}")),
+            }
+        }
+        Ok(Self::from_pairs(
+            pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        ))
+    }
+
     /// Bytes these headers occupy (names plus values), for size limits.
     pub fn encoded_len(&self) -> usize {
         self.iter().map(|(k, v)| k.len() + v.len()).sum()
@@ -76,5 +120,31 @@ mod tests {
         let pairs: Vec<_> = h.iter().collect();
         assert_eq!(pairs.len(), 3);
         assert_eq!(Headers::from_pairs(pairs), h);
+    }
+
+    #[test]
+    fn flat_json_round_trips_and_reads_the_nested_form() {
+        let mut h = Headers {
+            correlation_id: Some("c1".into()),
+            ..Headers::default()
+        };
+        h.extra.insert("tenant".into(), "acme".into());
+        let flat = h.to_flat_json();
+        assert_eq!(flat, r#"{"correlation_id":"c1","tenant":"acme"}"#);
+        assert_eq!(Headers::from_flat_json(&flat).unwrap(), h);
+        let nested = r#"{"correlation_id":"c1","causation_id":null,"traceparent":null,"extra":{"tenant":"acme"}}"#;
+        assert_eq!(Headers::from_flat_json(nested).unwrap(), h);
+        assert_eq!(Headers::from_flat_json("{}").unwrap(), Headers::default());
+    }
+
+    #[test]
+    fn flat_json_names_what_it_cannot_read() {
+        assert!(
+            Headers::from_flat_json("[]")
+                .unwrap_err()
+                .contains("object")
+        );
+        let err = Headers::from_flat_json(r#"{"traceparent": 5}"#).unwrap_err();
+        assert!(err.contains("traceparent"), "{err}");
     }
 }

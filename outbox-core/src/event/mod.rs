@@ -5,6 +5,7 @@ mod id;
 mod limits;
 mod new_event;
 mod payload;
+mod raw;
 mod stored;
 mod typed;
 
@@ -13,5 +14,6 @@ pub use id::EventId;
 pub use limits::{EventLimits, InvalidEvent};
 pub use new_event::{NewEvent, NewEventBuilder};
 pub use payload::Payload;
+pub use raw::{RawEvent, UnreadableEvent};
 pub use stored::StoredEvent;
 pub use typed::TypedEvent;

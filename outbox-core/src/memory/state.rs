@@ -19,6 +19,8 @@ pub(super) enum RowStatus {
     InFlight {
         owner: RelayId,
         lease_expires_at: DateTime<Utc>,
+        /// The claim that leased it: rows of one lease share a crash.
+        lease: u64,
     },
     Published {
         at: DateTime<Utc>,
@@ -37,8 +39,14 @@ pub(super) struct Row {
     pub(super) position: i64,
     pub(super) status: RowStatus,
     pub(super) fencing_token: i64,
-    /// Claims since the last outcome; a crash-looping event piles them up.
+    /// Crashes blamed on this row alone; a crash-looping event piles them up.
     pub(super) unfinished_claims: u32,
+    /// It shared a lease that ended without an outcome: it is claimed as
+    /// the only suspect of a lease until it settles.
+    pub(super) suspect: bool,
+    /// Set by tests: the row does not decode (as a row written by another
+    /// tool may not); the claim fails it alone.
+    pub(super) unreadable: Option<String>,
     pub(super) history: Vec<AttemptRecord>,
 }
 
@@ -91,7 +99,8 @@ pub(super) struct State {
     /// row above the lowest of them is claimed, since a lower sequence of the
     /// same key may still commit (DESIGN.md §5).
     pub(super) open_writes: BTreeSet<i64>,
-    pub(super) relays: BTreeMap<RelayId, DateTime<Utc>>,
+    pub(super) relays: BTreeMap<RelayId, (DateTime<Utc>, i64)>,
+    next_lease: u64,
 }
 
 impl State {
@@ -127,6 +136,8 @@ impl State {
                 status: RowStatus::Pending,
                 fencing_token: 0,
                 unfinished_claims: 0,
+                suspect: false,
+                unreadable: None,
                 history: Vec::new(),
             },
         );
@@ -139,6 +150,7 @@ impl State {
     }
 
     pub(super) fn claim(&mut self, request: &ClaimRequest, now: DateTime<Utc>) -> ClaimedBatch {
+        self.reap(now);
         let horizon = self.open_writes.first().copied().unwrap_or(i64::MAX);
         let mut batch = ClaimedBatch::default();
         let chosen = match request.ordering {
@@ -146,13 +158,15 @@ impl State {
             Ordering::Unordered => self.choose_unordered(request, now, horizon, &mut batch),
         };
         let lease_expires_at = add_duration(now, request.lease_duration);
+        self.next_lease += 1;
+        let lease = self.next_lease;
         for sequence in chosen {
             let row = self.rows.get_mut(&sequence).expect("chosen row exists");
             row.fencing_token += 1;
-            row.unfinished_claims += 1;
             row.status = RowStatus::InFlight {
                 owner: request.owner.clone(),
                 lease_expires_at,
+                lease,
             };
             batch.events.push(ClaimedEvent {
                 event: row.stored.clone(),
@@ -165,6 +179,76 @@ impl State {
             });
         }
         batch
+    }
+
+    /// Leases that expired with rows in flight: the rows go back to pending
+    /// and the crash is blamed (see [`State::blame`]).
+    fn reap(&mut self, now: DateTime<Utc>) {
+        let mut expired: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        for row in self.rows.values() {
+            if let RowStatus::InFlight {
+                lease_expires_at,
+                lease,
+                ..
+            } = row.status
+                && lease_expires_at <= now
+            {
+                expired.entry(lease).or_default().push(row.stored.sequence);
+            }
+        }
+        for rows in expired.values() {
+            self.blame(rows);
+        }
+    }
+
+    /// Rows of one lease ended without an outcome after publishing may have
+    /// started: back to pending; the crash counts on one row only when it is
+    /// certain which (the lease's one suspect, or a lone row), otherwise
+    /// every row becomes a suspect, claimed alone among suspects later.
+    pub(super) fn blame(&mut self, sequences: &[i64]) {
+        let rows: Vec<(i64, bool)> = sequences
+            .iter()
+            .map(|s| (*s, self.rows[s].suspect))
+            .collect();
+        let culprit = crate::store::crash_culprit(&rows);
+        for sequence in sequences {
+            let row = self.rows.get_mut(sequence).expect("row exists");
+            row.status = RowStatus::Pending;
+            row.suspect = true;
+            if culprit == Some(*sequence) {
+                row.unfinished_claims += 1;
+            }
+        }
+    }
+
+    /// Fails a row that does not decode, on its own. Returns true if it did.
+    fn fail_if_unreadable(
+        &mut self,
+        sequence: i64,
+        request: &ClaimRequest,
+        now: DateTime<Utc>,
+        batch: &mut ClaimedBatch,
+    ) -> bool {
+        let row = self.rows.get_mut(&sequence).expect("row exists");
+        let Some(reason) = row.unreadable.clone() else {
+            return false;
+        };
+        row.status = RowStatus::Failed {
+            blocks_key: request.poison == PoisonPolicy::Block,
+            superseded_by: None,
+        };
+        row.record(
+            AttemptKind::Unreadable,
+            now,
+            request.owner.as_str(),
+            None,
+            &reason,
+        );
+        batch.unreadable.push(crate::event::UnreadableEvent {
+            event: row.stored.clone(),
+            reason,
+        });
+        true
     }
 
     /// Fails `sequence` as a crash loop if it has been claimed too often
@@ -189,6 +273,7 @@ impl State {
             superseded_by: None,
         };
         row.unfinished_claims = 0;
+        row.suspect = false;
         row.record(
             AttemptKind::CrashLoop,
             now,
@@ -239,7 +324,9 @@ impl State {
                 if sequence > horizon || !row.is_claimable(now) {
                     break;
                 }
-                if self.fail_if_crash_looping(sequence, request, now, batch) {
+                if self.fail_if_crash_looping(sequence, request, now, batch)
+                    || self.fail_if_unreadable(sequence, request, now, batch)
+                {
                     if request.poison == PoisonPolicy::Block {
                         break;
                     }
@@ -254,12 +341,25 @@ impl State {
 
         // Round-robin over keys so a batch spans as many keys as it can: the
         // relay publishes a key's events one after another, keys side by side.
+        // At most one crash suspect per lease: a key stops at a second one.
         let mut chosen = Vec::with_capacity(request.limit);
+        let mut suspect_taken = false;
+        let mut stopped = vec![false; prefixes.len()];
         let mut depth = 0;
         while chosen.len() < request.limit {
             let mut took = false;
-            for prefix in &prefixes {
+            for (k, prefix) in prefixes.iter().enumerate() {
+                if stopped[k] {
+                    continue;
+                }
                 if let Some(sequence) = prefix.get(depth) {
+                    if self.rows[sequence].suspect {
+                        if suspect_taken {
+                            stopped[k] = true;
+                            continue;
+                        }
+                        suspect_taken = true;
+                    }
                     chosen.push(*sequence);
                     took = true;
                     if chosen.len() == request.limit {
@@ -291,13 +391,23 @@ impl State {
             .map(|r| r.stored.sequence)
             .collect();
         let mut chosen = Vec::new();
+        let mut suspect_taken = false;
         for sequence in candidates {
             if chosen.len() == request.limit {
                 break;
             }
-            if !self.fail_if_crash_looping(sequence, request, now, batch) {
-                chosen.push(sequence);
+            if self.fail_if_crash_looping(sequence, request, now, batch)
+                || self.fail_if_unreadable(sequence, request, now, batch)
+            {
+                continue;
             }
+            if self.rows[&sequence].suspect {
+                if suspect_taken {
+                    continue;
+                }
+                suspect_taken = true;
+            }
+            chosen.push(sequence);
         }
         chosen
     }
@@ -321,6 +431,7 @@ impl State {
     ) {
         row.stored.attempts += 1;
         row.unfinished_claims = 0;
+        row.suspect = false;
         let kind = match action {
             NackAction::Retry { after } => {
                 row.stored.available_at = add_duration(now, *after);

@@ -13,7 +13,7 @@ use crate::event::{EventId, EventLimits, NewEvent};
 use crate::relay::WakeUp;
 use crate::store::{
     AttemptKind, AttemptRecord, BlockedKey, ClaimRequest, ClaimedBatch, EnqueueOutcome, EventState,
-    EventTypeStats, FailedEvent, Lease, Nack, OperatorAction, OutboxAdmin, OutboxStore,
+    EventTypeStats, FailedEvent, HeldBack, Lease, Nack, OperatorAction, OutboxAdmin, OutboxStore,
     OutboxWriter, RelayId, RelayStatus, Release, SettleReport,
 };
 
@@ -25,7 +25,11 @@ use crate::store::{
 #[derive(Clone, Debug)]
 pub struct MemoryStore {
     pub(super) state: Arc<Mutex<State>>,
+    /// Store time: every lease, delay and age is measured on it.
     pub(super) clock: Arc<dyn Clock>,
+    /// This handle's host clock: only turns an absolute `available_at`
+    /// into a delay from "now" (as SQL stores do against the database clock).
+    host_clock: Arc<dyn Clock>,
     limits: EventLimits,
     enqueued: Arc<watch::Sender<u64>>,
 }
@@ -46,6 +50,7 @@ impl MemoryStore {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
             state: Arc::default(),
+            host_clock: clock.clone(),
             clock,
             limits: EventLimits::default(),
             enqueued: Arc::new(watch::channel(0).0),
@@ -56,6 +61,49 @@ impl MemoryStore {
     pub fn with_limits(mut self, limits: EventLimits) -> Self {
         self.limits = limits;
         self
+    }
+
+    /// Another handle on the same rows whose host clock is `host_clock`:
+    /// store time stays the store's (tests of clock skew between hosts).
+    pub fn with_host_clock(&self, host_clock: Arc<dyn Clock>) -> Self {
+        Self {
+            host_clock,
+            ..self.clone()
+        }
+    }
+
+    /// An event as stored: an absolute `available_at` read on this handle's
+    /// host clock becomes the same delay from store time.
+    pub(super) fn on_store_time(&self, mut event: NewEvent) -> NewEvent {
+        if let Some(at) = event.available_at {
+            let delay = elapsed_between(at, self.host_clock.now());
+            event.available_at = Some(crate::clock::add_duration(self.clock.now(), delay));
+        }
+        event
+    }
+
+    /// Writes a row that does not decode, as another tool could (test seam
+    /// for "bad rows fail alone"); returns its id.
+    pub fn write_unreadable_row(&self, partition_key: &str, reason: &str) -> EventId {
+        let event = NewEvent::builder("bad.row", "bad", partition_key)
+            .event_id(EventId::random())
+            .payload(&serde_json::json!({}))
+            .build()
+            .expect("a valid event");
+        let id = event.event_id;
+        let now = self.clock.now();
+        {
+            let mut state = self.lock();
+            let sequence = state.reserve_sequence();
+            state.insert(sequence, sequence, event, now);
+            state
+                .rows
+                .get_mut(&sequence)
+                .expect("just inserted")
+                .unreadable = Some(reason.into());
+        }
+        self.notify_enqueued();
+        id
     }
 
     /// A wake-up that fires whenever events are committed to this store.
@@ -130,6 +178,7 @@ impl MemoryWriteTx {
                 .into_iter()
                 .map(|(sequence, event)| {
                     state.open_writes.remove(&sequence);
+                    let event = self.store.on_store_time(event);
                     state.insert(sequence, sequence, event, now)
                 })
                 .collect()
@@ -162,7 +211,7 @@ impl OutboxWriter for MemoryStore {
                 .iter()
                 .map(|event| {
                     let sequence = state.reserve_sequence();
-                    state.insert(sequence, sequence, event.clone(), now)
+                    state.insert(sequence, sequence, self.on_store_time(event.clone()), now)
                 })
                 .collect()
         };
@@ -187,6 +236,7 @@ impl OutboxStore for MemoryStore {
                 Some(row) => {
                     row.status = RowStatus::Published { at: now };
                     row.unfinished_claims = 0;
+                    row.suspect = false;
                     report.applied += 1;
                 }
                 None => report.fenced.push(lease.event_id),
@@ -225,17 +275,24 @@ impl OutboxStore for MemoryStore {
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
         let mut state = self.lock();
         let mut report = SettleReport::default();
+        let mut started: std::collections::BTreeMap<u64, Vec<i64>> = Default::default();
         for release in releases {
             match state.leased_row(&release.lease) {
                 Some(row) => {
-                    row.status = RowStatus::Pending;
-                    if !release.attempt_started {
-                        row.unfinished_claims = row.unfinished_claims.saturating_sub(1);
+                    if release.attempt_started
+                        && let RowStatus::InFlight { lease, .. } = row.status
+                    {
+                        started.entry(lease).or_default().push(row.stored.sequence);
                     }
+                    row.status = RowStatus::Pending;
                     report.applied += 1;
                 }
                 None => report.fenced.push(release.lease.event_id),
             }
+        }
+        // Rows whose publishing had started are blamed as after a crash.
+        for rows in started.values() {
+            state.blame(rows);
         }
         drop(state);
         if report.applied > 0 {
@@ -246,7 +303,8 @@ impl OutboxStore for MemoryStore {
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
         let now = self.clock.now();
-        self.lock().relays.insert(relay.clone(), now);
+        let skew = (self.host_clock.now() - now).num_milliseconds();
+        self.lock().relays.insert(relay.clone(), (now, skew));
         Ok(())
     }
 }
@@ -264,6 +322,7 @@ fn state_of(
         RowStatus::InFlight {
             owner,
             lease_expires_at,
+            ..
         } => EventState::InFlight {
             owner: owner.to_string(),
             lease_expires_at: *lease_expires_at,
@@ -305,6 +364,87 @@ impl OutboxAdmin for MemoryStore {
             }
         }
         Ok(by_type.into_values().collect())
+    }
+
+    async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        let mut rows: Vec<_> = state.rows.values().collect();
+        rows.sort_by_key(|r| (r.position, r.stored.sequence));
+        // Per key, the first row that holds the rest back, and the count behind it.
+        let mut heads: std::collections::HashMap<&str, (&super::state::Row, u64)> =
+            Default::default();
+        let mut expired: std::collections::BTreeMap<u64, (u64, chrono::DateTime<chrono::Utc>)> =
+            Default::default();
+        let mut suspects = 0;
+        for row in &rows {
+            let key = row.stored.partition_key.as_str();
+            if let Some((_, behind)) = heads.get_mut(key) {
+                if matches!(row.status, RowStatus::Pending | RowStatus::InFlight { .. }) {
+                    *behind += 1;
+                }
+            } else {
+                let holds = match row.status {
+                    RowStatus::Pending => row.stored.available_at > now,
+                    RowStatus::Failed { blocks_key, .. } => blocks_key,
+                    _ => false,
+                };
+                if holds {
+                    heads.insert(key, (row, 1));
+                } else if !matches!(
+                    row.status,
+                    RowStatus::Published { .. } | RowStatus::Failed { .. }
+                ) {
+                    heads.insert(key, (row, 0));
+                }
+            }
+            if let RowStatus::InFlight {
+                lease_expires_at,
+                lease,
+                ..
+            } = row.status
+                && lease_expires_at <= now
+            {
+                let entry = expired.entry(lease).or_insert((0, lease_expires_at));
+                entry.0 += 1;
+            }
+            if row.suspect && matches!(row.status, RowStatus::Pending) {
+                suspects += 1;
+            }
+        }
+        let mut held = Vec::new();
+        let blocked: Vec<_> = heads
+            .values()
+            .filter(|(r, _)| matches!(r.status, RowStatus::Failed { .. }))
+            .collect();
+        if !blocked.is_empty() {
+            held.push(HeldBack::BlockedKeys {
+                keys: blocked.len() as u64,
+                waiting: blocked.iter().map(|(_, n)| n - 1).sum(),
+            });
+        }
+        let waiting: Vec<_> = heads
+            .values()
+            .filter(|(r, n)| *n > 0 && matches!(r.status, RowStatus::Pending))
+            .collect();
+        if let Some(next_due) = waiting.iter().map(|(r, _)| r.stored.available_at).min() {
+            held.push(HeldBack::BackingOff {
+                keys: waiting.len() as u64,
+                waiting: waiting.iter().map(|(_, n)| n).sum(),
+                next_due,
+            });
+        }
+        if let Some(first_expired_at) = expired.values().map(|(_, at)| *at).min() {
+            held.push(HeldBack::ExpiredLeases {
+                leases: expired.len() as u64,
+                events: expired.values().map(|(n, _)| n).sum(),
+                first_expired_at,
+            });
+        }
+        if suspects > 0 {
+            held.push(HeldBack::CrashSuspects { events: suspects });
+        }
+        Ok(held)
     }
 
     async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
@@ -475,9 +615,10 @@ impl OutboxAdmin for MemoryStore {
             .lock()
             .relays
             .iter()
-            .map(|(relay, last_seen)| RelayStatus {
+            .map(|(relay, (last_seen, skew))| RelayStatus {
                 relay: relay.to_string(),
                 last_seen: *last_seen,
+                clock_skew: chrono::Duration::milliseconds(*skew),
             })
             .collect())
     }

@@ -11,6 +11,8 @@ pub enum FailureCause {
     AttemptsExhausted,
     /// Attempts kept starting and never finishing.
     CrashLoop,
+    /// The stored row does not decode into an event.
+    Unreadable,
 }
 
 /// What the alert hook is told.

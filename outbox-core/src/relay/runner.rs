@@ -125,7 +125,8 @@ where
                 };
                 consecutive_store_errors = 0;
                 self.alert_crash_loops(&claimed.batch);
-                report.failed += claimed.batch.crash_looped.len() as u64;
+                report.failed +=
+                    (claimed.batch.crash_looped.len() + claimed.batch.unreadable.len()) as u64;
                 if claimed.batch.events.is_empty() {
                     self.idle(&shutdown).await;
                     continue;
@@ -233,6 +234,15 @@ where
                 event: event.clone(),
                 cause: FailureCause::CrashLoop,
                 error: "publish attempts kept starting and never finished".into(),
+                key_blocked: self.ctx.config.poison == PoisonPolicy::Block,
+            });
+        }
+        for unreadable in &batch.unreadable {
+            metrics::count_failed(&self.ctx.config.relay_id, "unreadable");
+            self.ctx.alert.event_failed(&FailedAlert {
+                event: unreadable.event.clone(),
+                cause: FailureCause::Unreadable,
+                error: unreadable.reason.clone(),
                 key_blocked: self.ctx.config.poison == PoisonPolicy::Block,
             });
         }

@@ -117,6 +117,86 @@ impl OperatorAction {
 pub struct RelayStatus {
     /// The relay.
     pub relay: String,
-    /// Its last heartbeat.
+    /// Its last heartbeat, on store time.
     pub last_seen: DateTime<Utc>,
+    /// Its host clock minus store time at that heartbeat: for operators
+    /// (leases never use a host clock).
+    pub clock_skew: chrono::Duration,
+}
+
+/// Something that keeps pending events from being published now (DESIGN.md
+/// §8, "what holds publication back"). [`OutboxAdmin::held_back`] lists
+/// every cause present; an empty list with a backlog means the relays are
+/// simply behind (or not running: see [`OutboxAdmin::relays`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeldBack {
+    /// Failed events park their keys under `PoisonPolicy::Block` until an
+    /// operator requeues, skips or supersedes them.
+    BlockedKeys {
+        /// Keys parked.
+        keys: u64,
+        /// Events waiting behind them.
+        waiting: u64,
+    },
+    /// Keys whose earliest pending event waits for its retry backoff or a
+    /// requested delay; the events behind it wait too.
+    BackingOff {
+        /// Keys waiting.
+        keys: u64,
+        /// Events waiting (the due ones behind a waiting head included).
+        waiting: u64,
+        /// When the first of them is due.
+        next_due: DateTime<Utc>,
+    },
+    /// Leases that expired with events in flight that no claim has taken
+    /// back yet: no relay has claimed since (are relays running?).
+    ExpiredLeases {
+        /// Expired leases.
+        leases: u64,
+        /// Events in them.
+        events: u64,
+        /// When the first expired.
+        first_expired_at: DateTime<Utc>,
+    },
+    /// Leases held much longer than a batch takes (a hung or paused
+    /// relay): their keys wait until they settle or expire.
+    LongLeases {
+        /// Owners of such leases.
+        owners: Vec<String>,
+        /// Events in them.
+        events: u64,
+        /// When the oldest was claimed.
+        oldest_claimed_at: DateTime<Utc>,
+        /// When the first of them expires.
+        first_expires_at: DateTime<Utc>,
+    },
+    /// Events blamed for relay crashes; each is retried as the only suspect
+    /// of a lease, so a batch of them drains one per claim.
+    CrashSuspects {
+        /// Suspected events.
+        events: u64,
+    },
+    /// Transactions still open that have written outbox rows: their events
+    /// become publishable when they commit, and nothing else waits for them.
+    OpenTransactions {
+        /// The transactions, oldest first.
+        transactions: Vec<OpenTransaction>,
+    },
+}
+
+/// A database transaction still open (as far as the server lets the store
+/// see it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenTransaction {
+    /// Server process id.
+    pub pid: i64,
+    /// Database name.
+    pub database: String,
+    /// When the transaction began.
+    pub started_at: DateTime<Utc>,
+    /// Session state (`active`, `idle in transaction`, ...).
+    pub state: String,
+    /// When its current or last statement started.
+    pub query_started_at: Option<DateTime<Utc>>,
 }

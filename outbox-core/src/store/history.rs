@@ -22,6 +22,9 @@ pub enum AttemptKind {
     Skipped,
     /// An operator replaced the event by another.
     Superseded,
+    /// The row could not be decoded into an event (written by another tool
+    /// or version); it failed on its own, its neighbours went on.
+    Unreadable,
 }
 
 /// One entry in an event's history. Entries are appended, never rewritten.

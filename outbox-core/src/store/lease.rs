@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::event::{EventId, StoredEvent};
+use crate::event::{EventId, StoredEvent, UnreadableEvent};
 use crate::policy::{Ordering, PoisonPolicy};
 use crate::publisher::ErrorClass;
 
@@ -92,6 +92,9 @@ pub struct ClaimedBatch {
     pub events: Vec<ClaimedEvent>,
     /// Events this claim moved to `failed` as crash loops instead of leasing.
     pub crash_looped: Vec<StoredEvent>,
+    /// Rows this claim found undecodable and moved to `failed` on their own
+    /// (history kind `Unreadable`), instead of leasing them.
+    pub unreadable: Vec<UnreadableEvent>,
 }
 
 /// Why a failed publish attempt ended the event.
@@ -172,4 +175,33 @@ pub enum EnqueueOutcome {
     },
     /// An event with this id already exists; nothing was written.
     AlreadyExists,
+}
+
+/// Which row of a lease a crash is blamed on (DESIGN.md §4, crash loops):
+/// the rows of one lease that ended without an outcome after publishing
+/// may have started, each with whether it was already a suspect. A crash
+/// counts on one row only when it is certain which: the lease's one suspect
+/// (a lease holds at most one), or the only row. Otherwise nobody is blamed
+/// and every row becomes a suspect, to be retried as the only suspect of a
+/// later lease. Every store applies this rule.
+pub fn crash_culprit(rows: &[(i64, bool)]) -> Option<i64> {
+    let mut suspects = rows.iter().filter(|(_, suspect)| *suspect);
+    match (suspects.next(), suspects.next(), rows) {
+        (Some((one, _)), None, _) => Some(*one),
+        (None, _, [(only, _)]) => Some(*only),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::crash_culprit;
+
+    #[test]
+    fn blame_is_laid_only_where_it_is_certain() {
+        assert_eq!(crash_culprit(&[(7, false)]), Some(7));
+        assert_eq!(crash_culprit(&[(1, false), (2, true), (3, false)]), Some(2));
+        assert_eq!(crash_culprit(&[(1, false), (2, false)]), None);
+        assert_eq!(crash_culprit(&[]), None);
+    }
 }

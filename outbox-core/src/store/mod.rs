@@ -5,10 +5,13 @@ mod history;
 mod lease;
 mod traits;
 
-pub use admin::{BlockedKey, EventState, EventTypeStats, FailedEvent, OperatorAction, RelayStatus};
+pub use admin::{
+    BlockedKey, EventState, EventTypeStats, FailedEvent, HeldBack, OpenTransaction, OperatorAction,
+    RelayStatus,
+};
 pub use history::{AttemptKind, AttemptRecord};
 pub use lease::{
     ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FailReason, FencingToken, Lease,
-    Nack, NackAction, RelayId, Release, SettleReport,
+    Nack, NackAction, RelayId, Release, SettleReport, crash_culprit,
 };
 pub use traits::{OutboxAdmin, OutboxStore, OutboxWriter};

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::admin::{
-    BlockedKey, EventState, EventTypeStats, FailedEvent, OperatorAction, RelayStatus,
+    BlockedKey, EventState, EventTypeStats, FailedEvent, HeldBack, OperatorAction, RelayStatus,
 };
 use super::history::AttemptRecord;
 use super::lease::{
@@ -59,6 +59,11 @@ pub trait OutboxAdmin: Send + Sync {
     /// Per event type: claimable count and age of the oldest, parked (backoff
     /// or delay), in-flight and failed counts.
     async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError>;
+
+    /// What keeps pending events from being published now, if anything:
+    /// blocked keys, backoff, expired or long leases, crash suspects, open
+    /// transactions. Read together with [`OutboxAdmin::stats`].
+    async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError>;
 
     /// Where one event stands.
     async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError>;

@@ -28,6 +28,20 @@ macro_rules! store_conformance_tests {
     };
 }
 
+/// Generates the store-suite tests that need open write transactions
+/// ([`BeginWrite`](crate::testing::BeginWrite)): commit order, late
+/// committers, strangers' transactions.
+#[macro_export]
+macro_rules! commit_order_conformance_tests {
+    ($factory:expr) => {
+        $crate::__conformance_tests!(store_suite, $factory;
+            late_committers_are_never_skipped,
+            order_is_commit_order,
+            strangers_never_hold_publication,
+        );
+    };
+}
+
 /// Generates one `#[tokio::test]` per relay-suite function.
 #[macro_export]
 macro_rules! relay_conformance_tests {

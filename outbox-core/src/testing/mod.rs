@@ -58,10 +58,13 @@ where
     }
 }
 
-/// A write transaction left open on purpose, to test that a relay never
-/// claims past an uncommitted lower sequence (DESIGN.md §5).
+/// A write transaction left open on purpose, to test commit order, late
+/// committers and strangers' transactions (DESIGN.md §5).
 #[async_trait]
 pub trait OpenWrite: Send {
+    /// A business write that is not an event (`UPDATE invoices ...`): on a
+    /// database it gives the transaction its id before any event is written.
+    async fn write_business_row(&mut self) -> Result<(), StoreError>;
     /// Inserts `event` in the open transaction.
     async fn enqueue(&mut self, event: NewEvent) -> Result<(), StoreError>;
     /// Commits the transaction.
@@ -77,6 +80,9 @@ pub trait BeginWrite: Send + Sync {
 
 #[async_trait]
 impl OpenWrite for MemoryWriteTx {
+    async fn write_business_row(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
     async fn enqueue(&mut self, event: NewEvent) -> Result<(), StoreError> {
         MemoryWriteTx::enqueue(self, event)
     }

@@ -2,6 +2,12 @@
 -- Times are microseconds since the Unix epoch (UTC). Rendered with the
 -- configured names; migrations/mysql/ holds it with the defaults.
 
+-- Which version of this schema the tables are (migrate() refuses tables of
+-- another version with an error naming the upgrade notes).
+CREATE TABLE IF NOT EXISTS outbox_schema_version (version INTEGER NOT NULL) ENGINE = InnoDB;
+INSERT INTO outbox_schema_version (version)
+    SELECT 2 FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM outbox_schema_version);
+
 CREATE TABLE IF NOT EXISTS outbox_events (
     sequence          BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     event_id          CHAR(36) NOT NULL,
@@ -21,8 +27,17 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     -- everything but its replacement, until the replacement is published.
     superseded_by     CHAR(36) NULL,
     attempts          INT NOT NULL DEFAULT 0,
+    -- Crashes blamed on this row alone, and whether it shared a lease that
+    -- ended without an outcome (then it is claimed as the only suspect of a
+    -- lease until it settles).
     unfinished_claims INT NOT NULL DEFAULT 0,
+    suspect           BOOLEAN NOT NULL DEFAULT FALSE,
     fencing_token     BIGINT NOT NULL DEFAULT 0,
+    -- The claim that leased it: rows of one lease share a crash.
+    lease_id          BIGINT NOT NULL DEFAULT 0,
+    -- Set by the enqueue that wrote the row, so a concurrent enqueue of the
+    -- same id can tell its own insert from the other's.
+    enqueue_mark      BIGINT NOT NULL DEFAULT 0,
     lease_owner       VARCHAR(255) NULL,
     lease_expires_at  BIGINT NULL,
     published_at      BIGINT NULL,
@@ -44,6 +59,13 @@ CREATE TABLE IF NOT EXISTS outbox_events (
 CREATE TABLE IF NOT EXISTS outbox_keys (
     partition_key VARCHAR(255) NOT NULL PRIMARY KEY
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Store time is the database clock, shifted only by tests.
+CREATE TABLE IF NOT EXISTS outbox_clock (
+    id             INT NOT NULL PRIMARY KEY,
+    clock_shift_us BIGINT NOT NULL DEFAULT 0
+) ENGINE = InnoDB;
+INSERT IGNORE INTO outbox_clock (id) VALUES (1);
 
 -- Claims on one table take turns on this row.
 CREATE TABLE IF NOT EXISTS outbox_claim_lock (
@@ -72,6 +94,8 @@ CREATE TABLE IF NOT EXISTS outbox_inbox (
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS outbox_relays (
-    relay     VARCHAR(255) NOT NULL PRIMARY KEY,
-    last_seen BIGINT NOT NULL
+    relay         VARCHAR(255) NOT NULL PRIMARY KEY,
+    last_seen     BIGINT NOT NULL,
+    -- The relay host's clock minus the database's, for operators only.
+    clock_skew_ms BIGINT NOT NULL DEFAULT 0
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -2,6 +2,12 @@
 -- microseconds since the Unix epoch (UTC). Rendered with the configured
 -- prefix; the file in migrations/sqlite/ is this template with the defaults.
 
+-- Which version of this schema the tables are (migrate() refuses tables of
+-- another version with an error naming the upgrade notes).
+CREATE TABLE IF NOT EXISTS outbox_schema_version (version INTEGER NOT NULL);
+INSERT INTO outbox_schema_version (version)
+    SELECT 2 WHERE NOT EXISTS (SELECT 1 FROM outbox_schema_version);
+
 CREATE TABLE IF NOT EXISTS outbox_events (
     sequence          INTEGER PRIMARY KEY AUTOINCREMENT,
     -- Claim order is (COALESCE(ord, sequence), sequence). SQLite has one
@@ -23,8 +29,14 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     blocks_key        INTEGER NOT NULL DEFAULT 0,
     superseded_by     TEXT,
     attempts          INTEGER NOT NULL DEFAULT 0,
+    -- Crashes blamed on this row alone, and whether it shared a lease that
+    -- ended without an outcome (then it is claimed as the only suspect of a
+    -- lease until it settles).
     unfinished_claims INTEGER NOT NULL DEFAULT 0,
+    suspect           INTEGER NOT NULL DEFAULT 0,
     fencing_token     INTEGER NOT NULL DEFAULT 0,
+    -- The claim that leased it: rows of one lease share a crash.
+    lease_id          INTEGER NOT NULL DEFAULT 0,
     lease_owner       TEXT,
     lease_expires_at  INTEGER,
     published_at      INTEGER
@@ -33,9 +45,20 @@ CREATE INDEX IF NOT EXISTS outbox_events_live
     ON outbox_events (COALESCE(ord, sequence), sequence) WHERE status IN (0, 1);
 CREATE INDEX IF NOT EXISTS outbox_events_key_live
     ON outbox_events (partition_key, COALESCE(ord, sequence), sequence) WHERE status IN (0, 1) OR blocks_key;
--- Rows claimed without an outcome yet: the crash-loop sweep reads only these.
+-- Rows blamed for crashes: the crash-loop sweep reads only these.
 CREATE INDEX IF NOT EXISTS outbox_events_unfinished
-    ON outbox_events (unfinished_claims) WHERE status IN (0, 1) AND unfinished_claims > 0;
+    ON outbox_events (unfinished_claims) WHERE status = 0 AND unfinished_claims > 0;
+-- Leases in flight: the claim reaps expired ones first.
+CREATE INDEX IF NOT EXISTS outbox_events_in_flight
+    ON outbox_events (lease_expires_at) WHERE status = 1;
+
+-- Store time is the clock of the host the database file is on (SQLite runs
+-- in the relay's process), shifted only by tests.
+CREATE TABLE IF NOT EXISTS outbox_control (
+    id             INTEGER PRIMARY KEY CHECK (id = 1),
+    clock_shift_us INTEGER NOT NULL DEFAULT 0
+);
+INSERT OR IGNORE INTO outbox_control (id) VALUES (1);
 CREATE INDEX IF NOT EXISTS outbox_events_published
     ON outbox_events (published_at) WHERE status = 2;
 CREATE INDEX IF NOT EXISTS outbox_events_failed
@@ -62,6 +85,8 @@ CREATE TABLE IF NOT EXISTS outbox_inbox (
 CREATE INDEX IF NOT EXISTS outbox_inbox_claimed_at ON outbox_inbox (claimed_at);
 
 CREATE TABLE IF NOT EXISTS outbox_relays (
-    relay     TEXT PRIMARY KEY,
-    last_seen INTEGER NOT NULL
+    relay         TEXT PRIMARY KEY,
+    last_seen     INTEGER NOT NULL,
+    -- The relay's configured clock minus store time, for operators only.
+    clock_skew_ms INTEGER NOT NULL DEFAULT 0
 );

@@ -6,14 +6,14 @@ use async_trait::async_trait;
 use outbox_core::clock::elapsed_between;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, OperatorAction, OutboxAdmin, RelayStatus,
+    FailedEvent, HeldBack, OperatorAction, OutboxAdmin, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, Row, Transaction};
 
 use super::queries::with_in_list;
-use super::row::{self, micros};
+use super::row;
 use super::store::MySqlStore;
 use crate::codes;
 use crate::error::ResultExt;
@@ -43,6 +43,7 @@ impl MySqlStore {
         action: &OperatorAction,
         with_now: bool,
     ) -> Result<(), StoreError> {
+        self.sync_clock().await?;
         let mut tx = self.pool.begin().await.store()?;
         let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
             drop(tx);
@@ -50,7 +51,7 @@ impl MySqlStore {
         };
         let mut update = sqlx::query(query);
         if with_now {
-            update = update.bind(micros(self.config.clock.now()));
+            update = update.bind(self.now(&mut tx).await?);
         }
         update
             .bind(event_id.to_string())
@@ -106,12 +107,15 @@ fn superseded_by(r: &MySqlRow) -> Result<Option<EventId>, StoreError> {
 #[async_trait]
 impl OutboxAdmin for MySqlStore {
     async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
-        let now = self.config.clock.now();
+        self.sync_clock().await?;
+        let mut conn = self.pool.acquire().await.store()?;
+        let now_us = self.now(&mut conn).await?;
+        let now = row::from_micros(now_us)?;
         let rows = sqlx::query(&self.queries.stats)
-            .bind(micros(now))
-            .bind(micros(now))
-            .bind(micros(now))
-            .fetch_all(&self.pool)
+            .bind(now_us)
+            .bind(now_us)
+            .bind(now_us)
+            .fetch_all(&mut *conn)
             .await
             .store()?;
         rows.iter()
@@ -133,6 +137,49 @@ impl OutboxAdmin for MySqlStore {
             .collect()
     }
 
+    async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError> {
+        self.sync_clock().await?;
+        let mut conn = self.pool.acquire().await.store()?;
+        let now = self.now(&mut conn).await?;
+        let r = (0..6)
+            .fold(sqlx::query(&self.queries.held_back), |q, _| q.bind(now))
+            .fetch_one(&mut *conn)
+            .await
+            .store()?;
+        let count = |c: &str| {
+            r.try_get::<Option<i64>, _>(c)
+                .map(|n| n.unwrap_or(0) as u64)
+                .store()
+        };
+        let mut held = Vec::new();
+        if count("blocked_keys")? > 0 {
+            held.push(HeldBack::BlockedKeys {
+                keys: count("blocked_keys")?,
+                waiting: count("blocked_waiting")?,
+            });
+        }
+        if let Some(next_due) = r.try_get::<Option<i64>, _>("next_due").store()? {
+            held.push(HeldBack::BackingOff {
+                keys: count("backoff_keys")?,
+                waiting: count("backoff_waiting")?,
+                next_due: row::from_micros(next_due)?,
+            });
+        }
+        if let Some(first) = r.try_get::<Option<i64>, _>("first_expired_at").store()? {
+            held.push(HeldBack::ExpiredLeases {
+                leases: count("expired_leases")?,
+                events: count("expired_events")?,
+                first_expired_at: row::from_micros(first)?,
+            });
+        }
+        if count("suspects")? > 0 {
+            held.push(HeldBack::CrashSuspects {
+                events: count("suspects")?,
+            });
+        }
+        Ok(held)
+    }
+
     async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
         let row = sqlx::query(&self.queries.event_state)
             .bind(event_id.to_string())
@@ -150,7 +197,7 @@ impl OutboxAdmin for MySqlStore {
             .store()?;
         let mut failed = Vec::with_capacity(rows.len());
         for r in &rows {
-            let event = row::stored_event(r)?;
+            let event = row::raw_event(r)?.decode().unwrap_or_else(|u| u.event);
             failed.push(FailedEvent {
                 history: self.history(event.event_id).await?,
                 blocks_key: r.try_get("blocks_key").store()?,
@@ -248,11 +295,14 @@ impl OutboxAdmin for MySqlStore {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        let cutoff = self.config.clock.now()
-            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
-        let mut tx = self.pool.begin().await.store()?;
+        self.sync_clock().await?;
+        let mut tx = self.begin_relay().await?;
+        let cutoff = self
+            .now(&mut tx)
+            .await?
+            .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
         let doomed = sqlx::query(&self.queries.purge_select)
-            .bind(micros(cutoff))
+            .bind(cutoff)
             .bind(batch_size.min(i64::MAX as usize) as i64)
             .fetch_all(&mut *tx)
             .await
@@ -289,6 +339,7 @@ impl OutboxAdmin for MySqlStore {
                 Ok(RelayStatus {
                     relay: row::text(r, "relay")?,
                     last_seen: row::time(r, "last_seen")?,
+                    clock_skew: chrono::Duration::milliseconds(r.try_get("clock_skew_ms").store()?),
                 })
             })
             .collect()

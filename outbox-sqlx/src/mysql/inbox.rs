@@ -7,7 +7,6 @@ use outbox_core::{EventId, InboxStore, StoreError};
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, Transaction};
 
-use super::row::micros;
 use super::store::MySqlStore;
 use crate::error::ResultExt;
 
@@ -40,10 +39,11 @@ impl MySqlInbox {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
+        let now = self.store.now(&mut *conn).await?;
         let inserted = sqlx::query(&self.store.queries.inbox_claim)
             .bind(consumer)
             .bind(event_id.to_string())
-            .bind(micros(self.store.config.clock.now()))
+            .bind(now)
             .execute(conn)
             .await;
         match inserted {
@@ -64,6 +64,7 @@ impl InboxStore for MySqlInbox {
     type Transaction = Transaction<'static, MySql>;
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.store.sync_clock().await?;
         self.store.pool.begin().await.store()
     }
 
@@ -89,12 +90,17 @@ impl InboxStore for MySqlInbox {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        let cutoff = self.store.config.clock.now()
-            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        self.store.sync_clock().await?;
+        let mut conn = self.store.pool.acquire().await.store()?;
+        let cutoff = self
+            .store
+            .now(&mut conn)
+            .await?
+            .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
         let done = sqlx::query(&self.store.queries.inbox_purge)
-            .bind(micros(cutoff))
+            .bind(cutoff)
             .bind(batch_size.min(i64::MAX as usize) as i64)
-            .execute(&self.store.pool)
+            .execute(&mut *conn)
             .await
             .store()?;
         Ok(done.rows_affected())

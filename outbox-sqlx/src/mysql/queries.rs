@@ -8,16 +8,22 @@ use crate::config::TableNames;
 pub(super) const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
     event_type, partition_key, payload, payload_version, headers, created_at, available_at, attempts";
 
-/// Pending and due, or leased with an expired lease (first `?` is now, twice).
-const CLAIMABLE: &str =
-    "((c.status = 0 AND c.available_at <= ?) OR (c.status = 1 AND c.lease_expires_at <= ?))";
+/// Pending and due (`?` is now). Expired leases are reaped before any
+/// claim looks for candidates.
+const CLAIMABLE: &str = "(c.status = 0 AND c.available_at <= ?)";
 
 pub(super) struct Queries {
+    pub(super) now: String,
+    pub(super) sync_clock: String,
     pub(super) lock_keys: String,
     pub(super) enqueue_head: String,
     pub(super) enqueue_row: &'static str,
-    pub(super) existing_ids: String,
+    pub(super) enqueue_tail: &'static str,
+    pub(super) read_back: String,
     pub(super) claim_lock: String,
+    pub(super) expired: String,
+    pub(super) lock_expired: String,
+    pub(super) reap: String,
     pub(super) crash_loop_candidates: String,
     pub(super) claim_candidates_per_key: String,
     pub(super) claim_candidates_unordered: String,
@@ -33,6 +39,7 @@ pub(super) struct Queries {
     pub(super) record_many: String,
     pub(super) heartbeat: String,
     pub(super) stats: String,
+    pub(super) held_back: String,
     pub(super) event_state: String,
     pub(super) failed_events: String,
     pub(super) history: String,
@@ -63,15 +70,16 @@ impl Queries {
         let relays = names.relays();
         let keys = format!("{}{}_keys", names.qualifier(), names.prefix());
         let claim_lock = format!("{}{}_claim_lock", names.qualifier(), names.prefix());
-        // An earlier row of the key that holds it back: unsettled and not
-        // claimable itself, or failed and blocking (unless `c` replaces it).
+        let clock = format!("{}{}_clock", names.qualifier(), names.prefix());
+        // An earlier row of the key that holds it back: in flight, pending
+        // and not due, or failed and blocking (unless `c` replaces it).
         let held_back = format!(
             "EXISTS (
                 SELECT 1 FROM {events} p
                 WHERE p.partition_key = c.partition_key AND p.status IN (0, 1, 3)
                   AND p.sequence < c.sequence
-                  AND ((p.status = 0 AND p.available_at > ?)
-                       OR (p.status = 1 AND p.lease_expires_at > ?)
+                  AND (p.status = 1
+                       OR (p.status = 0 AND p.available_at > ?)
                        OR (p.status = 3 AND p.blocks_key
                            AND (p.superseded_by IS NULL OR p.superseded_by <> c.event_id))))"
         );
@@ -82,26 +90,58 @@ impl Queries {
                 String::new()
             };
             format!(
-                "SELECT c.sequence, c.partition_key FROM {events} c
-                 WHERE c.status IN (0, 1) AND {CLAIMABLE} {order}
+                "SELECT c.sequence, c.partition_key, c.suspect FROM {events} c
+                 WHERE {CLAIMABLE} {order}
                  ORDER BY c.sequence LIMIT ?"
             )
         };
         Self {
+            // Store time: the server's clock in microseconds, plus the
+            // shift tests set.
+            now: format!(
+                "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED) + clock_shift_us AS now
+                 FROM {clock} WHERE id = 1"
+            ),
+            sync_clock: format!(
+                "UPDATE {clock} SET clock_shift_us = ? WHERE id = 1 AND clock_shift_us <> ?"
+            ),
             lock_keys: format!("INSERT INTO {keys} (partition_key) VALUES "),
             enqueue_head: format!(
                 "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type,
-                     partition_key, payload, payload_version, headers, created_at, available_at) VALUES "
+                     partition_key, payload, payload_version, headers, created_at, available_at,
+                     enqueue_mark) VALUES "
             ),
-            enqueue_row: "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            existing_ids: format!(
-                "SELECT event_id, sequence FROM {events}
+            enqueue_row: "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            // A duplicate id is left alone: waits for a concurrent insert of
+            // it, then does nothing (no error, whatever the isolation level).
+            enqueue_tail: " ON DUPLICATE KEY UPDATE event_id = event_id",
+            read_back: format!(
+                "SELECT event_id, sequence, enqueue_mark FROM {events}
                  WHERE event_id IN ({{in}})"
             ),
             claim_lock: format!("SELECT id FROM {claim_lock} WHERE id = 1 FOR UPDATE"),
+            // Found without locking (a locking scan of the status index
+            // deadlocks with settlements of live leases), then locked by
+            // primary key, skipping rows a settlement holds right now.
+            expired: format!(
+                "SELECT sequence FROM {events} WHERE status = 1 AND lease_expires_at <= ?"
+            ),
+            lock_expired: format!(
+                "SELECT sequence, lease_id, suspect FROM {events}
+                 WHERE status = 1 AND lease_expires_at <= ? AND sequence IN ({{in}})
+                 FOR UPDATE SKIP LOCKED"
+            ),
+            reap: format!(
+                "UPDATE {events} e
+                 JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', culprit INT PATH '$[1]')) AS l
+                   ON e.sequence = l.seq
+                 SET e.status = 0, e.lease_expires_at = NULL, e.suspect = TRUE,
+                     e.unfinished_claims = e.unfinished_claims + l.culprit
+                 WHERE e.sequence IN ({{in}})"
+            ),
             crash_loop_candidates: format!(
                 "SELECT c.sequence FROM {events} c
-                 WHERE c.status IN (0, 1) AND c.unfinished_claims >= ? AND {CLAIMABLE}
+                 WHERE c.status = 0 AND c.unfinished_claims > 0 AND c.unfinished_claims >= ? AND {CLAIMABLE}
                    AND NOT EXISTS (
                        SELECT 1 FROM {events} p
                        WHERE p.partition_key = c.partition_key AND p.status IN (0, 1, 3)
@@ -116,28 +156,28 @@ impl Queries {
             ),
             fail_rows: format!(
                 "UPDATE {events} SET status = 3, blocks_key = ?, unfinished_claims = 0,
-                     lease_expires_at = NULL
+                     suspect = FALSE, lease_expires_at = NULL
                  WHERE sequence IN ({{in}})"
             ),
             lease_rows: format!(
                 "UPDATE {events} SET status = 1, fencing_token = fencing_token + 1,
-                     unfinished_claims = unfinished_claims + 1, lease_owner = ?, lease_expires_at = ?
+                     lease_id = ?, lease_owner = ?, lease_expires_at = ?
                  WHERE sequence IN ({{in}})"
             ),
             read_rows: format!(
-                "SELECT {EVENT_COLUMNS}, fencing_token, lease_expires_at FROM {events}
+                "SELECT {EVENT_COLUMNS}, fencing_token FROM {events}
                  WHERE sequence IN ({{in}})
                  ORDER BY sequence"
             ),
             lock_leased: format!(
                 "SELECT sequence, event_id, COALESCE(lease_owner, '') AS lease_owner, attempts,
-                        fencing_token, status
+                        fencing_token, status, lease_id, suspect
                  FROM {events} WHERE sequence IN ({{in}})
                  FOR UPDATE"
             ),
             ack: format!(
                 "UPDATE {events} SET status = 2, published_at = ?, unfinished_claims = 0,
-                     lease_expires_at = NULL
+                     suspect = FALSE, lease_expires_at = NULL
                  WHERE sequence IN ({{in}})"
             ),
             unblock_superseded: format!(
@@ -151,16 +191,18 @@ impl Queries {
                    ON e.sequence = l.seq
                  SET e.status = l.new_status, e.blocks_key = l.blocks,
                      e.available_at = COALESCE(l.available, e.available_at),
-                     e.attempts = e.attempts + 1, e.unfinished_claims = 0, e.lease_expires_at = NULL
+                     e.attempts = e.attempts + 1, e.unfinished_claims = 0, e.suspect = FALSE,
+                     e.lease_expires_at = NULL
                  WHERE e.sequence IN ({{in}})"
             ),
             release: format!(
                 "UPDATE {events} e
-                 JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', started BOOLEAN PATH '$[1]')) AS l
+                 JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', started BOOLEAN PATH '$[1]',
+                                                    culprit INT PATH '$[2]')) AS l
                    ON e.sequence = l.seq
                  SET e.status = 0, e.lease_expires_at = NULL,
-                     e.unfinished_claims = CASE WHEN l.started THEN e.unfinished_claims
-                                                ELSE GREATEST(e.unfinished_claims - 1, 0) END
+                     e.suspect = e.suspect OR l.started,
+                     e.unfinished_claims = e.unfinished_claims + l.culprit
                  WHERE e.sequence IN ({{in}})"
             ),
             record_many: format!(
@@ -170,8 +212,9 @@ impl Queries {
                      c VARCHAR(16) PATH '$.c' NULL ON EMPTY, d TEXT PATH '$.d', n INT PATH '$.n')) AS j"
             ),
             heartbeat: format!(
-                "INSERT INTO {relays} (relay, last_seen) VALUES (?, ?)
-                 ON DUPLICATE KEY UPDATE last_seen = VALUES(last_seen)"
+                "INSERT INTO {relays} (relay, last_seen, clock_skew_ms) VALUES (?, ?, ?)
+                 ON DUPLICATE KEY UPDATE last_seen = VALUES(last_seen),
+                     clock_skew_ms = VALUES(clock_skew_ms)"
             ),
             stats: format!(
                 "SELECT event_type,
@@ -182,6 +225,28 @@ impl Queries {
                      CAST(SUM(status = 3) AS SIGNED) AS failed
                  FROM {events} WHERE status IN (0, 1, 3)
                  GROUP BY event_type ORDER BY event_type"
+            ),
+            held_back: format!(
+                "SELECT
+                     (SELECT COUNT(DISTINCT partition_key) FROM {events}
+                      WHERE status = 3 AND blocks_key) AS blocked_keys,
+                     (SELECT COUNT(*) FROM {events} p
+                      WHERE p.status IN (0, 1) AND p.partition_key IN (
+                          SELECT partition_key FROM {events} WHERE status = 3 AND blocks_key)) AS blocked_waiting,
+                     (SELECT COUNT(DISTINCT partition_key) FROM {events}
+                      WHERE status = 0 AND available_at > ?) AS backoff_keys,
+                     (SELECT COUNT(*) FROM {events} p
+                      WHERE p.status = 0 AND p.partition_key IN (
+                          SELECT partition_key FROM {events} WHERE status = 0 AND available_at > ?)) AS backoff_waiting,
+                     (SELECT MIN(available_at) FROM {events}
+                      WHERE status = 0 AND available_at > ?) AS next_due,
+                     (SELECT COUNT(DISTINCT lease_id) FROM {events}
+                      WHERE status = 1 AND lease_expires_at <= ?) AS expired_leases,
+                     (SELECT COUNT(*) FROM {events}
+                      WHERE status = 1 AND lease_expires_at <= ?) AS expired_events,
+                     (SELECT MIN(lease_expires_at) FROM {events}
+                      WHERE status = 1 AND lease_expires_at <= ?) AS first_expired_at,
+                     (SELECT COUNT(*) FROM {events} WHERE status = 0 AND suspect) AS suspects"
             ),
             event_state: format!(
                 "SELECT status, available_at, attempts, lease_owner, lease_expires_at, published_at,
@@ -209,7 +274,7 @@ impl Queries {
             ),
             requeue: format!(
                 "UPDATE {events} SET status = 0, blocks_key = FALSE, attempts = 0,
-                     unfinished_claims = 0, available_at = ?
+                     unfinished_claims = 0, suspect = FALSE, available_at = ?
                  WHERE event_id = ? AND status = 3 AND superseded_by IS NULL"
             ),
             skip: format!(
@@ -235,7 +300,9 @@ impl Queries {
             purge: format!(
                 "DELETE FROM {events} WHERE sequence IN ({{in}})"
             ),
-            relays: format!("SELECT relay, last_seen FROM {relays} ORDER BY relay"),
+            relays: format!(
+                "SELECT relay, last_seen, clock_skew_ms FROM {relays} ORDER BY relay"
+            ),
             inbox_claim: format!(
                 "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES (?, ?, ?)"
             ),

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use outbox_core::store::AttemptRecord;
-use outbox_core::{EventId, Headers, NewEvent, StoreError, StoredEvent};
+use outbox_core::{EventId, RawEvent, StoreError};
 use sqlx::Row;
 use sqlx::mysql::MySqlRow;
 
@@ -10,10 +10,6 @@ use crate::error::ResultExt;
 
 /// Times are stored as microseconds since the Unix epoch: integers compare
 /// and index exactly, unlike text timestamps of varying precision.
-pub(super) fn micros(at: DateTime<Utc>) -> i64 {
-    at.timestamp_micros()
-}
-
 pub(super) fn from_micros(micros: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_micros(micros)
         .ok_or_else(|| StoreError::fatal(format!("stored time {micros} out of range")))
@@ -43,30 +39,22 @@ pub(super) fn event_id(row: &MySqlRow, column: &str) -> Result<EventId, StoreErr
         .map_err(|e| StoreError::fatal(format!("stored event id {text:?}: {e}")))
 }
 
-pub(super) fn stored_event(row: &MySqlRow) -> Result<StoredEvent, StoreError> {
-    let headers = text(row, "headers")?;
-    let headers: Headers = serde_json::from_str(&headers).map_err(StoreError::fatal)?;
-    let payload = text(row, "payload")?;
-    let payload_version: i32 = row.try_get("payload_version").store()?;
-    let attempts: i32 = row.try_get("attempts").store()?;
-    let event = NewEvent::builder(
-        text(row, "event_type")?,
-        text(row, "aggregate_type")?,
-        text(row, "aggregate_id")?,
-    )
-    .event_id(event_id(row, "event_id")?)
-    .partition_key(text(row, "partition_key")?)
-    .payload_json(payload)
-    .payload_version(payload_version as u32)
-    .headers(headers)
-    .build()
-    .map_err(|e| StoreError::fatal(format!("stored event does not decode: {e}")))?;
-    Ok(StoredEvent {
+/// The columns of [`super::queries::EVENT_COLUMNS`], not yet trusted as an
+/// event: decoding is [`RawEvent::decode`], per row.
+pub(super) fn raw_event(row: &MySqlRow) -> Result<RawEvent, StoreError> {
+    Ok(RawEvent {
         sequence: row.try_get("sequence").store()?,
-        event,
+        event_id: event_id(row, "event_id")?,
+        aggregate_type: text(row, "aggregate_type")?,
+        aggregate_id: text(row, "aggregate_id")?,
+        event_type: text(row, "event_type")?,
+        partition_key: text(row, "partition_key")?,
+        payload: text(row, "payload")?,
+        payload_version: i64::from(row.try_get::<i32, _>("payload_version").store()?),
+        headers: text(row, "headers")?,
         created_at: time(row, "created_at")?,
         available_at: time(row, "available_at")?,
-        attempts: attempts as u32,
+        attempts: i64::from(row.try_get::<i32, _>("attempts").store()?),
     })
 }
 

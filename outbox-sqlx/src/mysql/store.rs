@@ -4,17 +4,17 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::clock::add_duration;
 use outbox_core::store::{
     AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FencingToken, Lease,
     Nack, NackAction, OutboxStore, OutboxWriter, RelayId, Release, SettleReport,
 };
-use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError};
+use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError, UnreadableEvent};
 use serde_json::{Value, json};
 use sqlx::{MySql, MySqlConnection, MySqlPool, Row, Transaction};
 
 use super::queries::{Queries, with_in_list};
-use super::row::{self, micros};
+use super::row;
+use crate::blame::{blame, new_lease_id};
 use crate::codes;
 use crate::config::StoreConfig;
 use crate::error::ResultExt;
@@ -23,13 +23,19 @@ use crate::validate::{check_event, headers_json};
 
 const SCHEMA: &str = include_str!("schema.sql");
 
+/// The version of `schema.sql`; tables of another version are refused.
+pub const SCHEMA_VERSION: i32 = 2;
+
 /// The outbox, attempt history, inbox and relay tables on MySQL 8 or
 /// MariaDB ≥ 10.6.
 ///
 /// Enqueue takes a row lock per partition key until commit, so writers of one
 /// key take turns and a key's insert order is its commit order (DESIGN.md §5).
 /// Claims take turns on a one-row lock table and lease rows found with
-/// `FOR UPDATE SKIP LOCKED` (there is no `UPDATE … RETURNING`).
+/// `FOR UPDATE SKIP LOCKED` (there is no `UPDATE … RETURNING`). Relay
+/// transactions run at READ COMMITTED, so they lock only the rows they
+/// touch and never a gap a producer inserts into. Every time is the
+/// database server's clock.
 #[derive(Clone)]
 pub struct MySqlStore {
     pub(super) pool: MySqlPool,
@@ -76,10 +82,87 @@ impl MySqlStore {
         self.config.tables.render(SCHEMA)
     }
 
+    /// Store time: the server's clock (plus the shift tests set), in
+    /// microseconds since the epoch.
+    pub(super) async fn now(&self, conn: &mut MySqlConnection) -> Result<i64, StoreError> {
+        sqlx::query_scalar(&self.queries.now)
+            .fetch_one(conn)
+            .await
+            .store()
+    }
+
+    /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
+    /// shift is kept in the database, so every handle agrees.
+    pub(super) async fn sync_clock(&self) -> Result<(), StoreError> {
+        if let Some(shift) = self.config.shift_micros() {
+            sqlx::query(&self.queries.sync_clock)
+                .bind(shift)
+                .bind(shift)
+                .execute(&self.pool)
+                .await
+                .store()?;
+        }
+        Ok(())
+    }
+
+    /// A transaction for the relay's own statements: READ COMMITTED, so it
+    /// locks exactly the rows it reads for update and no gap between them
+    /// (under REPEATABLE READ a range of the primary key would block
+    /// producers' inserts until it commits).
+    pub(super) async fn begin_relay(&self) -> Result<Transaction<'static, MySql>, StoreError> {
+        let mut conn = self.pool.acquire().await.store()?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await
+            .store()?;
+        // `Pool::begin` cannot take a connection prepared this way; the
+        // isolation level applies to this connection's next transaction.
+        Transaction::begin(conn, None).await.store()
+    }
+
     /// Creates the tables if missing. Idempotent.
+    /// Tables of another schema version are refused with
+    /// [`StoreError::Config`] naming the upgrade notes.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let schema = self.schema_sql();
         let mut conn = self.pool.acquire().await.store()?;
+        let tables = &self.config.tables;
+        let present = |name: String| {
+            let (database, table) = match name.split_once('.') {
+                Some((d, t)) => (Some(d.to_owned()), t.to_owned()),
+                None => (None, name),
+            };
+            sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM information_schema.tables
+                 WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
+            )
+            .bind(database)
+            .bind(table)
+        };
+        if present(tables.events())
+            .fetch_one(&mut *conn)
+            .await
+            .store()?
+            > 0
+        {
+            let version: Option<i32> = if present(tables.table("schema_version"))
+                .fetch_one(&mut *conn)
+                .await
+                .store()?
+                > 0
+            {
+                sqlx::query_scalar(&format!(
+                    "SELECT MAX(version) FROM {}",
+                    tables.table("schema_version")
+                ))
+                .fetch_one(&mut *conn)
+                .await
+                .store()?
+            } else {
+                Some(1)
+            };
+            crate::config::check_schema_version(&tables.events(), version, SCHEMA_VERSION)?;
+        }
         for statement in split_statements(&schema) {
             sqlx::Executor::execute(&mut *conn, statement.as_str())
                 .await
@@ -115,62 +198,57 @@ impl MySqlStore {
         }
         query.execute(&mut *conn).await.store()?;
 
-        let ids: Vec<String> = events.iter().map(|e| e.event_id.to_string()).collect();
-        let existing_ids = with_in_list(&self.queries.existing_ids, ids.len());
-        let existing: HashSet<EventId> = query_in(&existing_ids, &ids)
-            .fetch_all(&mut *conn)
-            .await
-            .store()?
-            .iter()
-            .map(|r| row::event_id(r, "event_id"))
-            .collect::<Result<_, _>>()?;
+        let now = self.now(&mut *conn).await?;
+        // Rows this call writes carry its mark: a concurrent enqueue of the
+        // same id (which waits for ours, then leaves the row alone) reads
+        // another mark back, whatever its snapshot.
+        let mark = i64::from_le_bytes(
+            EventId::random().as_uuid().as_bytes()[..8]
+                .try_into()
+                .expect("eight bytes"),
+        );
+        let mut insert = self.queries.enqueue_head.clone();
         let mut seen = HashSet::new();
-        let fresh: Vec<&NewEvent> = events
-            .iter()
-            .filter(|e| !existing.contains(&e.event_id) && seen.insert(e.event_id))
-            .collect();
-        if !fresh.is_empty() {
-            let now = micros(self.config.clock.now());
-            let mut insert = self.queries.enqueue_head.clone();
-            insert.push_str(&vec![self.queries.enqueue_row; fresh.len()].join(", "));
-            let mut query = sqlx::query(&insert);
-            for e in &fresh {
-                query = query
-                    .bind(e.event_id.to_string())
-                    .bind(&e.aggregate_type)
-                    .bind(&e.aggregate_id)
-                    .bind(&e.event_type)
-                    .bind(&e.partition_key)
-                    .bind(e.payload.as_str())
-                    .bind(e.payload_version)
-                    .bind(headers_json(e))
-                    .bind(now)
-                    .bind(e.available_at.map(micros).unwrap_or(now));
-            }
-            query.execute(&mut *conn).await.store()?;
+        let fresh: Vec<&NewEvent> = events.iter().filter(|e| seen.insert(e.event_id)).collect();
+        insert.push_str(&vec![self.queries.enqueue_row; fresh.len()].join(", "));
+        insert.push_str(self.queries.enqueue_tail);
+        let mut query = sqlx::query(&insert);
+        for e in &fresh {
+            let available_at = now + self.config.delay_ms(e.available_at).unwrap_or(0) * 1000;
+            query = query
+                .bind(e.event_id.to_string())
+                .bind(&e.aggregate_type)
+                .bind(&e.aggregate_id)
+                .bind(&e.event_type)
+                .bind(&e.partition_key)
+                .bind(e.payload.as_str())
+                .bind(e.payload_version)
+                .bind(headers_json(e))
+                .bind(now)
+                .bind(available_at)
+                .bind(mark);
         }
-        let mut sequences: HashMap<EventId, i64> = HashMap::new();
-        for r in query_in(&existing_ids, &ids)
+        query.execute(&mut *conn).await.store()?;
+        let ids: Vec<String> = fresh.iter().map(|e| e.event_id.to_string()).collect();
+        let read_back = with_in_list(&self.queries.read_back, ids.len());
+        let mut ours: HashMap<EventId, i64> = HashMap::new();
+        for r in query_in(&read_back, &ids)
             .fetch_all(&mut *conn)
             .await
             .store()?
         {
-            sequences.insert(
-                row::event_id(&r, "event_id")?,
-                r.try_get("sequence").store()?,
-            );
+            if r.try_get::<i64, _>("enqueue_mark").store()? == mark {
+                ours.insert(
+                    row::event_id(&r, "event_id")?,
+                    r.try_get("sequence").store()?,
+                );
+            }
         }
-        let mut reported = HashSet::new();
         Ok(events
             .iter()
-            .map(|e| {
-                if existing.contains(&e.event_id) || !reported.insert(e.event_id) {
-                    EnqueueOutcome::AlreadyExists
-                } else {
-                    EnqueueOutcome::Inserted {
-                        sequence: sequences[&e.event_id],
-                    }
-                }
+            .map(|e| match ours.remove(&e.event_id) {
+                Some(sequence) => EnqueueOutcome::Inserted { sequence },
+                None => EnqueueOutcome::AlreadyExists,
             })
             .collect())
     }
@@ -184,8 +262,9 @@ impl MySqlStore {
         if entries.is_empty() {
             return Ok(());
         }
+        let now = self.now(&mut *conn).await?;
         sqlx::query(&self.queries.record_many)
-            .bind(micros(self.config.clock.now()))
+            .bind(now)
             .bind(HistoryEntry::batch_json(entries))
             .execute(conn)
             .await
@@ -194,12 +273,12 @@ impl MySqlStore {
     }
 
     /// Locks the rows of `leases` and returns those the lease still holds
-    /// (token matches, in flight): `(sequence, event id, last owner, attempts)`.
+    /// (token matches, in flight).
     async fn lock_leased(
         &self,
         tx: &mut Transaction<'static, MySql>,
         leases: &[&Lease],
-    ) -> Result<Vec<(i64, EventId, String, i64)>, StoreError> {
+    ) -> Result<Vec<Held>, StoreError> {
         let tokens: HashMap<i64, i64> = leases
             .iter()
             .map(|l| (l.sequence, l.fencing_token.0))
@@ -216,16 +295,28 @@ impl MySqlStore {
             let token: i64 = r.try_get("fencing_token").store()?;
             let status: i8 = r.try_get("status").store()?;
             if i16::from(status) == codes::IN_FLIGHT && tokens.get(&sequence) == Some(&token) {
-                held.push((
+                held.push(Held {
                     sequence,
-                    row::event_id(r, "event_id")?,
-                    row::text(r, "lease_owner")?,
-                    i64::from(r.try_get::<i32, _>("attempts").store()?),
-                ));
+                    event_id: row::event_id(r, "event_id")?,
+                    owner: row::text(r, "lease_owner")?,
+                    attempts: i64::from(r.try_get::<i32, _>("attempts").store()?),
+                    lease_id: r.try_get("lease_id").store()?,
+                    suspect: r.try_get("suspect").store()?,
+                });
             }
         }
         Ok(held)
     }
+}
+
+/// A leased row a settlement found still held by its lease.
+pub(super) struct Held {
+    sequence: i64,
+    event_id: EventId,
+    owner: String,
+    attempts: i64,
+    lease_id: i64,
+    suspect: bool,
 }
 
 /// Splits the schema into statements (it has no procedural bodies).
@@ -253,6 +344,7 @@ fn report(asked: impl Iterator<Item = EventId>, settled: &HashSet<EventId>) -> S
 #[async_trait]
 impl OutboxWriter for MySqlStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        self.sync_clock().await?;
         let mut tx = self.pool.begin().await.store()?;
         let outcomes = MySqlStore::enqueue(self, &mut tx, events).await?;
         tx.commit().await.store()?;
@@ -263,67 +355,29 @@ impl OutboxWriter for MySqlStore {
 #[async_trait]
 impl OutboxStore for MySqlStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        let now = micros(self.config.clock.now());
-        let expires = micros(add_duration(
-            self.config.clock.now(),
-            request.lease_duration,
-        ));
-        let mut tx = self.pool.begin().await.store()?;
+        self.sync_clock().await?;
+        let mut tx = self.begin_relay().await?;
         // One claimer at a time: concurrent claims could split a key's prefix.
         sqlx::query(&self.queries.claim_lock)
             .execute(&mut *tx)
             .await
             .store()?;
-
-        let looped: Vec<i64> = sqlx::query_scalar(&self.queries.crash_loop_candidates)
-            .bind(i64::from(request.crash_loop_limit))
-            .bind(now)
-            .bind(now)
-            .fetch_all(&mut *tx)
-            .await
-            .store()?;
-        let looped = self.lock_claimable(&mut tx, &looped, now).await?;
-        let mut crash_looped = Vec::new();
-        if !looped.is_empty() {
-            let fail = with_in_list(&self.queries.fail_rows, looped.len());
-            let block = request.poison == PoisonPolicy::Block;
-            looped
-                .iter()
-                .fold(sqlx::query(&fail).bind(block), |q, s| q.bind(s))
-                .execute(&mut *tx)
-                .await
-                .store()?;
-            crash_looped = self.read_rows(&mut tx, &looped).await?;
-            let detail = format!(
-                "{} publish attempts started and none finished",
-                request.crash_loop_limit
-            );
-            let entries: Vec<_> = crash_looped
-                .iter()
-                .map(|c| {
-                    let attempts = i64::from(c.event.attempts);
-                    HistoryEntry {
-                        event_id: c.event.event_id,
-                        kind: AttemptKind::CrashLoop,
-                        actor: request.owner.as_str(),
-                        error_class: None,
-                        detail: detail.as_str(),
-                        attempts,
-                    }
-                })
-                .collect();
-            self.record(&mut tx, &entries).await?;
-        }
+        let now = self.now(&mut tx).await?;
+        let expires = now
+            .saturating_add(i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX));
+        self.reap(&mut tx, now).await?;
+        let block = request.poison == PoisonPolicy::Block;
+        let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
 
         let (query, ordered) = match request.ordering {
             Ordering::PerKey => (&self.queries.claim_candidates_per_key, true),
             Ordering::Unordered => (&self.queries.claim_candidates_unordered, false),
         };
-        let mut candidates = sqlx::query(query).bind(now).bind(now);
+        let mut candidates = sqlx::query(query).bind(now);
         if ordered {
-            candidates = candidates.bind(now).bind(now);
+            candidates = candidates.bind(now);
         }
-        let candidates: Vec<(i64, String)> = candidates
+        let candidates: Vec<(i64, String, bool)> = candidates
             .bind(request.limit.min(i64::MAX as usize) as i64)
             .fetch_all(&mut *tx)
             .await
@@ -333,47 +387,89 @@ impl OutboxStore for MySqlStore {
                 Ok((
                     r.try_get("sequence").store()?,
                     row::text(r, "partition_key")?,
+                    r.try_get("suspect").store()?,
                 ))
             })
             .collect::<Result<_, StoreError>>()?;
-        let sequences: Vec<i64> = candidates.iter().map(|(s, _)| *s).collect();
+        let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
         let locked: HashSet<i64> = self
             .lock_claimable(&mut tx, &sequences, now)
             .await?
             .into_iter()
             .collect();
-        // A row skipped as locked (a settlement in progress) ends its key's
+        // A row skipped as locked (a settlement in progress), a second crash
+        // suspect, or a row that does not decode under Block ends its key's
         // prefix: nothing after it may be leased in this batch.
+        let rows: HashMap<i64, (i64, Result<outbox_core::StoredEvent, UnreadableEvent>)> = self
+            .read_rows(&mut tx, &locked.iter().copied().collect::<Vec<_>>())
+            .await?;
         let mut stopped: HashSet<&str> = HashSet::new();
+        let mut suspect_taken = false;
         let mut chosen = Vec::new();
-        for (sequence, key) in &candidates {
+        let mut unreadable = Vec::new();
+        for (sequence, key, suspect) in &candidates {
             if ordered && stopped.contains(key.as_str()) {
                 continue;
             }
-            if locked.contains(sequence) {
-                chosen.push(*sequence);
-            } else {
+            let Some((_, decoded)) = rows.get(sequence) else {
                 stopped.insert(key);
+                continue;
+            };
+            if *suspect {
+                if suspect_taken {
+                    stopped.insert(key);
+                    continue;
+                }
+                suspect_taken = true;
+            }
+            match decoded {
+                Ok(_) => chosen.push(*sequence),
+                Err(bad) => {
+                    unreadable.push(bad.clone());
+                    if block {
+                        stopped.insert(key);
+                    }
+                }
             }
         }
+        self.fail_unreadable(&mut tx, &unreadable, block, request.owner.as_str())
+            .await?;
         let mut events = Vec::new();
         if !chosen.is_empty() {
             let lease = with_in_list(&self.queries.lease_rows, chosen.len());
             let owner = request.owner.as_str();
             chosen
                 .iter()
-                .fold(sqlx::query(&lease).bind(owner).bind(expires), |q, s| {
-                    q.bind(s)
-                })
+                .fold(
+                    sqlx::query(&lease)
+                        .bind(new_lease_id())
+                        .bind(owner)
+                        .bind(expires),
+                    |q, s| q.bind(s),
+                )
                 .execute(&mut *tx)
                 .await
                 .store()?;
-            events = self.read_rows(&mut tx, &chosen).await?;
+            let lease_expires_at = row::from_micros(expires)?;
+            for sequence in &chosen {
+                let (token, decoded) = &rows[sequence];
+                let event = decoded.clone().expect("chosen rows decode");
+                events.push(ClaimedEvent {
+                    lease: Lease {
+                        sequence: *sequence,
+                        event_id: event.event_id,
+                        fencing_token: FencingToken(token + 1),
+                        lease_expires_at,
+                    },
+                    event,
+                });
+            }
         }
         tx.commit().await.store()?;
         Ok(ClaimedBatch {
             events,
-            crash_looped: crash_looped.into_iter().map(|c| c.event).collect(),
+            crash_looped,
+            unreadable,
         })
     }
 
@@ -381,14 +477,15 @@ impl OutboxStore for MySqlStore {
         if leases.is_empty() {
             return Ok(SettleReport::default());
         }
-        let mut tx = self.pool.begin().await.store()?;
+        self.sync_clock().await?;
+        let mut tx = self.begin_relay().await?;
         let held = self
             .lock_leased(&mut tx, &leases.iter().collect::<Vec<_>>())
             .await?;
-        let sequences: Vec<i64> = held.iter().map(|h| h.0).collect();
+        let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
         if !sequences.is_empty() {
             let ack = with_in_list(&self.queries.ack, sequences.len());
-            let now = micros(self.config.clock.now());
+            let now = self.now(&mut tx).await?;
             sequences
                 .iter()
                 .fold(sqlx::query(&ack).bind(now), |q, s| q.bind(s))
@@ -396,12 +493,12 @@ impl OutboxStore for MySqlStore {
                 .await
                 .store()?;
             // A published replacement lifts the block of the event it superseded.
-            let ids: Vec<String> = held.iter().map(|h| h.1.to_string()).collect();
+            let ids: Vec<String> = held.iter().map(|h| h.event_id.to_string()).collect();
             let unblock = with_in_list(&self.queries.unblock_superseded, ids.len());
             query_in(&unblock, &ids).execute(&mut *tx).await.store()?;
         }
         tx.commit().await.store()?;
-        let settled = held.into_iter().map(|h| h.1).collect();
+        let settled = held.into_iter().map(|h| h.event_id).collect();
         Ok(report(leases.iter().map(|l| l.event_id), &settled))
     }
 
@@ -409,28 +506,31 @@ impl OutboxStore for MySqlStore {
         if nacks.is_empty() {
             return Ok(SettleReport::default());
         }
-        let now = self.config.clock.now();
-        let mut tx = self.pool.begin().await.store()?;
+        self.sync_clock().await?;
+        let mut tx = self.begin_relay().await?;
         let held = self
             .lock_leased(&mut tx, &nacks.iter().map(|n| &n.lease).collect::<Vec<_>>())
             .await?;
         let by_id: HashMap<EventId, &Nack> = nacks.iter().map(|n| (n.lease.event_id, n)).collect();
         if !held.is_empty() {
+            let now = self.now(&mut tx).await?;
             let batch: Vec<_> = held
                 .iter()
-                .map(|(sequence, id, _, _)| {
-                    let (status, blocks, available) = match &by_id[id].action {
+                .map(|h| {
+                    let (status, blocks, available) = match &by_id[&h.event_id].action {
                         NackAction::Retry { after } => (
                             codes::PENDING,
                             false,
-                            Some(micros(add_duration(now, *after))),
+                            Some(now.saturating_add(
+                                i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+                            )),
                         ),
                         NackAction::Fail { block_key, .. } => (codes::FAILED, *block_key, None),
                     };
-                    json!({"s": sequence, "st": status, "b": blocks, "a": available})
+                    json!({"s": h.sequence, "st": status, "b": blocks, "a": available})
                 })
                 .collect();
-            let sequences: Vec<i64> = held.iter().map(|h| h.0).collect();
+            let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
             let nack = with_in_list(&self.queries.nack, sequences.len());
             let batch = Value::Array(batch).to_string();
             sequences
@@ -441,22 +541,22 @@ impl OutboxStore for MySqlStore {
                 .store()?;
             let entries: Vec<_> = held
                 .iter()
-                .map(|(_, id, owner, attempts)| {
-                    let nack = by_id[id];
+                .map(|h| {
+                    let nack = by_id[&h.event_id];
                     HistoryEntry {
-                        event_id: *id,
+                        event_id: h.event_id,
                         kind: codes::nack_kind(&nack.action),
-                        actor: owner.as_str(),
+                        actor: h.owner.as_str(),
                         error_class: Some(nack.error_class.as_str()),
                         detail: nack.error.as_str(),
-                        attempts: attempts + 1,
+                        attempts: h.attempts + 1,
                     }
                 })
                 .collect();
             self.record(&mut tx, &entries).await?;
         }
         tx.commit().await.store()?;
-        let settled = held.into_iter().map(|h| h.1).collect();
+        let settled = held.into_iter().map(|h| h.event_id).collect();
         Ok(report(nacks.iter().map(|n| n.lease.event_id), &settled))
     }
 
@@ -464,7 +564,7 @@ impl OutboxStore for MySqlStore {
         if releases.is_empty() {
             return Ok(SettleReport::default());
         }
-        let mut tx = self.pool.begin().await.store()?;
+        let mut tx = self.begin_relay().await?;
         let held = self
             .lock_leased(
                 &mut tx,
@@ -476,8 +576,27 @@ impl OutboxStore for MySqlStore {
             .map(|r| (r.lease.sequence, r.attempt_started))
             .collect();
         if !held.is_empty() {
-            let batch: Vec<_> = held.iter().map(|h| json!([h.0, started[&h.0]])).collect();
-            let sequences: Vec<i64> = held.iter().map(|h| h.0).collect();
+            // Rows whose publishing had started are blamed as after a crash.
+            let blamed: HashMap<i64, i64> = blame(
+                &held
+                    .iter()
+                    .filter(|h| started[&h.sequence])
+                    .map(|h| (h.sequence, h.lease_id, h.suspect))
+                    .collect::<Vec<_>>(),
+            )
+            .into_iter()
+            .collect();
+            let batch: Vec<_> = held
+                .iter()
+                .map(|h| {
+                    json!([
+                        h.sequence,
+                        started[&h.sequence],
+                        blamed.get(&h.sequence).copied().unwrap_or(0)
+                    ])
+                })
+                .collect();
+            let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
             let release = with_in_list(&self.queries.release, sequences.len());
             let batch = Value::Array(batch).to_string();
             sequences
@@ -488,15 +607,20 @@ impl OutboxStore for MySqlStore {
                 .store()?;
         }
         tx.commit().await.store()?;
-        let settled = held.into_iter().map(|h| h.1).collect();
+        let settled = held.into_iter().map(|h| h.event_id).collect();
         Ok(report(releases.iter().map(|r| r.lease.event_id), &settled))
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+        self.sync_clock().await?;
+        let mut conn = self.pool.acquire().await.store()?;
+        let now = self.now(&mut conn).await?;
+        let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
         sqlx::query(&self.queries.heartbeat)
             .bind(relay.as_str())
-            .bind(micros(self.config.clock.now()))
-            .execute(&self.pool)
+            .bind(now)
+            .bind(skew_ms)
+            .execute(&mut *conn)
             .await
             .store()?;
         Ok(())
@@ -504,6 +628,136 @@ impl OutboxStore for MySqlStore {
 }
 
 impl MySqlStore {
+    /// Leases that expired with rows in flight: the rows go back to
+    /// pending and the crash is blamed ([`outbox_core::store::crash_culprit`]).
+    async fn reap(&self, tx: &mut Transaction<'static, MySql>, now: i64) -> Result<(), StoreError> {
+        let candidates: Vec<i64> = sqlx::query_scalar(&self.queries.expired)
+            .bind(now)
+            .fetch_all(&mut **tx)
+            .await
+            .store()?;
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let lock = with_in_list(&self.queries.lock_expired, candidates.len());
+        let expired: Vec<(i64, i64, bool)> = candidates
+            .iter()
+            .fold(sqlx::query(&lock).bind(now), |q, s| q.bind(s))
+            .fetch_all(&mut **tx)
+            .await
+            .store()?
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("sequence").store()?,
+                    r.try_get("lease_id").store()?,
+                    r.try_get("suspect").store()?,
+                ))
+            })
+            .collect::<Result<_, StoreError>>()?;
+        if expired.is_empty() {
+            return Ok(());
+        }
+        let blamed = blame(&expired);
+        let sequences: Vec<i64> = blamed.iter().map(|(s, _)| *s).collect();
+        let reap = with_in_list(&self.queries.reap, sequences.len());
+        let batch = Value::Array(blamed.iter().map(|(s, c)| json!([s, c])).collect()).to_string();
+        sequences
+            .iter()
+            .fold(sqlx::query(&reap).bind(batch), |q, s| q.bind(s))
+            .execute(&mut **tx)
+            .await
+            .store()?;
+        Ok(())
+    }
+
+    /// Rows blamed for `crash_loop_limit` crashes, at the head of their key,
+    /// end failed.
+    async fn fail_crash_loops(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        request: &ClaimRequest,
+        now: i64,
+    ) -> Result<Vec<outbox_core::StoredEvent>, StoreError> {
+        let looped: Vec<i64> = sqlx::query_scalar(&self.queries.crash_loop_candidates)
+            .bind(i64::from(request.crash_loop_limit))
+            .bind(now)
+            .fetch_all(&mut **tx)
+            .await
+            .store()?;
+        let looped = self.lock_claimable(tx, &looped, now).await?;
+        if looped.is_empty() {
+            return Ok(Vec::new());
+        }
+        let fail = with_in_list(&self.queries.fail_rows, looped.len());
+        looped
+            .iter()
+            .fold(
+                sqlx::query(&fail).bind(request.poison == PoisonPolicy::Block),
+                |q, s| q.bind(s),
+            )
+            .execute(&mut **tx)
+            .await
+            .store()?;
+        let events: Vec<_> = self
+            .read_rows(tx, &looped)
+            .await?
+            .into_values()
+            .map(|(_, decoded)| decoded.unwrap_or_else(|u| u.event))
+            .collect();
+        let detail = format!(
+            "{} publish attempts started and none finished",
+            request.crash_loop_limit
+        );
+        let entries: Vec<_> = events
+            .iter()
+            .map(|e| HistoryEntry {
+                event_id: e.event_id,
+                kind: AttemptKind::CrashLoop,
+                actor: request.owner.as_str(),
+                error_class: None,
+                detail: detail.as_str(),
+                attempts: i64::from(e.attempts),
+            })
+            .collect();
+        self.record(tx, &entries).await?;
+        Ok(events)
+    }
+
+    /// Fails rows that do not decode, each on its own (history kind
+    /// `Unreadable`).
+    async fn fail_unreadable(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        unreadable: &[UnreadableEvent],
+        block: bool,
+        actor: &str,
+    ) -> Result<(), StoreError> {
+        if unreadable.is_empty() {
+            return Ok(());
+        }
+        let sequences: Vec<i64> = unreadable.iter().map(|u| u.event.sequence).collect();
+        let fail = with_in_list(&self.queries.fail_rows, sequences.len());
+        sequences
+            .iter()
+            .fold(sqlx::query(&fail).bind(block), |q, s| q.bind(s))
+            .execute(&mut **tx)
+            .await
+            .store()?;
+        let entries: Vec<_> = unreadable
+            .iter()
+            .map(|u| HistoryEntry {
+                event_id: u.event.event_id,
+                kind: AttemptKind::Unreadable,
+                actor,
+                error_class: None,
+                detail: u.reason.as_str(),
+                attempts: i64::from(u.event.attempts),
+            })
+            .collect();
+        self.record(tx, &entries).await
+    }
+
     /// Locks those of `sequences` that are still claimable, skipping rows a
     /// settlement holds. Returns the locked sequences.
     async fn lock_claimable(
@@ -518,19 +772,23 @@ impl MySqlStore {
         let lock = with_in_list(&self.queries.lock_rows, sequences.len());
         sequences
             .iter()
-            .fold(sqlx::query_scalar(&lock).bind(now).bind(now), |q, s| {
-                q.bind(s)
-            })
+            .fold(sqlx::query_scalar(&lock).bind(now), |q, s| q.bind(s))
             .fetch_all(&mut **tx)
             .await
             .store()
     }
 
+    /// The rows, each with its current fencing token, decoded one by one.
+    #[allow(clippy::type_complexity)]
     async fn read_rows(
         &self,
         tx: &mut Transaction<'static, MySql>,
         sequences: &[i64],
-    ) -> Result<Vec<ClaimedEvent>, StoreError> {
+    ) -> Result<HashMap<i64, (i64, Result<outbox_core::StoredEvent, UnreadableEvent>)>, StoreError>
+    {
+        if sequences.is_empty() {
+            return Ok(HashMap::new());
+        }
         let read = with_in_list(&self.queries.read_rows, sequences.len());
         query_in(&read, sequences)
             .fetch_all(&mut **tx)
@@ -539,15 +797,8 @@ impl MySqlStore {
             .iter()
             .map(|r| {
                 let token: i64 = r.try_get("fencing_token").store()?;
-                let expires: Option<i64> = r.try_get("lease_expires_at").store()?;
-                let event = row::stored_event(r)?;
-                let lease = Lease {
-                    sequence: event.sequence,
-                    event_id: event.event_id,
-                    fencing_token: FencingToken(token),
-                    lease_expires_at: row::from_micros(expires.unwrap_or(0))?,
-                };
-                Ok(ClaimedEvent { event, lease })
+                let raw = row::raw_event(r)?;
+                Ok((raw.sequence, (token, raw.decode())))
             })
             .collect()
     }

@@ -1,4 +1,5 @@
-//! [`OutboxAdmin`] on PostgreSQL: lag, failures, blocked keys, operator actions.
+//! [`OutboxAdmin`] on PostgreSQL: lag, what holds publication back,
+//! failures, blocked keys, operator actions.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use chrono::{DateTime, Utc};
 use outbox_core::clock::elapsed_between;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, OperatorAction, OutboxAdmin, RelayStatus,
+    FailedEvent, HeldBack, OpenTransaction, OperatorAction, OutboxAdmin, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 use sqlx::Row;
@@ -22,7 +23,7 @@ use crate::error::ResultExt;
 use crate::validate::{check_event, headers_json};
 
 impl PgStore {
-    /// `NotFound` or `WrongState` for an operator action that matched no row.
+    /// Appends an operator action to the event's history.
     async fn record_action(
         &self,
         conn: &mut sqlx::PgConnection,
@@ -35,7 +36,6 @@ impl PgStore {
         sqlx::query(&self.queries.record)
             .bind(event_id.as_uuid())
             .bind(codes::attempt_kind_code(kind))
-            .bind(self.config.clock.now())
             .bind(&action.operator)
             .bind(detail)
             .bind(attempts)
@@ -45,27 +45,36 @@ impl PgStore {
         Ok(())
     }
 
-    /// Runs an operator update that returns `attempts`, then records it.
+    /// Runs an operator update that returns `attempts` and the key, records
+    /// it, and lets the key's parked rows go if nothing blocks it any more.
+    /// `NotFound` or `WrongState` if it matched no row.
     async fn operator_update(
         &self,
         query: &str,
         event_id: EventId,
         kind: AttemptKind,
         action: &OperatorAction,
-        with_now: bool,
     ) -> Result<(), StoreError> {
+        self.sync_clock().await?;
         let mut tx = self.pool.begin().await.store()?;
-        let mut update = sqlx::query(query).bind(event_id.as_uuid());
-        if with_now {
-            update = update.bind(self.config.clock.now());
-        }
-        let Some(row) = update.fetch_optional(&mut *tx).await.store()? else {
+        let Some(row) = sqlx::query(query)
+            .bind(event_id.as_uuid())
+            .fetch_optional(&mut *tx)
+            .await
+            .store()?
+        else {
             drop(tx);
             return Err(crate::admin_common::explain_miss(self, event_id).await);
         };
         let attempts: i32 = row.try_get("attempts").store()?;
+        let key: String = row.try_get("partition_key").store()?;
         self.record_action(&mut tx, event_id, kind, action, &action.reason, attempts)
             .await?;
+        sqlx::query(&self.queries.unpark_key)
+            .bind(&key)
+            .execute(&mut *tx)
+            .await
+            .store()?;
         tx.commit().await.store()
     }
 }
@@ -98,29 +107,106 @@ fn event_state(row: &PgRow) -> Result<EventState, StoreError> {
     })
 }
 
+fn count(row: &PgRow, column: &str) -> Result<u64, StoreError> {
+    Ok(row.try_get::<Option<i64>, _>(column).store()?.unwrap_or(0) as u64)
+}
+
 #[async_trait]
 impl OutboxAdmin for PgStore {
     async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
-        let now = self.config.clock.now();
+        self.sync_clock().await?;
         let rows = sqlx::query(&self.queries.stats)
-            .bind(now)
             .fetch_all(&self.pool)
             .await
             .store()?;
         rows.iter()
             .map(|r| {
                 let oldest: Option<DateTime<Utc>> = r.try_get("oldest").store()?;
-                let count = |c: &str| r.try_get::<i64, _>(c).map(|n| n as u64).store();
+                let now: DateTime<Utc> = r.try_get("now").store()?;
                 Ok(EventTypeStats {
                     event_type: r.try_get("event_type").store()?,
-                    claimable: count("claimable")?,
+                    claimable: count(r, "claimable")?,
                     oldest_claimable_age: oldest.map(|t| elapsed_between(now, t)),
-                    parked: count("parked")?,
-                    in_flight: count("in_flight")?,
-                    failed: count("failed")?,
+                    parked: count(r, "parked")?,
+                    in_flight: count(r, "in_flight")?,
+                    failed: count(r, "failed")?,
                 })
             })
             .collect()
+    }
+
+    async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError> {
+        self.sync_clock().await?;
+        let r = sqlx::query(&self.queries.held_back)
+            .fetch_one(&self.pool)
+            .await
+            .store()?;
+        let mut held = Vec::new();
+        if count(&r, "blocked_keys")? > 0 {
+            held.push(HeldBack::BlockedKeys {
+                keys: count(&r, "blocked_keys")?,
+                waiting: count(&r, "blocked_waiting")?,
+            });
+        }
+        if let Some(next_due) = r.try_get::<Option<DateTime<Utc>>, _>("next_due").store()? {
+            held.push(HeldBack::BackingOff {
+                keys: count(&r, "backoff_keys")?,
+                waiting: count(&r, "backoff_waiting")?,
+                next_due,
+            });
+        }
+        if let Some(first_expired_at) = r
+            .try_get::<Option<DateTime<Utc>>, _>("first_expired_at")
+            .store()?
+        {
+            held.push(HeldBack::ExpiredLeases {
+                leases: count(&r, "expired_leases")?,
+                events: count(&r, "expired_events")?,
+                first_expired_at,
+            });
+        }
+        if let (Some(oldest_claimed_at), Some(first_expires_at)) = (
+            r.try_get::<Option<DateTime<Utc>>, _>("long_claimed_at")
+                .store()?,
+            r.try_get::<Option<DateTime<Utc>>, _>("long_expires_at")
+                .store()?,
+        ) {
+            held.push(HeldBack::LongLeases {
+                owners: r
+                    .try_get::<Option<Vec<String>>, _>("long_owners")
+                    .store()?
+                    .unwrap_or_default(),
+                events: count(&r, "long_events")?,
+                oldest_claimed_at,
+                first_expires_at,
+            });
+        }
+        if count(&r, "suspects")? > 0 {
+            held.push(HeldBack::CrashSuspects {
+                events: count(&r, "suspects")?,
+            });
+        }
+        // Seeing other sessions needs pg_read_all_stats (or the same role);
+        // without it the list is what the server shows.
+        let transactions = sqlx::query(&self.queries.open_transactions)
+            .fetch_all(&self.pool)
+            .await
+            .store()?
+            .iter()
+            .map(|t| {
+                Ok(OpenTransaction {
+                    pid: t.try_get("pid").store()?,
+                    database: t.try_get("database").store()?,
+                    started_at: t.try_get("xact_start").store()?,
+                    state: t.try_get("state").store()?,
+                    query_started_at: t.try_get("query_start").store()?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if !transactions.is_empty() {
+            held.push(HeldBack::OpenTransactions { transactions });
+        }
+        Ok(held)
     }
 
     async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
@@ -155,7 +241,9 @@ impl OutboxAdmin for PgStore {
         }
         rows.iter()
             .map(|r| {
-                let event = row::stored_event(r)?;
+                // A row that does not decode is listed as far as it reads;
+                // its history says why it failed.
+                let event = row::raw_event(r)?.decode().unwrap_or_else(|u| u.event);
                 Ok(FailedEvent {
                     history: histories.remove(&event.event_id).unwrap_or_default(),
                     blocks_key: r.try_get("blocks_key").store()?,
@@ -201,13 +289,13 @@ impl OutboxAdmin for PgStore {
 
     async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
         let query = self.queries.requeue.clone();
-        self.operator_update(&query, event_id, AttemptKind::Requeued, action, true)
+        self.operator_update(&query, event_id, AttemptKind::Requeued, action)
             .await
     }
 
     async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
         let query = self.queries.skip.clone();
-        self.operator_update(&query, event_id, AttemptKind::Skipped, action, false)
+        self.operator_update(&query, event_id, AttemptKind::Skipped, action)
             .await
     }
 
@@ -218,7 +306,7 @@ impl OutboxAdmin for PgStore {
         action: &OperatorAction,
     ) -> Result<EnqueueOutcome, StoreError> {
         check_event(&replacement, &self.config.limits, true)?;
-        let now = self.config.clock.now();
+        self.sync_clock().await?;
         let mut tx = self.pool.begin().await.store()?;
         let Some(old) = sqlx::query(&self.queries.supersede_lock)
             .bind(event_id.as_uuid())
@@ -229,12 +317,11 @@ impl OutboxAdmin for PgStore {
             drop(tx);
             return Err(crate::admin_common::explain_miss(self, event_id).await);
         };
-        let order_xid: String = old.try_get("order_xid").store()?;
-        let ord: i64 = old.try_get("ord").store()?;
+        let position: Option<i64> = old.try_get("position").store()?;
         let attempts: i32 = old.try_get("attempts").store()?;
+        let key: String = old.try_get("partition_key").store()?;
         let inserted = sqlx::query(&self.queries.supersede_insert)
-            .bind(order_xid)
-            .bind(ord)
+            .bind(position)
             .bind(replacement.event_id.as_uuid())
             .bind(&replacement.aggregate_type)
             .bind(&replacement.aggregate_id)
@@ -243,8 +330,7 @@ impl OutboxAdmin for PgStore {
             .bind(replacement.payload.as_str())
             .bind(replacement.payload_version as i32)
             .bind(headers_json(&replacement))
-            .bind(now)
-            .bind(replacement.available_at)
+            .bind(self.config.delay_ms(replacement.available_at))
             .fetch_optional(&mut *tx)
             .await
             .store()?;
@@ -267,6 +353,11 @@ impl OutboxAdmin for PgStore {
             attempts,
         )
         .await?;
+        sqlx::query(&self.queries.unpark_key)
+            .bind(&key)
+            .execute(&mut *tx)
+            .await
+            .store()?;
         tx.commit().await.store()?;
         Ok(EnqueueOutcome::Inserted {
             sequence: inserted.try_get("sequence").store()?,
@@ -278,10 +369,10 @@ impl OutboxAdmin for PgStore {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        let cutoff = self.config.clock.now()
-            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        self.sync_clock().await?;
+        let older_than_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
         let purged: i64 = sqlx::query_scalar(&self.queries.purge)
-            .bind(cutoff)
+            .bind(older_than_ms)
             .bind(batch_size.min(i64::MAX as usize) as i64)
             .fetch_one(&self.pool)
             .await
@@ -290,7 +381,6 @@ impl OutboxAdmin for PgStore {
             // Nothing the cutoff allows is left: older cursor-log entries
             // describe no row any more.
             sqlx::query(&self.queries.prune_cursor_log)
-                .bind(cutoff)
                 .execute(&self.pool)
                 .await
                 .store()?;
@@ -308,6 +398,7 @@ impl OutboxAdmin for PgStore {
                 Ok(RelayStatus {
                     relay: r.try_get("relay").store()?,
                     last_seen: r.try_get("last_seen").store()?,
+                    clock_skew: chrono::Duration::milliseconds(r.try_get("clock_skew_ms").store()?),
                 })
             })
             .collect()

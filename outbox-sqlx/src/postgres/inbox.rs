@@ -37,7 +37,6 @@ impl PgInbox {
         let done = sqlx::query(&self.store.queries.inbox_claim)
             .bind(consumer)
             .bind(event_id.as_uuid())
-            .bind(self.store.config.clock.now())
             .execute(conn)
             .await
             .store()?;
@@ -50,6 +49,7 @@ impl InboxStore for PgInbox {
     type Transaction = Transaction<'static, Postgres>;
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        self.store.sync_clock().await?;
         self.store.pool.begin().await.store()
     }
 
@@ -77,10 +77,9 @@ impl InboxStore for PgInbox {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        let cutoff = self.store.config.clock.now()
-            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        self.store.sync_clock().await?;
         let done = sqlx::query(&self.store.queries.inbox_purge)
-            .bind(cutoff)
+            .bind(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX))
             .bind(batch_size.min(i64::MAX as usize) as i64)
             .execute(&self.store.pool)
             .await

@@ -2,40 +2,29 @@
 
 use chrono::{DateTime, Utc};
 use outbox_core::store::AttemptRecord;
-use outbox_core::{EventId, Headers, NewEvent, StoreError, StoredEvent};
+use outbox_core::{EventId, RawEvent, StoreError};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
 use crate::error::ResultExt;
 
-/// Rebuilds the event from the columns of [`super::queries::EVENT_COLUMNS`].
-pub(super) fn stored_event(row: &PgRow) -> Result<StoredEvent, StoreError> {
-    let headers: String = row.try_get("headers").store()?;
-    let headers: Headers = serde_json::from_str(&headers).map_err(StoreError::fatal)?;
-    let payload: String = row.try_get("payload").store()?;
-    let payload_version: i32 = row.try_get("payload_version").store()?;
-    let attempts: i32 = row.try_get("attempts").store()?;
-    let event = NewEvent::builder(
-        row.try_get::<String, _>("event_type").store()?,
-        row.try_get::<String, _>("aggregate_type").store()?,
-        row.try_get::<String, _>("aggregate_id").store()?,
-    )
-    .event_id(EventId::from_uuid(
-        row.try_get::<Uuid, _>("event_id").store()?,
-    ))
-    .partition_key(row.try_get::<String, _>("partition_key").store()?)
-    .payload_json(payload)
-    .payload_version(payload_version as u32)
-    .headers(headers)
-    .build()
-    .map_err(|e| StoreError::fatal(format!("stored event does not decode: {e}")))?;
-    Ok(StoredEvent {
+/// The columns of [`super::queries::EVENT_COLUMNS`], not yet trusted as an
+/// event: decoding is [`RawEvent::decode`], per row.
+pub(super) fn raw_event(row: &PgRow) -> Result<RawEvent, StoreError> {
+    Ok(RawEvent {
         sequence: row.try_get("sequence").store()?,
-        event,
+        event_id: EventId::from_uuid(row.try_get::<Uuid, _>("event_id").store()?),
+        aggregate_type: row.try_get("aggregate_type").store()?,
+        aggregate_id: row.try_get("aggregate_id").store()?,
+        event_type: row.try_get("event_type").store()?,
+        partition_key: row.try_get("partition_key").store()?,
+        payload: row.try_get("payload").store()?,
+        payload_version: i64::from(row.try_get::<i32, _>("payload_version").store()?),
+        headers: row.try_get("headers").store()?,
         created_at: row.try_get("created_at").store()?,
         available_at: row.try_get("available_at").store()?,
-        attempts: attempts as u32,
+        attempts: i64::from(row.try_get::<i32, _>("attempts").store()?),
     })
 }
 

@@ -1,16 +1,14 @@
 //! [`PgStore`]: the outbox on PostgreSQL.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use outbox_core::clock::add_duration;
 use outbox_core::store::{
     ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FencingToken, Lease, Nack,
     NackAction, OutboxStore, OutboxWriter, RelayId, Release, SettleReport,
 };
-use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError};
+use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError, UnreadableEvent};
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
@@ -23,20 +21,38 @@ use crate::validate::{check_event, headers_json};
 
 const SCHEMA: &str = include_str!("schema.sql");
 
+/// The version of `schema.sql`. Tables of any other version are refused by
+/// [`PgStore::migrate`] (see the CHANGELOG's upgrade notes).
+pub const SCHEMA_VERSION: i32 = 2;
+
 /// The outbox, attempt history, inbox and relay tables on PostgreSQL (≥ 13).
 ///
 /// Clones share the pool. Enqueue inside your own transaction with
-/// [`PgStore::enqueue`]; run relays over the store with
-/// [`outbox_core::Relay`], woken by [`PgStore::wake_up`].
+/// [`PgStore::enqueue`] (or, from another language, the `outbox_enqueue`
+/// SQL function); run relays over the store with [`outbox_core::Relay`],
+/// woken by [`PgStore::wake_up`]. The crate README explains the design.
 #[derive(Clone)]
 pub struct PgStore {
     pub(super) pool: PgPool,
     pub(super) config: StoreConfig,
     pub(super) queries: Arc<Queries>,
     /// The last claim found nothing: the next one asks first whether there
-    /// is anything to claim (one statement instead of a transaction). A
+    /// is anything to claim (one statement instead of the claim). A
     /// wake-up that already knows (it asked, or was notified) clears it.
     pub(super) idle: Arc<AtomicBool>,
+    pub(super) wake: Arc<WakeState>,
+}
+
+/// What the idle probe and the wake-ups of one store share.
+#[derive(Debug, Default)]
+pub(super) struct WakeState {
+    /// Wake-ups listening: the idle probe (re)registers for NOTIFY.
+    pub(super) listeners: AtomicUsize,
+    /// The last idle probe found nothing and set `relay_waiting` itself:
+    /// a producer may have read the flag just before, so look again soon.
+    pub(super) registered_now: AtomicBool,
+    /// The last idle probe found nothing (a wake-up need not ask again).
+    pub(super) probed_idle: AtomicBool,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -45,6 +61,12 @@ impl std::fmt::Debug for PgStore {
             .field("tables", &self.config.tables)
             .finish_non_exhaustive()
     }
+}
+
+/// What the idle probe learnt.
+pub(super) struct Probe {
+    pub(super) anything: bool,
+    pub(super) registered: bool,
 }
 
 impl PgStore {
@@ -56,6 +78,7 @@ impl PgStore {
             config,
             queries,
             idle: Arc::new(AtomicBool::new(false)),
+            wake: Arc::default(),
         }
     }
 
@@ -64,32 +87,57 @@ impl PgStore {
         &self.pool
     }
 
-    /// The exact claim statement for `ordering`, for `EXPLAIN` and review.
-    /// Parameters: `$1` now, `$2` owner, `$3` lease expiry, `$4` limit,
-    /// `$5` crash-loop limit. It runs after `SELECT pg_advisory_xact_lock(…),
-    /// set_config('jit', 'off', true)` in the same transaction.
-    pub fn claim_statement(&self, ordering: Ordering) -> &str {
-        match ordering {
-            Ordering::PerKey => &self.queries.claim_per_key,
-            Ordering::Unordered => &self.queries.claim_unordered,
-        }
+    /// The NOTIFY channel of these tables (schema and prefix).
+    pub fn channel(&self) -> &str {
+        &self.queries.channel
     }
 
-    /// The schema DDL for these table names (what [`PgStore::migrate`] runs;
-    /// `migrations/postgres/` holds it rendered with the default names).
+    /// The settings.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// The claim statement, for `EXPLAIN` and review: a call of the
+    /// `outbox_claim` function that [`PgStore::schema_sql`] installs.
+    /// Parameters: `$1` owner, `$2` limit, `$3` lease in milliseconds, `$4`
+    /// crash-loop limit, `$5` per-key order, `$6` block on poison.
+    pub fn claim_statement(&self) -> &str {
+        &self.queries.claim
+    }
+
+    /// The schema DDL and functions for these table names and limits (what
+    /// [`PgStore::migrate`] runs; `migrations/postgres/` holds it rendered
+    /// with the defaults).
     pub fn schema_sql(&self) -> String {
-        self.config.tables.render(SCHEMA)
+        let limits = &self.config.limits;
+        self.config
+            .tables
+            .render(SCHEMA)
+            .replace("{{channel}}", &self.queries.channel)
+            .replace("{{claim_lock}}", &self.queries.claim_lock.to_string())
+            .replace("{{schema_version}}", &SCHEMA_VERSION.to_string())
+            .replace(
+                "{{max_identifier_bytes}}",
+                &limits.max_identifier_bytes.to_string(),
+            )
+            .replace(
+                "{{max_payload_bytes}}",
+                &limits.max_payload_bytes.to_string(),
+            )
+            .replace("{{max_header_bytes}}", &limits.max_header_bytes.to_string())
     }
 
-    /// Creates the tables, indexes and notify trigger if missing. Idempotent;
-    /// concurrent callers take turns.
+    /// Creates or updates the tables, indexes, trigger and functions.
+    /// Idempotent and quiet; concurrent callers take turns.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.store()?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(self.queries.lock_key ^ 0x5eed)
-            .execute(&mut *tx)
-            .await
-            .store()?;
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock($1), set_config('client_min_messages', 'warning', true)",
+        )
+        .bind(self.queries.claim_lock ^ 0x5eed)
+        .execute(&mut *tx)
+        .await
+        .store()?;
         let schema = self.schema_sql();
         sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
             .await
@@ -97,10 +145,24 @@ impl PgStore {
         tx.commit().await.store()
     }
 
+    /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
+    /// shift is kept in the database, so every handle agrees.
+    pub(super) async fn sync_clock(&self) -> Result<(), StoreError> {
+        if let Some(shift) = self.config.shift_micros() {
+            sqlx::query(&self.queries.sync_clock)
+                .bind(shift)
+                .execute(&self.pool)
+                .await
+                .store()?;
+        }
+        Ok(())
+    }
+
     /// Enqueues `events` on `conn`, typically `&mut *tx` of the business
-    /// transaction, in one statement. Each outcome says whether a
-    /// row was written or the `event_id` already existed (a no-op). Invalid
-    /// events are refused before anything is sent.
+    /// transaction, in one statement. Each outcome says whether a row was
+    /// written or the `event_id` already existed (a no-op). Invalid events
+    /// are refused before anything is sent, so the caller's transaction
+    /// stays usable.
     pub async fn enqueue(
         &self,
         conn: &mut PgConnection,
@@ -112,7 +174,7 @@ impl PgStore {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let now = self.config.clock.now();
+        let texts = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<_>>();
         let rows = sqlx::query(&self.queries.enqueue)
             .bind(
                 events
@@ -120,36 +182,11 @@ impl PgStore {
                     .map(|e| *e.event_id.as_uuid())
                     .collect::<Vec<Uuid>>(),
             )
-            .bind(
-                events
-                    .iter()
-                    .map(|e| e.aggregate_type.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                events
-                    .iter()
-                    .map(|e| e.aggregate_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                events
-                    .iter()
-                    .map(|e| e.event_type.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                events
-                    .iter()
-                    .map(|e| e.partition_key.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                events
-                    .iter()
-                    .map(|e| e.payload.as_str())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(texts(|e| &e.aggregate_type))
+            .bind(texts(|e| &e.aggregate_id))
+            .bind(texts(|e| &e.event_type))
+            .bind(texts(|e| &e.partition_key))
+            .bind(texts(|e| e.payload.as_str()))
             .bind(
                 events
                     .iter()
@@ -160,10 +197,9 @@ impl PgStore {
             .bind(
                 events
                     .iter()
-                    .map(|e| e.available_at)
-                    .collect::<Vec<Option<DateTime<Utc>>>>(),
+                    .map(|e| self.config.delay_ms(e.available_at))
+                    .collect::<Vec<Option<i64>>>(),
             )
-            .bind(now)
             .fetch_all(conn)
             .await
             .store()?;
@@ -183,6 +219,28 @@ impl PgStore {
             .collect())
     }
 
+    /// One statement: is there anything to claim? With a wake-up attached,
+    /// it also (re)sets `relay_waiting`.
+    pub(super) async fn probe(&self) -> Result<Probe, StoreError> {
+        let register = self.wake.listeners.load(AtomicOrdering::Relaxed) > 0;
+        let row = sqlx::query(&self.queries.probe)
+            .bind(register)
+            .fetch_one(&self.pool)
+            .await
+            .store()?;
+        let probe = Probe {
+            anything: row.try_get("anything").store()?,
+            registered: row.try_get("registered").store()?,
+        };
+        self.wake
+            .probed_idle
+            .store(!probe.anything, AtomicOrdering::Relaxed);
+        self.wake
+            .registered_now
+            .store(probe.registered, AtomicOrdering::Relaxed);
+        Ok(probe)
+    }
+
     /// Runs a settlement statement returning the `sequence` of each row it
     /// settled; the rest of `asked` (sequence, event id) was fenced.
     async fn settle_sequences(
@@ -190,12 +248,12 @@ impl PgStore {
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
         asked: impl Iterator<Item = (i64, EventId)>,
     ) -> Result<SettleReport, StoreError> {
-        // One statement, its own transaction; its estimate stays far below
-        // `jit_above_cost` (the input arrays are estimated at ten rows).
         let rows = query.fetch_all(&self.pool).await.store()?;
         let mut settled = std::collections::HashSet::with_capacity(rows.len());
         for row in &rows {
-            settled.insert(row.try_get::<i64, _>("sequence").store()?);
+            if let Some(sequence) = row.try_get::<Option<i64>, _>("sequence").store()? {
+                settled.insert(sequence);
+            }
         }
         let fenced = asked
             .filter(|(sequence, _)| !settled.contains(sequence))
@@ -206,11 +264,43 @@ impl PgStore {
             fenced,
         })
     }
+
+    /// Fails claimed rows that do not decode, each on its own (history kind
+    /// `Unreadable`), out of the lease that holds them.
+    async fn fail_unreadable(
+        &self,
+        unreadable: &[(UnreadableEvent, FencingToken)],
+        block_key: bool,
+    ) -> Result<(), StoreError> {
+        if unreadable.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(&self.queries.fail_unreadable)
+            .bind(
+                unreadable
+                    .iter()
+                    .map(|(u, _)| u.event.sequence)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(unreadable.iter().map(|(_, t)| t.0).collect::<Vec<_>>())
+            .bind(block_key)
+            .bind(
+                unreadable
+                    .iter()
+                    .map(|(u, _)| u.reason.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&self.pool)
+            .await
+            .store()?;
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl OutboxWriter for PgStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        self.sync_clock().await?;
         let mut tx = self.pool.begin().await.store()?;
         let outcomes = PgStore::enqueue(self, &mut tx, events).await?;
         tx.commit().await.store()?;
@@ -221,89 +311,88 @@ impl OutboxWriter for PgStore {
 #[async_trait]
 impl OutboxStore for PgStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        let now = self.config.clock.now();
-        let expires = add_duration(now, request.lease_duration);
-        // While idle, one cheap statement instead of a claim transaction.
-        if self.idle.load(AtomicOrdering::Relaxed) {
-            let anything: bool = sqlx::query_scalar(&self.queries.anything_to_do)
-                .bind(now)
-                .fetch_one(&self.pool)
-                .await
-                .store()?;
-            if !anything {
-                return Ok(ClaimedBatch::default());
+        self.sync_clock().await?;
+        // While idle, one cheap statement instead of a claim.
+        if self.idle.load(AtomicOrdering::Relaxed) && !self.probe().await?.anything {
+            return Ok(ClaimedBatch::default());
+        }
+        let lease_ms = i64::try_from(request.lease_duration.as_millis()).unwrap_or(i64::MAX);
+        let rows = sqlx::query(&self.queries.claim)
+            .bind(request.owner.as_str())
+            .bind(i32::try_from(request.limit).unwrap_or(i32::MAX))
+            .bind(lease_ms)
+            .bind(i32::try_from(request.crash_loop_limit).unwrap_or(i32::MAX))
+            .bind(request.ordering == Ordering::PerKey)
+            .bind(request.poison == PoisonPolicy::Block)
+            .fetch_all(&self.pool)
+            .await
+            .store()?;
+        let mut batch = ClaimedBatch::default();
+        let mut unreadable = Vec::new();
+        // Under Block, a row that fails parks its key: what follows it in
+        // this batch goes back (and is parked behind it).
+        let block = request.poison == PoisonPolicy::Block;
+        let mut blocked_keys = std::collections::HashSet::new();
+        let mut held_back = Vec::new();
+        for r in &rows {
+            let raw = row::raw_event(r)?;
+            let crash_looped: bool = r.try_get("crash_looped").store()?;
+            if crash_looped {
+                batch
+                    .crash_looped
+                    .push(raw.decode().unwrap_or_else(|u| u.event));
+                continue;
+            }
+            let token = FencingToken(r.try_get("fencing_token").store()?);
+            let lease_expires_at = r.try_get("lease_expires_at").store()?;
+            if blocked_keys.contains(&raw.partition_key) {
+                held_back.push(Release {
+                    lease: Lease {
+                        sequence: raw.sequence,
+                        event_id: raw.event_id,
+                        fencing_token: token,
+                        lease_expires_at,
+                    },
+                    attempt_started: false,
+                });
+                continue;
+            }
+            match raw.decode() {
+                Ok(event) => {
+                    let lease = Lease {
+                        sequence: event.sequence,
+                        event_id: event.event_id,
+                        fencing_token: token,
+                        lease_expires_at,
+                    };
+                    batch.events.push(ClaimedEvent { event, lease });
+                }
+                Err(bad) => {
+                    if block {
+                        blocked_keys.insert(bad.event.partition_key.clone());
+                    }
+                    unreadable.push((bad, token));
+                }
             }
         }
-        let limit = request.crash_loop_limit.min(i32::MAX as u32) as i32;
-        let mut tx = self.pool.begin().await.store()?;
-        // One claimer per table at a time (two concurrent claims could
-        // otherwise split one key's prefix between two relays), JIT off for
-        // the transaction, expired leases reaped; and whether any row may
-        // have reached the crash-loop limit.
-        let sweep: bool = sqlx::query_scalar(&self.queries.lock_and_reap)
-            .bind(now)
-            .bind(self.queries.lock_key)
-            .fetch_one(&mut *tx)
-            .await
-            .store()?;
-        let looped = if sweep {
-            sqlx::query(&self.queries.crash_loops)
-                .bind(now)
-                .bind(limit)
-                .bind(request.poison == PoisonPolicy::Block)
-                .bind(request.owner.as_str())
-                .fetch_all(&mut *tx)
-                .await
-                .store()?
-        } else {
-            Vec::new()
-        };
-        let claim = match request.ordering {
-            Ordering::PerKey => &self.queries.claim_per_key,
-            Ordering::Unordered => &self.queries.claim_unordered,
-        };
-        let rows = sqlx::query(claim)
-            .bind(now)
-            .bind(request.owner.as_str())
-            .bind(expires)
-            .bind(request.limit.min(i64::MAX as usize) as i64)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await
-            .store()?;
-        tx.commit().await.store()?;
-        self.idle.store(rows.is_empty(), AtomicOrdering::Relaxed);
-
-        let mut events = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let event = row::stored_event(r)?;
-            let order: (i64, i64) = (r.try_get("order_xid").store()?, r.try_get("ord").store()?);
-            let lease = Lease {
-                sequence: event.sequence,
-                event_id: event.event_id,
-                fencing_token: FencingToken(r.try_get("fencing_token").store()?),
-                lease_expires_at: r.try_get("lease_expires_at").store()?,
-            };
-            events.push((order, ClaimedEvent { event, lease }));
-        }
-        events.sort_by_key(|(order, _)| *order);
-        Ok(ClaimedBatch {
-            events: events.into_iter().map(|(_, e)| e).collect(),
-            crash_looped: looped
-                .iter()
-                .map(row::stored_event)
-                .collect::<Result<_, _>>()?,
-        })
+        self.release(&held_back).await?;
+        self.fail_unreadable(&unreadable, block).await?;
+        batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
+        self.idle.store(
+            batch.events.is_empty() && batch.unreadable.is_empty(),
+            AtomicOrdering::Relaxed,
+        );
+        Ok(batch)
     }
 
     async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
         if leases.is_empty() {
             return Ok(SettleReport::default());
         }
+        self.sync_clock().await?;
         let query = sqlx::query(&self.queries.ack)
             .bind(leases.iter().map(|l| l.sequence).collect::<Vec<_>>())
-            .bind(leases.iter().map(|l| l.fencing_token.0).collect::<Vec<_>>())
-            .bind(self.config.clock.now());
+            .bind(leases.iter().map(|l| l.fencing_token.0).collect::<Vec<_>>());
         self.settle_sequences(query, leases.iter().map(|l| (l.sequence, l.event_id)))
             .await
     }
@@ -312,21 +401,18 @@ impl OutboxStore for PgStore {
         if nacks.is_empty() {
             return Ok(SettleReport::default());
         }
-        let now = self.config.clock.now();
-        let mut status = Vec::with_capacity(nacks.len());
+        self.sync_clock().await?;
+        let mut retry_after = Vec::with_capacity(nacks.len());
         let mut blocks = Vec::with_capacity(nacks.len());
-        let mut available = Vec::with_capacity(nacks.len());
         for nack in nacks {
             match &nack.action {
                 NackAction::Retry { after } => {
-                    status.push(codes::TRACKED);
+                    retry_after.push(Some(i64::try_from(after.as_millis()).unwrap_or(i64::MAX)));
                     blocks.push(false);
-                    available.push(Some(add_duration(now, *after)));
                 }
                 NackAction::Fail { block_key, .. } => {
-                    status.push(codes::FAILED);
+                    retry_after.push(None);
                     blocks.push(*block_key);
-                    available.push(None);
                 }
             }
         }
@@ -338,9 +424,8 @@ impl OutboxStore for PgStore {
                     .map(|n| n.lease.fencing_token.0)
                     .collect::<Vec<_>>(),
             )
-            .bind(status)
+            .bind(retry_after)
             .bind(blocks)
-            .bind(available)
             .bind(
                 nacks
                     .iter()
@@ -353,8 +438,7 @@ impl OutboxStore for PgStore {
                     .map(|n| n.error_class.as_str())
                     .collect::<Vec<_>>(),
             )
-            .bind(nacks.iter().map(|n| n.error.as_str()).collect::<Vec<_>>())
-            .bind(now);
+            .bind(nacks.iter().map(|n| n.error.as_str()).collect::<Vec<_>>());
         self.settle_sequences(
             query,
             nacks.iter().map(|n| (n.lease.sequence, n.lease.event_id)),
@@ -395,6 +479,7 @@ impl OutboxStore for PgStore {
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+        self.sync_clock().await?;
         sqlx::query(&self.queries.heartbeat)
             .bind(relay.as_str())
             .bind(self.config.clock.now())

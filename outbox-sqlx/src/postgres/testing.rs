@@ -15,6 +15,14 @@ struct PgOpenWrite {
 
 #[async_trait]
 impl OpenWrite for PgOpenWrite {
+    async fn write_business_row(&mut self) -> Result<(), StoreError> {
+        // What a business UPDATE does to the transaction: it gets its id.
+        sqlx::query("SELECT pg_current_xact_id()")
+            .execute(&mut *self.tx)
+            .await
+            .store()?;
+        Ok(())
+    }
     async fn enqueue(&mut self, event: NewEvent) -> Result<(), StoreError> {
         self.store.enqueue(&mut self.tx, &[event]).await.map(drop)
     }

@@ -6,13 +6,13 @@ use async_trait::async_trait;
 use outbox_core::clock::elapsed_between;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, OperatorAction, OutboxAdmin, RelayStatus,
+    FailedEvent, HeldBack, OperatorAction, OutboxAdmin, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use super::row::{self, micros};
+use super::row;
 use super::store::SqliteStore;
 use crate::codes;
 use crate::error::ResultExt;
@@ -27,10 +27,12 @@ impl SqliteStore {
         kind: AttemptKind,
         action: &OperatorAction,
     ) -> Result<(), StoreError> {
+        self.sync_clock().await?;
         let mut tx = self.begin_immediate().await?;
+        let now = self.now(&mut tx).await?;
         let row = sqlx::query(query)
             .bind(event_id.to_string())
-            .bind(micros(self.config.clock.now()))
+            .bind(now)
             .fetch_optional(&mut *tx)
             .await
             .store()?;
@@ -86,10 +88,13 @@ fn superseded_by(r: &SqliteRow) -> Result<Option<EventId>, StoreError> {
 #[async_trait]
 impl OutboxAdmin for SqliteStore {
     async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
-        let now = self.config.clock.now();
+        self.sync_clock().await?;
+        let mut conn = self.pool.acquire().await.store()?;
+        let now_us = self.now(&mut conn).await?;
+        let now = row::from_micros(now_us)?;
         let rows = sqlx::query(&self.queries.stats)
-            .bind(micros(now))
-            .fetch_all(&self.pool)
+            .bind(now_us)
+            .fetch_all(&mut *conn)
             .await
             .store()?;
         rows.iter()
@@ -111,6 +116,49 @@ impl OutboxAdmin for SqliteStore {
             .collect()
     }
 
+    async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError> {
+        self.sync_clock().await?;
+        let mut conn = self.pool.acquire().await.store()?;
+        let now = self.now(&mut conn).await?;
+        let r = sqlx::query(&self.queries.held_back)
+            .bind(now)
+            .fetch_one(&mut *conn)
+            .await
+            .store()?;
+        let count = |c: &str| {
+            r.try_get::<Option<i64>, _>(c)
+                .map(|n| n.unwrap_or(0) as u64)
+                .store()
+        };
+        let mut held = Vec::new();
+        if count("blocked_keys")? > 0 {
+            held.push(HeldBack::BlockedKeys {
+                keys: count("blocked_keys")?,
+                waiting: count("blocked_waiting")?,
+            });
+        }
+        if let Some(next_due) = r.try_get::<Option<i64>, _>("next_due").store()? {
+            held.push(HeldBack::BackingOff {
+                keys: count("backoff_keys")?,
+                waiting: count("backoff_waiting")?,
+                next_due: row::from_micros(next_due)?,
+            });
+        }
+        if let Some(first) = r.try_get::<Option<i64>, _>("first_expired_at").store()? {
+            held.push(HeldBack::ExpiredLeases {
+                leases: count("expired_leases")?,
+                events: count("expired_events")?,
+                first_expired_at: row::from_micros(first)?,
+            });
+        }
+        if count("suspects")? > 0 {
+            held.push(HeldBack::CrashSuspects {
+                events: count("suspects")?,
+            });
+        }
+        Ok(held)
+    }
+
     async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
         let row = sqlx::query(&self.queries.event_state)
             .bind(event_id.to_string())
@@ -128,7 +176,7 @@ impl OutboxAdmin for SqliteStore {
             .store()?;
         let mut failed = Vec::with_capacity(rows.len());
         for r in &rows {
-            let event = row::stored_event(r)?;
+            let event = row::raw_event(r)?.decode().unwrap_or_else(|u| u.event);
             failed.push(FailedEvent {
                 history: self.history(event.event_id).await?,
                 blocks_key: r.try_get("blocks_key").store()?,
@@ -188,8 +236,9 @@ impl OutboxAdmin for SqliteStore {
         action: &OperatorAction,
     ) -> Result<EnqueueOutcome, StoreError> {
         check_event(&replacement, &self.config.limits, false)?;
-        let now = micros(self.config.clock.now());
+        self.sync_clock().await?;
         let mut tx = self.begin_immediate().await?;
+        let now = self.now(&mut tx).await?;
         let Some(old) = sqlx::query(&self.queries.supersede_lock)
             .bind(event_id.to_string())
             .fetch_optional(&mut *tx)
@@ -212,7 +261,11 @@ impl OutboxAdmin for SqliteStore {
             .bind(i64::from(replacement.payload_version))
             .bind(headers_json(&replacement))
             .bind(now)
-            .bind(replacement.available_at.map(micros))
+            .bind(
+                self.config
+                    .delay_ms(replacement.available_at)
+                    .map(|ms| now.saturating_add(ms.saturating_mul(1000))),
+            )
             .fetch_optional(&mut *tx)
             .await
             .store()?;
@@ -246,18 +299,21 @@ impl OutboxAdmin for SqliteStore {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        let cutoff = self.config.clock.now()
-            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        self.sync_clock().await?;
         let limit = batch_size.min(i64::MAX as usize) as i64;
         let mut tx = self.begin_immediate().await?;
+        let cutoff = self
+            .now(&mut tx)
+            .await?
+            .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
         sqlx::query(&self.queries.purge_history)
-            .bind(micros(cutoff))
+            .bind(cutoff)
             .bind(limit)
             .execute(&mut *tx)
             .await
             .store()?;
         let done = sqlx::query(&self.queries.purge)
-            .bind(micros(cutoff))
+            .bind(cutoff)
             .bind(limit)
             .execute(&mut *tx)
             .await
@@ -276,6 +332,7 @@ impl OutboxAdmin for SqliteStore {
                 Ok(RelayStatus {
                     relay: r.try_get("relay").store()?,
                     last_seen: row::time(r, "last_seen")?,
+                    clock_skew: chrono::Duration::milliseconds(r.try_get("clock_skew_ms").store()?),
                 })
             })
             .collect()

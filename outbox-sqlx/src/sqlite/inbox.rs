@@ -6,7 +6,6 @@ use async_trait::async_trait;
 use outbox_core::{EventId, InboxStore, StoreError};
 use sqlx::{Sqlite, Transaction};
 
-use super::row::micros;
 use super::store::SqliteStore;
 use crate::error::ResultExt;
 
@@ -35,11 +34,12 @@ impl SqliteInbox {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
+        let now = self.store.now(&mut *conn).await?;
         let done = sqlx::query(&self.store.queries.inbox_claim)
             .bind(consumer)
             .bind(event_id.to_string())
-            .bind(micros(self.store.config.clock.now()))
-            .execute(conn)
+            .bind(now)
+            .execute(&mut *conn)
             .await
             .store()?;
         Ok(done.rows_affected() == 1)
@@ -51,6 +51,8 @@ impl InboxStore for SqliteInbox {
     type Transaction = Transaction<'static, Sqlite>;
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        // Before the write lock is taken: syncing the test clock writes.
+        self.store.sync_clock().await?;
         self.store.begin_immediate().await
     }
 
@@ -76,14 +78,20 @@ impl InboxStore for SqliteInbox {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        let cutoff = self.store.config.clock.now()
-            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        self.store.sync_clock().await?;
+        let mut tx = self.store.begin_immediate().await?;
+        let cutoff = self
+            .store
+            .now(&mut tx)
+            .await?
+            .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
         let done = sqlx::query(&self.store.queries.inbox_purge)
-            .bind(micros(cutoff))
+            .bind(cutoff)
             .bind(batch_size.min(i64::MAX as usize) as i64)
-            .execute(&self.store.pool)
+            .execute(&mut *tx)
             .await
             .store()?;
+        tx.commit().await.store()?;
         Ok(done.rows_affected())
     }
 }

@@ -7,21 +7,30 @@ use crate::config::TableNames;
 pub(super) const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
     event_type, partition_key, payload, payload_version, headers, created_at, available_at, attempts";
 
-/// Pending and due, or leased with an expired lease (`?1` is now).
-const CLAIMABLE: &str =
-    "CASE WHEN c.status = 0 THEN c.available_at <= ?1 ELSE c.lease_expires_at <= ?1 END";
+/// Pending and due (`?1` is now). Expired leases are reaped before any
+/// claim looks for candidates.
+const CLAIMABLE: &str = "(c.status = 0 AND c.available_at <= ?1)";
 
 pub(super) struct Queries {
+    pub(super) now: String,
+    pub(super) sync_clock: String,
     pub(super) enqueue: String,
+    pub(super) expired: String,
+    pub(super) reap: String,
     pub(super) crash_loops: String,
     pub(super) claim_per_key: String,
     pub(super) claim_unordered: String,
+    pub(super) read_rows: String,
+    pub(super) lease_rows: String,
+    pub(super) fail_rows: String,
+    pub(super) held: String,
     pub(super) ack: String,
     pub(super) nack: String,
     pub(super) release: String,
     pub(super) record_many: String,
     pub(super) heartbeat: String,
     pub(super) stats: String,
+    pub(super) held_back: String,
     pub(super) event_state: String,
     pub(super) failed_events: String,
     pub(super) history: String,
@@ -44,8 +53,12 @@ impl Queries {
         let attempts = names.attempts();
         let inbox = names.inbox();
         let relays = names.relays();
+        let control = names.table("control");
         let earlier =
             "(COALESCE(p.ord, p.sequence), p.sequence) < (COALESCE(c.ord, c.sequence), c.sequence)";
+        // Candidates in claim order: pending and due, and (per key) no
+        // earlier row of the key holds it back (in flight, not yet due, or
+        // failed and blocking).
         let claim = |ordered: bool| {
             let key_order = if ordered {
                 format!(
@@ -54,27 +67,28 @@ impl Queries {
                         WHERE p.partition_key = c.partition_key
                           AND (p.status IN (0, 1) OR p.blocks_key)
                           AND {earlier}
-                          AND NOT (p.status = 0 AND p.available_at <= ?1
-                                   OR p.status = 1 AND p.lease_expires_at <= ?1))"
+                          AND NOT (p.status = 0 AND p.available_at <= ?1))"
                 )
             } else {
                 String::new()
             };
             format!(
-                "UPDATE {events}
-                 SET status = 1, fencing_token = fencing_token + 1,
-                     unfinished_claims = unfinished_claims + 1,
-                     lease_owner = ?2, lease_expires_at = ?3
-                 WHERE sequence IN (
-                     SELECT c.sequence FROM {events} c
-                     WHERE c.status IN (0, 1) AND {CLAIMABLE} {key_order}
-                     ORDER BY COALESCE(c.ord, c.sequence), c.sequence
-                     LIMIT ?4)
-                 RETURNING {EVENT_COLUMNS}, fencing_token, lease_expires_at,
-                           COALESCE(ord, sequence) AS ord_key"
+                "SELECT c.sequence, c.partition_key, c.suspect FROM {events} c
+                 WHERE {CLAIMABLE} {key_order}
+                 ORDER BY COALESCE(c.ord, c.sequence), c.sequence
+                 LIMIT ?2"
             )
         };
         Self {
+            // Store time: this host's clock in microseconds, plus the shift
+            // tests set.
+            now: format!(
+                "SELECT CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) + clock_shift_us
+                 FROM {control} WHERE id = 1"
+            ),
+            sync_clock: format!(
+                "UPDATE {control} SET clock_shift_us = ?1 WHERE id = 1 AND clock_shift_us <> ?1"
+            ),
             enqueue: format!(
                 "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type,
                      partition_key, payload, payload_version, headers, created_at, available_at)
@@ -82,15 +96,46 @@ impl Queries {
                      json_extract(value, '$.ai'), json_extract(value, '$.et'),
                      json_extract(value, '$.pk'), json_extract(value, '$.p'),
                      json_extract(value, '$.v'), json_extract(value, '$.h'), ?2,
-                     COALESCE(json_extract(value, '$.a'), ?2)
+                     ?2 + COALESCE(json_extract(value, '$.d'), 0) * 1000
                  FROM json_each(?1) WHERE true
                  ON CONFLICT (event_id) DO NOTHING
                  RETURNING event_id, sequence"
             ),
+            expired: format!(
+                "SELECT sequence, lease_id, suspect FROM {events}
+                 WHERE status = 1 AND lease_expires_at <= ?1"
+            ),
+            reap: format!(
+                "UPDATE {events} AS e
+                 SET status = 0, lease_expires_at = NULL, suspect = 1,
+                     unfinished_claims = e.unfinished_claims + l.culprit
+                 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS culprit
+                       FROM json_each(?1)) AS l
+                 WHERE e.sequence = l.seq"
+            ),
+            read_rows: format!(
+                "SELECT {EVENT_COLUMNS}, fencing_token FROM {events}
+                 WHERE sequence IN (SELECT value FROM json_each(?1))"
+            ),
+            lease_rows: format!(
+                "UPDATE {events} SET status = 1, fencing_token = fencing_token + 1,
+                     lease_id = ?2, lease_owner = ?3, lease_expires_at = ?4
+                 WHERE sequence IN (SELECT value FROM json_each(?1))"
+            ),
+            fail_rows: format!(
+                "UPDATE {events} SET status = 3, blocks_key = ?2, unfinished_claims = 0, suspect = 0,
+                     lease_expires_at = NULL
+                 WHERE sequence IN (SELECT value FROM json_each(?1))"
+            ),
+            held: format!(
+                "SELECT sequence, lease_id, suspect FROM {events}
+                 WHERE status = 1 AND sequence IN (SELECT value FROM json_each(?1))"
+            ),
             crash_loops: format!(
                 "UPDATE {events} AS c
-                 SET status = 3, blocks_key = ?3, unfinished_claims = 0, lease_expires_at = NULL
-                 WHERE c.status IN (0, 1) AND c.unfinished_claims > 0
+                 SET status = 3, blocks_key = ?3, unfinished_claims = 0, suspect = 0,
+                     lease_expires_at = NULL
+                 WHERE c.status = 0 AND c.unfinished_claims > 0
                    AND c.unfinished_claims >= ?2 AND {CLAIMABLE}
                    AND NOT EXISTS (
                        SELECT 1 FROM {events} p
@@ -102,7 +147,8 @@ impl Queries {
             claim_unordered: claim(false),
             ack: format!(
                 "UPDATE {events} AS e
-                 SET status = 2, published_at = ?2, unfinished_claims = 0, lease_expires_at = NULL
+                 SET status = 2, published_at = ?2, unfinished_claims = 0, suspect = 0,
+                     lease_expires_at = NULL
                  FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS token
                        FROM json_each(?1)) AS l
                  WHERE e.sequence = l.seq AND e.fencing_token = l.token AND e.status = 1
@@ -112,7 +158,8 @@ impl Queries {
                 "UPDATE {events} AS e
                  SET status = l.new_status, blocks_key = l.blocks_key,
                      available_at = COALESCE(l.available_at, e.available_at),
-                     attempts = e.attempts + 1, unfinished_claims = 0, lease_expires_at = NULL
+                     attempts = e.attempts + 1, unfinished_claims = 0, suspect = 0,
+                     lease_expires_at = NULL
                  FROM (SELECT json_extract(value, '$.s') AS seq, json_extract(value, '$.t') AS token,
                               json_extract(value, '$.st') AS new_status, json_extract(value, '$.b') AS blocks_key,
                               json_extract(value, '$.a') AS available_at
@@ -123,10 +170,10 @@ impl Queries {
             release: format!(
                 "UPDATE {events} AS e
                  SET status = 0, lease_expires_at = NULL,
-                     unfinished_claims = CASE WHEN l.started THEN e.unfinished_claims
-                                              ELSE MAX(e.unfinished_claims - 1, 0) END
+                     suspect = e.suspect OR l.started,
+                     unfinished_claims = e.unfinished_claims + l.culprit
                  FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS token,
-                              json_extract(value, '$[2]') AS started
+                              json_extract(value, '$[2]') AS started, json_extract(value, '$[3]') AS culprit
                        FROM json_each(?1)) AS l
                  WHERE e.sequence = l.seq AND e.fencing_token = l.token AND e.status = 1
                  RETURNING event_id"
@@ -139,8 +186,9 @@ impl Queries {
                  FROM json_each(?1)"
             ),
             heartbeat: format!(
-                "INSERT INTO {relays} (relay, last_seen) VALUES (?1, ?2)
-                 ON CONFLICT (relay) DO UPDATE SET last_seen = excluded.last_seen"
+                "INSERT INTO {relays} (relay, last_seen, clock_skew_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (relay) DO UPDATE
+                 SET last_seen = excluded.last_seen, clock_skew_ms = excluded.clock_skew_ms"
             ),
             stats: format!(
                 "SELECT event_type,
@@ -151,6 +199,28 @@ impl Queries {
                      SUM(status = 3) AS failed
                  FROM {events} WHERE status IN (0, 1, 3)
                  GROUP BY event_type ORDER BY event_type"
+            ),
+            held_back: format!(
+                "SELECT
+                     (SELECT count(DISTINCT partition_key) FROM {events}
+                      WHERE status = 3 AND blocks_key) AS blocked_keys,
+                     (SELECT count(*) FROM {events} p
+                      WHERE p.status IN (0, 1) AND p.partition_key IN (
+                          SELECT partition_key FROM {events} WHERE status = 3 AND blocks_key)) AS blocked_waiting,
+                     (SELECT count(DISTINCT partition_key) FROM {events}
+                      WHERE status = 0 AND available_at > ?1) AS backoff_keys,
+                     (SELECT count(*) FROM {events} p
+                      WHERE p.status = 0 AND p.partition_key IN (
+                          SELECT partition_key FROM {events} WHERE status = 0 AND available_at > ?1)) AS backoff_waiting,
+                     (SELECT min(available_at) FROM {events}
+                      WHERE status = 0 AND available_at > ?1) AS next_due,
+                     (SELECT count(DISTINCT lease_id) FROM {events}
+                      WHERE status = 1 AND lease_expires_at <= ?1) AS expired_leases,
+                     (SELECT count(*) FROM {events}
+                      WHERE status = 1 AND lease_expires_at <= ?1) AS expired_events,
+                     (SELECT min(lease_expires_at) FROM {events}
+                      WHERE status = 1 AND lease_expires_at <= ?1) AS first_expired_at,
+                     (SELECT count(*) FROM {events} WHERE status = 0 AND suspect) AS suspects"
             ),
             event_state: format!(
                 "SELECT status, available_at, attempts, lease_owner, lease_expires_at, published_at,
@@ -179,7 +249,7 @@ impl Queries {
             ),
             requeue: format!(
                 "UPDATE {events} SET status = 0, blocks_key = 0, attempts = 0,
-                     unfinished_claims = 0, available_at = ?2
+                     unfinished_claims = 0, suspect = 0, available_at = ?2
                  WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL
                  RETURNING attempts"
             ),
@@ -212,7 +282,9 @@ impl Queries {
                      SELECT sequence FROM {events}
                      WHERE status = 2 AND published_at <= ?1 ORDER BY published_at LIMIT ?2)"
             ),
-            relays: format!("SELECT relay, last_seen FROM {relays} ORDER BY relay"),
+            relays: format!(
+                "SELECT relay, last_seen, clock_skew_ms FROM {relays} ORDER BY relay"
+            ),
             inbox_claim: format!(
                 "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES (?1, ?2, ?3)
                  ON CONFLICT (consumer, event_id) DO NOTHING"

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use outbox_core::store::AttemptRecord;
-use outbox_core::{EventId, Headers, NewEvent, StoreError, StoredEvent};
+use outbox_core::{EventId, RawEvent, StoreError};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
@@ -10,10 +10,6 @@ use crate::error::ResultExt;
 
 /// Times are stored as microseconds since the Unix epoch: integers compare
 /// and index exactly, unlike text timestamps of varying precision.
-pub(super) fn micros(at: DateTime<Utc>) -> i64 {
-    at.timestamp_micros()
-}
-
 pub(super) fn from_micros(micros: i64) -> Result<DateTime<Utc>, StoreError> {
     DateTime::from_timestamp_micros(micros)
         .ok_or_else(|| StoreError::fatal(format!("stored time {micros} out of range")))
@@ -29,30 +25,33 @@ pub(super) fn event_id(row: &SqliteRow, column: &str) -> Result<EventId, StoreEr
         .map_err(|e| StoreError::fatal(format!("stored event id {text:?}: {e}")))
 }
 
-pub(super) fn stored_event(row: &SqliteRow) -> Result<StoredEvent, StoreError> {
-    let headers: String = row.try_get("headers").store()?;
-    let headers: Headers = serde_json::from_str(&headers).map_err(StoreError::fatal)?;
-    let payload: String = row.try_get("payload").store()?;
-    let payload_version: i64 = row.try_get("payload_version").store()?;
-    let attempts: i64 = row.try_get("attempts").store()?;
-    let event = NewEvent::builder(
-        row.try_get::<String, _>("event_type").store()?,
-        row.try_get::<String, _>("aggregate_type").store()?,
-        row.try_get::<String, _>("aggregate_id").store()?,
-    )
-    .event_id(event_id(row, "event_id")?)
-    .partition_key(row.try_get::<String, _>("partition_key").store()?)
-    .payload_json(payload)
-    .payload_version(payload_version as u32)
-    .headers(headers)
-    .build()
-    .map_err(|e| StoreError::fatal(format!("stored event does not decode: {e}")))?;
-    Ok(StoredEvent {
+/// The columns of [`super::queries::EVENT_COLUMNS`], not yet trusted as an
+/// event: decoding is [`RawEvent::decode`], per row. SQLite columns take any
+/// type, so even a number where text belongs decodes here as its text.
+pub(super) fn raw_event(row: &SqliteRow) -> Result<RawEvent, StoreError> {
+    let text = |column: &str| -> Result<String, StoreError> {
+        let value: sqlx::sqlite::SqliteValueRef<'_> = row.try_get_raw(column).store()?;
+        if sqlx::ValueRef::is_null(&value) {
+            return Ok(String::new());
+        }
+        row.try_get::<String, _>(column)
+            .or_else(|_| row.try_get::<i64, _>(column).map(|n| n.to_string()))
+            .or_else(|_| row.try_get::<f64, _>(column).map(|n| n.to_string()))
+            .store()
+    };
+    Ok(RawEvent {
         sequence: row.try_get("sequence").store()?,
-        event,
+        event_id: event_id(row, "event_id")?,
+        aggregate_type: text("aggregate_type")?,
+        aggregate_id: text("aggregate_id")?,
+        event_type: text("event_type")?,
+        partition_key: text("partition_key")?,
+        payload: text("payload")?,
+        payload_version: row.try_get("payload_version").unwrap_or(-1),
+        headers: text("headers")?,
         created_at: time(row, "created_at")?,
         available_at: time(row, "available_at")?,
-        attempts: attempts as u32,
+        attempts: row.try_get("attempts").store()?,
     })
 }
 

@@ -6,18 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::clock::add_duration;
 use outbox_core::store::{
     AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FencingToken, Lease,
     Nack, NackAction, OutboxStore, OutboxWriter, RelayId, Release, SettleReport,
 };
-use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError};
+use outbox_core::{
+    EventId, NewEvent, Ordering, PoisonPolicy, StoreError, StoredEvent, UnreadableEvent,
+};
 use serde_json::json;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use super::queries::Queries;
-use super::row::{self, micros};
+use super::row;
+use crate::blame::{blame, new_lease_id};
 use crate::codes;
 use crate::config::StoreConfig;
 use crate::error::ResultExt;
@@ -26,12 +28,16 @@ use crate::validate::{check_event, headers_json};
 
 const SCHEMA: &str = include_str!("schema.sql");
 
+/// The version of `schema.sql`; tables of another version are refused.
+pub const SCHEMA_VERSION: i32 = 2;
+
 /// The outbox, attempt history, inbox and relay tables in a SQLite file.
 ///
 /// SQLite has one writer at a time: claims run in `BEGIN IMMEDIATE`
 /// transactions, so leases and fencing hold across every process sharing the
 /// file (open it in WAL mode with a busy timeout, as [`SqliteStore::open`]
-/// does), and insert order is commit order.
+/// does), and insert order is commit order. Store time is the clock of the
+/// host the file is on, read in SQL (never a clock a caller injects).
 #[derive(Clone)]
 pub struct SqliteStore {
     pub(super) pool: SqlitePool,
@@ -101,13 +107,74 @@ impl SqliteStore {
     }
 
     /// Creates the tables and indexes if missing. Idempotent.
+    /// Tables of another schema version are refused with
+    /// [`StoreError::Config`] naming the upgrade notes.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let schema = self.schema_sql();
         let mut tx = self.begin_immediate().await?;
+        let tables = &self.config.tables;
+        let present = |name: String| {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            )
+            .bind(name)
+        };
+        if present(tables.events()).fetch_one(&mut *tx).await.store()? > 0 {
+            let version: Option<i32> = if present(tables.table("schema_version"))
+                .fetch_one(&mut *tx)
+                .await
+                .store()?
+                > 0
+            {
+                sqlx::query_scalar(&format!(
+                    "SELECT MAX(version) FROM {}",
+                    tables.table("schema_version")
+                ))
+                .fetch_one(&mut *tx)
+                .await
+                .store()?
+            } else {
+                Some(1)
+            };
+            crate::config::check_schema_version(&tables.events(), version, SCHEMA_VERSION)?;
+        }
         sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
             .await
             .store()?;
         tx.commit().await.store()
+    }
+
+    /// Store time: this host's clock (plus the shift tests set), in
+    /// microseconds since the epoch.
+    pub(super) async fn now(&self, conn: &mut SqliteConnection) -> Result<i64, StoreError> {
+        sqlx::query_scalar(&self.queries.now)
+            .fetch_one(conn)
+            .await
+            .store()
+    }
+
+    /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
+    /// shift is kept in the database, so every handle agrees.
+    pub(super) async fn sync_clock(&self) -> Result<(), StoreError> {
+        if let Some(shift) = self.config.shift_micros() {
+            let current: i64 = sqlx::query_scalar(&format!(
+                "SELECT clock_shift_us FROM {} WHERE id = 1",
+                self.config.tables.table("control")
+            ))
+            .fetch_one(&self.pool)
+            .await
+            .store()?;
+            if current != shift {
+                let mut tx = self.begin_immediate().await?;
+                sqlx::query(&self.queries.sync_clock)
+                    .bind(shift)
+                    .execute(&mut *tx)
+                    .await
+                    .store()?;
+                tx.commit().await.store()?;
+            }
+        }
+        Ok(())
     }
 
     /// A write transaction that takes SQLite's write lock up front, so a
@@ -130,6 +197,9 @@ impl SqliteStore {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        // No clock sync here: it would write, and the caller's transaction
+        // holds SQLite's one write lock.
+        let now = self.now(&mut *conn).await?;
         let batch: Vec<_> = events
             .iter()
             .map(|e| {
@@ -142,14 +212,14 @@ impl SqliteStore {
                     "p": e.payload.as_str(),
                     "v": e.payload_version,
                     "h": headers_json(e),
-                    "a": e.available_at.map(micros),
+                    "d": self.config.delay_ms(e.available_at),
                 })
             })
             .collect();
         let rows = sqlx::query(&self.queries.enqueue)
             .bind(serde_json::Value::Array(batch).to_string())
-            .bind(micros(self.config.clock.now()))
-            .fetch_all(conn)
+            .bind(now)
+            .fetch_all(&mut *conn)
             .await
             .store()?;
         let mut inserted = HashMap::with_capacity(rows.len());
@@ -168,7 +238,6 @@ impl SqliteStore {
             .collect())
     }
 
-    /// Appends history rows: `(event, kind, actor, class, detail, attempts)`.
     /// Appends history rows in one statement.
     pub(super) async fn record(
         &self,
@@ -178,10 +247,11 @@ impl SqliteStore {
         if entries.is_empty() {
             return Ok(());
         }
+        let now = self.now(&mut *conn).await?;
         sqlx::query(&self.queries.record_many)
             .bind(HistoryEntry::batch_json(entries))
-            .bind(micros(self.config.clock.now()))
-            .execute(conn)
+            .bind(now)
+            .execute(&mut *conn)
             .await
             .store()?;
         Ok(())
@@ -191,14 +261,14 @@ impl SqliteStore {
         &self,
         query: &str,
         batch: serde_json::Value,
-        now: Option<i64>,
+        with_now: bool,
         asked: impl Iterator<Item = EventId>,
     ) -> Result<SettleReport, StoreError> {
-        let mut q = sqlx::query(query).bind(batch.to_string());
-        if let Some(now) = now {
-            q = q.bind(now);
-        }
         let mut tx = self.begin_immediate().await?;
+        let mut q = sqlx::query(query).bind(batch.to_string());
+        if with_now {
+            q = q.bind(self.now(&mut tx).await?);
+        }
         let rows = q.fetch_all(&mut *tx).await.store()?;
         tx.commit().await.store()?;
         let settled: HashSet<EventId> = rows
@@ -215,6 +285,7 @@ impl SqliteStore {
 #[async_trait]
 impl OutboxWriter for SqliteStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        self.sync_clock().await?;
         let mut tx = self.begin_immediate().await?;
         let outcomes = SqliteStore::enqueue(self, &mut tx, events).await?;
         tx.commit().await.store()?;
@@ -225,68 +296,152 @@ impl OutboxWriter for SqliteStore {
 #[async_trait]
 impl OutboxStore for SqliteStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        let now = self.config.clock.now();
-        let expires = add_duration(now, request.lease_duration);
+        self.sync_clock().await?;
         let mut tx = self.begin_immediate().await?;
+        let now = self.now(&mut tx).await?;
+        let expires = now
+            .saturating_add(i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX));
+        self.reap(&mut tx, now).await?;
+        let block = request.poison == PoisonPolicy::Block;
         let looped = sqlx::query(&self.queries.crash_loops)
-            .bind(micros(now))
+            .bind(now)
             .bind(i64::from(request.crash_loop_limit))
-            .bind(request.poison == PoisonPolicy::Block)
+            .bind(block)
             .fetch_all(&mut *tx)
             .await
             .store()?;
-        let crash_looped: Vec<_> = looped
+        let crash_looped: Vec<StoredEvent> = looped
             .iter()
-            .map(row::stored_event)
-            .collect::<Result<_, _>>()?;
+            .map(|r| Ok(row::raw_event(r)?.decode().unwrap_or_else(|u| u.event)))
+            .collect::<Result<_, StoreError>>()?;
         let detail = format!(
             "{} publish attempts started and none finished",
             request.crash_loop_limit
         );
         let entries: Vec<_> = crash_looped
             .iter()
-            .map(|e| {
-                let attempts = i64::from(e.attempts);
-                HistoryEntry {
-                    event_id: e.event_id,
-                    kind: AttemptKind::CrashLoop,
-                    actor: request.owner.as_str(),
-                    error_class: None,
-                    detail: detail.as_str(),
-                    attempts,
-                }
+            .map(|e| HistoryEntry {
+                event_id: e.event_id,
+                kind: AttemptKind::CrashLoop,
+                actor: request.owner.as_str(),
+                error_class: None,
+                detail: detail.as_str(),
+                attempts: i64::from(e.attempts),
             })
             .collect();
         self.record(&mut tx, &entries).await?;
-        let claim = match request.ordering {
-            Ordering::PerKey => &self.queries.claim_per_key,
-            Ordering::Unordered => &self.queries.claim_unordered,
+
+        let (query, ordered) = match request.ordering {
+            Ordering::PerKey => (&self.queries.claim_per_key, true),
+            Ordering::Unordered => (&self.queries.claim_unordered, false),
         };
-        let rows = sqlx::query(claim)
-            .bind(micros(now))
-            .bind(request.owner.as_str())
-            .bind(micros(expires))
+        let candidates: Vec<(i64, String, bool)> = sqlx::query(query)
+            .bind(now)
             .bind(request.limit.min(i64::MAX as usize) as i64)
             .fetch_all(&mut *tx)
             .await
-            .store()?;
-        tx.commit().await.store()?;
-        let mut events = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let event = row::stored_event(r)?;
-            let order: (i64, i64) = (r.try_get("ord_key").store()?, event.sequence);
-            let lease = Lease {
-                sequence: event.sequence,
-                event_id: event.event_id,
-                fencing_token: FencingToken(r.try_get("fencing_token").store()?),
-                lease_expires_at: row::time(r, "lease_expires_at")?,
-            };
-            events.push((order, ClaimedEvent { event, lease }));
+            .store()?
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("sequence").store()?,
+                    r.try_get("partition_key").store()?,
+                    r.try_get("suspect").store()?,
+                ))
+            })
+            .collect::<Result<_, StoreError>>()?;
+        let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
+        let mut rows: HashMap<i64, (i64, Result<StoredEvent, UnreadableEvent>)> = HashMap::new();
+        for r in sqlx::query(&self.queries.read_rows)
+            .bind(json!(sequences).to_string())
+            .fetch_all(&mut *tx)
+            .await
+            .store()?
+        {
+            let raw = row::raw_event(&r)?;
+            rows.insert(
+                raw.sequence,
+                (r.try_get("fencing_token").store()?, raw.decode()),
+            );
         }
-        events.sort_by_key(|(order, _)| *order);
+        // A second crash suspect, or a row that does not decode under
+        // Block, ends its key's prefix in this batch.
+        let mut stopped: HashSet<&str> = HashSet::new();
+        let mut suspect_taken = false;
+        let mut chosen = Vec::new();
+        let mut unreadable = Vec::new();
+        for (sequence, key, suspect) in &candidates {
+            if ordered && stopped.contains(key.as_str()) {
+                continue;
+            }
+            if *suspect {
+                if suspect_taken {
+                    stopped.insert(key);
+                    continue;
+                }
+                suspect_taken = true;
+            }
+            match &rows[sequence].1 {
+                Ok(_) => chosen.push(*sequence),
+                Err(bad) => {
+                    unreadable.push(bad.clone());
+                    if block {
+                        stopped.insert(key);
+                    }
+                }
+            }
+        }
+        if !unreadable.is_empty() {
+            let bad: Vec<i64> = unreadable.iter().map(|u| u.event.sequence).collect();
+            sqlx::query(&self.queries.fail_rows)
+                .bind(json!(bad).to_string())
+                .bind(block)
+                .execute(&mut *tx)
+                .await
+                .store()?;
+            let entries: Vec<_> = unreadable
+                .iter()
+                .map(|u| HistoryEntry {
+                    event_id: u.event.event_id,
+                    kind: AttemptKind::Unreadable,
+                    actor: request.owner.as_str(),
+                    error_class: None,
+                    detail: u.reason.as_str(),
+                    attempts: i64::from(u.event.attempts),
+                })
+                .collect();
+            self.record(&mut tx, &entries).await?;
+        }
+        let mut events = Vec::with_capacity(chosen.len());
+        if !chosen.is_empty() {
+            sqlx::query(&self.queries.lease_rows)
+                .bind(json!(chosen).to_string())
+                .bind(new_lease_id())
+                .bind(request.owner.as_str())
+                .bind(expires)
+                .execute(&mut *tx)
+                .await
+                .store()?;
+            let lease_expires_at = row::from_micros(expires)?;
+            for sequence in &chosen {
+                let (token, decoded) = &rows[sequence];
+                let event = decoded.clone().expect("chosen rows decode");
+                events.push(ClaimedEvent {
+                    lease: Lease {
+                        sequence: *sequence,
+                        event_id: event.event_id,
+                        fencing_token: FencingToken(token + 1),
+                        lease_expires_at,
+                    },
+                    event,
+                });
+            }
+        }
+        tx.commit().await.store()?;
         Ok(ClaimedBatch {
-            events: events.into_iter().map(|(_, e)| e).collect(),
+            events,
             crash_looped,
+            unreadable,
         })
     }
 
@@ -294,15 +449,15 @@ impl OutboxStore for SqliteStore {
         if leases.is_empty() {
             return Ok(SettleReport::default());
         }
+        self.sync_clock().await?;
         let batch = leases
             .iter()
             .map(|l| json!([l.sequence, l.fencing_token.0]))
             .collect();
-        let now = micros(self.config.clock.now());
         self.settle_json(
             &self.queries.ack,
             batch,
-            Some(now),
+            true,
             leases.iter().map(|l| l.event_id),
         )
         .await
@@ -312,23 +467,27 @@ impl OutboxStore for SqliteStore {
         if nacks.is_empty() {
             return Ok(SettleReport::default());
         }
-        let now = self.config.clock.now();
+        self.sync_clock().await?;
+        let mut tx = self.begin_immediate().await?;
+        let now = self.now(&mut tx).await?;
         let batch: Vec<_> = nacks
             .iter()
             .map(|n| {
-                let (status, blocks, available) = match &n.action {
-                    NackAction::Retry { after } => (
-                        codes::PENDING,
-                        false,
-                        Some(micros(add_duration(now, *after))),
-                    ),
-                    NackAction::Fail { block_key, .. } => (codes::FAILED, *block_key, None),
-                };
+                let (status, blocks, available) =
+                    match &n.action {
+                        NackAction::Retry { after } => (
+                            codes::PENDING,
+                            false,
+                            Some(now.saturating_add(
+                                i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+                            )),
+                        ),
+                        NackAction::Fail { block_key, .. } => (codes::FAILED, *block_key, None),
+                    };
                 json!({"s": n.lease.sequence, "t": n.lease.fencing_token.0, "st": status,
                        "b": blocks, "a": available})
             })
             .collect();
-        let mut tx = self.begin_immediate().await?;
         let rows = sqlx::query(&self.queries.nack)
             .bind(serde_json::Value::Array(batch).to_string())
             .fetch_all(&mut *tx)
@@ -374,24 +533,110 @@ impl OutboxStore for SqliteStore {
         if releases.is_empty() {
             return Ok(SettleReport::default());
         }
-        let batch = releases
+        let mut tx = self.begin_immediate().await?;
+        // Rows whose publishing had started are blamed as after a crash.
+        let started: Vec<i64> = releases
             .iter()
-            .map(|r| json!([r.lease.sequence, r.lease.fencing_token.0, r.attempt_started]))
+            .filter(|r| r.attempt_started)
+            .map(|r| r.lease.sequence)
             .collect();
-        self.settle_json(
-            &self.queries.release,
-            batch,
-            None,
-            releases.iter().map(|r| r.lease.event_id),
-        )
-        .await
+        let mut blamed: HashMap<i64, i64> = HashMap::new();
+        if !started.is_empty() {
+            let held: Vec<(i64, i64, bool)> = sqlx::query(&self.queries.held)
+                .bind(json!(started).to_string())
+                .fetch_all(&mut *tx)
+                .await
+                .store()?
+                .iter()
+                .map(|r| {
+                    Ok((
+                        r.try_get("sequence").store()?,
+                        r.try_get("lease_id").store()?,
+                        r.try_get("suspect").store()?,
+                    ))
+                })
+                .collect::<Result<_, StoreError>>()?;
+            blamed = blame(&held).into_iter().collect();
+        }
+        let batch: Vec<_> = releases
+            .iter()
+            .map(|r| {
+                json!([
+                    r.lease.sequence,
+                    r.lease.fencing_token.0,
+                    r.attempt_started,
+                    blamed.get(&r.lease.sequence).copied().unwrap_or(0)
+                ])
+            })
+            .collect();
+        let rows = sqlx::query(&self.queries.release)
+            .bind(serde_json::Value::Array(batch).to_string())
+            .fetch_all(&mut *tx)
+            .await
+            .store()?;
+        tx.commit().await.store()?;
+        let settled: HashSet<EventId> = rows
+            .iter()
+            .map(|r| row::event_id(r, "event_id"))
+            .collect::<Result<_, _>>()?;
+        Ok(SettleReport {
+            applied: settled.len(),
+            fenced: releases
+                .iter()
+                .map(|r| r.lease.event_id)
+                .filter(|id| !settled.contains(id))
+                .collect(),
+        })
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+        self.sync_clock().await?;
+        let mut tx = self.begin_immediate().await?;
+        let now = self.now(&mut tx).await?;
+        let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
         sqlx::query(&self.queries.heartbeat)
             .bind(relay.as_str())
-            .bind(micros(self.config.clock.now()))
-            .execute(&self.pool)
+            .bind(now)
+            .bind(skew_ms)
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        tx.commit().await.store()
+    }
+}
+
+impl SqliteStore {
+    /// Leases that expired with rows in flight: the rows go back to
+    /// pending and the crash is blamed ([`outbox_core::store::crash_culprit`]).
+    async fn reap(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let expired: Vec<(i64, i64, bool)> = sqlx::query(&self.queries.expired)
+            .bind(now)
+            .fetch_all(&mut **tx)
+            .await
+            .store()?
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("sequence").store()?,
+                    r.try_get("lease_id").store()?,
+                    r.try_get("suspect").store()?,
+                ))
+            })
+            .collect::<Result<_, StoreError>>()?;
+        if expired.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<_> = blame(&expired)
+            .into_iter()
+            .map(|(s, c)| json!([s, c]))
+            .collect();
+        sqlx::query(&self.queries.reap)
+            .bind(serde_json::Value::Array(batch).to_string())
+            .execute(&mut **tx)
             .await
             .store()?;
         Ok(())

@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Renders migrations/{postgres,mysql,sqlite}/0001_outbox.sql from the schema templates with
+the default names and limits, exactly as PgStore::schema_sql() does (a test,
+shipped_migration_is_the_default_rendering, keeps the two identical)."""
+import pathlib
+
+root = pathlib.Path(__file__).resolve().parent.parent / "outbox-sqlx"
+
+
+def lock_key(name: str) -> int:
+    h = 0xCBF29CE484222325
+    for b in name.encode():
+        h ^= b
+        h = (h * 0x100000001B3) % (1 << 64)
+    return h - (1 << 64) if h >= (1 << 63) else h
+
+
+template = (root / "src/postgres/schema.sql").read_text()
+rendered = (
+    template.replace("{{schema}}", "")
+    .replace("{{channel}}", "outbox_events")
+    .replace("{{claim_lock}}", str(lock_key("outbox_events")))
+    .replace("{{schema_version}}", "2")
+    .replace("{{max_identifier_bytes}}", "255")
+    .replace("{{max_payload_bytes}}", "262144")
+    .replace("{{max_header_bytes}}", "16384")
+)
+(root / "migrations/postgres/0001_outbox.sql").write_text(rendered)
+
+# MySQL and SQLite: the template with the default (unqualified) names.
+for dialect in ("mysql", "sqlite"):
+    template = (root / f"src/{dialect}/schema.sql").read_text()
+    (root / f"migrations/{dialect}/0001_outbox.sql").write_text(template.replace("{{schema}}", ""))
