@@ -60,6 +60,27 @@ impl Clock for ManualClock {
     }
 }
 
+/// Another clock read `by` ahead (or behind, if negative): a host whose
+/// clock is off, for tests that prove nothing depends on it.
+#[derive(Clone, Debug)]
+pub struct SkewedClock {
+    base: Arc<dyn Clock>,
+    by: chrono::Duration,
+}
+
+impl SkewedClock {
+    /// `base` read `by` later.
+    pub fn new(base: Arc<dyn Clock>, by: chrono::Duration) -> Self {
+        Self { base, by }
+    }
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.base.now() + self.by
+    }
+}
+
 /// Where a store takes "now" from for every lease, delay, backoff and age
 /// it stores or compares (DESIGN.md §4).
 ///

@@ -15,7 +15,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use clock::{Clock, ManualClock, StoreTime, SystemClock};
+pub use clock::{Clock, ManualClock, SkewedClock, StoreTime, SystemClock};
 pub use error::{BoxError, StoreError};
 pub use event::{
     EventId, EventLimits, Headers, InvalidEvent, NewEvent, Payload, RawEvent, StoredEvent,

@@ -24,6 +24,10 @@ mod relay {
     outbox_core::relay_conformance_tests!(super::memory_store);
 }
 
+mod failure {
+    outbox_core::failure_conformance_tests!(super::memory_store);
+}
+
 mod inbox {
     outbox_core::inbox_conformance_tests!(super::memory_inbox);
 }

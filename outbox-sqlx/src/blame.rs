@@ -27,6 +27,74 @@ pub(crate) fn blame(rows: &[(i64, i64, bool)]) -> Vec<(i64, i64)> {
         .collect()
 }
 
+/// A row a lease holds, as the reaper reads it.
+pub(crate) struct InFlight {
+    pub(crate) sequence: i64,
+    pub(crate) lease_id: i64,
+    pub(crate) owner: String,
+    pub(crate) expires_at: i64,
+    pub(crate) unstarted: bool,
+    pub(crate) suspect: bool,
+}
+
+/// What reaping the expired leases among `in_flight` does.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Reaping {
+    /// Rows of expired leases whose publishing may have started:
+    /// `(sequence, 1 if the crash is blamed on it)`; all become suspects.
+    pub(crate) blamed: Vec<(i64, i64)>,
+    /// Rows of expired leases that never started (a relay's prefetch): back
+    /// to pending, unblamed.
+    pub(crate) returned: Vec<i64>,
+    /// Rows of live leases younger than a reaped lease of their owner: mark
+    /// them unstarted, for when they expire in turn.
+    pub(crate) unstarted: Vec<i64>,
+}
+
+/// A relay publishes its leases one at a time in claim order and claims the
+/// next meanwhile (prefetch): of one owner's leases in flight only the
+/// oldest can have started publishing. Expired leases are blamed
+/// ([`blame`]) if they could have started, returned otherwise.
+pub(crate) fn reap(in_flight: &[InFlight], now: i64) -> Reaping {
+    // Leases by owner, oldest first (same lease length: expiry order is
+    // claim order).
+    let mut leases: HashMap<i64, Vec<&InFlight>> = HashMap::new();
+    for row in in_flight {
+        leases.entry(row.lease_id).or_default().push(row);
+    }
+    let mut by_owner: HashMap<&str, Vec<(i64, i64)>> = HashMap::new();
+    for (lease, rows) in &leases {
+        by_owner
+            .entry(rows[0].owner.as_str())
+            .or_default()
+            .push((rows[0].expires_at, *lease));
+    }
+    let mut reaping = Reaping::default();
+    let mut started_expired = Vec::new();
+    for owned in by_owner.values_mut() {
+        owned.sort_unstable();
+        let mut reaped = false;
+        for (i, (expires_at, lease)) in owned.iter().enumerate() {
+            let rows = &leases[lease];
+            let unstarted = i > 0 || rows.iter().any(|r| r.unstarted);
+            if *expires_at > now {
+                if reaped {
+                    reaping.unstarted.extend(rows.iter().map(|r| r.sequence));
+                }
+                continue;
+            }
+            reaped = true;
+            if unstarted {
+                reaping.returned.extend(rows.iter().map(|r| r.sequence));
+            } else {
+                started_expired.extend(rows.iter().map(|r| (r.sequence, *lease, r.suspect)));
+            }
+        }
+    }
+    reaping.blamed = blame(&started_expired);
+    reaping
+}
+
 /// A fresh id for one claim's lease (random: no counter to contend on).
 pub(crate) fn new_lease_id() -> i64 {
     i64::from_le_bytes(
@@ -39,6 +107,45 @@ pub(crate) fn new_lease_id() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(sequence: i64, lease_id: i64, owner: &str, expires_at: i64) -> InFlight {
+        InFlight {
+            sequence,
+            lease_id,
+            owner: owner.into(),
+            expires_at,
+            unstarted: false,
+            suspect: false,
+        }
+    }
+
+    #[test]
+    fn a_prefetched_lease_goes_back_unblamed() {
+        // relay-a died holding lease 1 (publishing) and 2 (prefetched);
+        // relay-b's lease 3 is live.
+        let rows = [
+            row(1, 1, "relay-a", 100),
+            row(2, 2, "relay-a", 105),
+            row(3, 3, "relay-b", 500),
+        ];
+        let reaping = reap(&rows, 200);
+        assert_eq!(reaping.blamed, vec![(1, 1)]);
+        assert_eq!(reaping.returned, vec![2]);
+        assert!(reaping.unstarted.is_empty());
+    }
+
+    #[test]
+    fn a_younger_lease_is_marked_when_the_older_expires_first() {
+        let rows = [row(1, 1, "relay-a", 100), row(2, 2, "relay-a", 105)];
+        let reaping = reap(&rows, 102);
+        assert_eq!(reaping.blamed, vec![(1, 1)]);
+        assert_eq!(reaping.unstarted, vec![2]);
+        let later = [InFlight {
+            unstarted: true,
+            ..row(2, 2, "relay-a", 105)
+        }];
+        assert_eq!(reap(&later, 200).returned, vec![2]);
+    }
 
     #[test]
     fn each_lease_is_judged_on_its_own() {

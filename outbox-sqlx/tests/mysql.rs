@@ -57,10 +57,15 @@ fn mysql_store(clock: ManualClock) -> BoxFuture<'static, Arc<MySqlStore>> {
 
 mod store {
     outbox_core::store_conformance_tests!(super::mysql_store);
+    outbox_core::commit_order_conformance_tests!(super::mysql_store);
 }
 
 mod relay {
     outbox_core::relay_conformance_tests!(super::mysql_store);
+}
+
+mod failure {
+    outbox_core::failure_conformance_tests!(super::mysql_store);
 }
 
 struct MySqlInboxHarness {

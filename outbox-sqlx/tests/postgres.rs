@@ -74,6 +74,10 @@ mod relay {
     outbox_core::relay_conformance_tests!(super::pg_store);
 }
 
+mod failure {
+    outbox_core::failure_conformance_tests!(super::pg_store);
+}
+
 /// The inbox plus an effects table written in the same transaction.
 struct PgInboxHarness {
     inbox: PgInbox,

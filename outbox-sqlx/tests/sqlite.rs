@@ -40,6 +40,13 @@ mod store {
     outbox_core::store_conformance_tests!(super::sqlite_store);
 }
 
+/// SQLite has one writer at a time: the suite's overlapping-writer tests
+/// skip themselves (and the commit-order ones, which need two open
+/// writers, do not apply: insert order is commit order).
+mod failure {
+    outbox_core::failure_conformance_tests!(super::sqlite_store);
+}
+
 mod relay {
     outbox_core::relay_conformance_tests!(super::sqlite_store);
 }

@@ -31,6 +31,7 @@ struct Script {
     outage: bool,
     delivered: Vec<StoredEvent>,
     calls: usize,
+    hangs: usize,
 }
 
 /// An in-process broker for tests and examples: records every delivered
@@ -117,6 +118,20 @@ impl RecordingPublisher {
         }
     }
 
+    /// Waits until `n` calls have hung on a scripted fault (a relay stuck
+    /// mid-publish, ready to be killed).
+    pub async fn wait_for_hangs(&self, n: usize) {
+        loop {
+            let notified = self.delivered.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.lock().hangs >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Waits until at least `n` events were delivered.
     pub async fn wait_for_deliveries(&self, n: usize) {
         self.wait_until(|d| d.len() >= n).await;
@@ -170,6 +185,7 @@ impl Publisher for RecordingPublisher {
                     }
                     Step::Hang => {
                         hang = true;
+                        script.hangs += 1;
                         break;
                     }
                 }

@@ -100,6 +100,11 @@ pub(super) struct State {
     /// same key may still commit (DESIGN.md §5).
     pub(super) open_writes: BTreeSet<i64>,
     pub(super) relays: BTreeMap<RelayId, (DateTime<Utc>, i64)>,
+    /// Leases younger than one of their owner's that expired: prefetched,
+    /// never published (see `reap`).
+    pub(super) unstarted_leases: std::collections::HashSet<u64>,
+    /// Event ids staged by open write transactions, with the staging sequence.
+    pub(super) staged_ids: HashMap<EventId, i64>,
     next_lease: u64,
 }
 
@@ -183,21 +188,47 @@ impl State {
 
     /// Leases that expired with rows in flight: the rows go back to pending
     /// and the crash is blamed (see [`State::blame`]).
+    ///
+    /// A relay publishes its leases one at a time, in claim order, and
+    /// claims the next while publishing (prefetch): of one owner's leases
+    /// still holding rows, only the oldest can have started publishing. A
+    /// younger one is unstarted; its rows go back unblamed, and once an
+    /// older lease of its owner is reaped it stays marked so.
     fn reap(&mut self, now: DateTime<Utc>) {
-        let mut expired: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+        let mut held: BTreeMap<u64, (RelayId, bool, Vec<i64>)> = BTreeMap::new();
         for row in self.rows.values() {
             if let RowStatus::InFlight {
                 lease_expires_at,
                 lease,
-                ..
+                ref owner,
             } = row.status
-                && lease_expires_at <= now
             {
-                expired.entry(lease).or_default().push(row.stored.sequence);
+                held.entry(lease)
+                    .or_insert_with(|| (owner.clone(), lease_expires_at <= now, Vec::new()))
+                    .2
+                    .push(row.stored.sequence);
             }
         }
-        for rows in expired.values() {
-            self.blame(rows);
+        let mut older_owners: std::collections::HashSet<RelayId> = Default::default();
+        let mut reaped_owners: std::collections::HashSet<RelayId> = Default::default();
+        for (lease, (owner, expired, rows)) in &held {
+            let unstarted = self.unstarted_leases.contains(lease) || older_owners.contains(owner);
+            older_owners.insert(owner.clone());
+            if !*expired {
+                if reaped_owners.contains(owner) {
+                    self.unstarted_leases.insert(*lease);
+                }
+                continue;
+            }
+            reaped_owners.insert(owner.clone());
+            if unstarted {
+                for sequence in rows {
+                    self.rows.get_mut(sequence).expect("row exists").status = RowStatus::Pending;
+                }
+            } else {
+                self.blame(rows);
+            }
+            self.unstarted_leases.remove(lease);
         }
     }
 

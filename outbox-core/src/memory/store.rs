@@ -135,6 +135,11 @@ impl MemoryStore {
     fn notify_enqueued(&self) {
         self.enqueued.send_modify(|n| *n += 1);
     }
+
+    /// A receiver that changes whenever a write transaction commits or rolls back.
+    pub(crate) fn writes(&self) -> watch::Receiver<u64> {
+        self.enqueued.subscribe()
+    }
 }
 
 /// Wakes a relay when events are committed to a [`MemoryStore`].
@@ -153,7 +158,7 @@ impl WakeUp for MemoryWakeUp {
 /// An open write transaction on a [`MemoryStore`]; see [`MemoryStore::begin_write`].
 #[derive(Debug)]
 pub struct MemoryWriteTx {
-    store: MemoryStore,
+    pub(crate) store: MemoryStore,
     staged: Vec<(i64, NewEvent)>,
 }
 
@@ -164,6 +169,7 @@ impl MemoryWriteTx {
         let mut state = self.store.lock();
         let sequence = state.reserve_sequence();
         state.open_writes.insert(sequence);
+        state.staged_ids.entry(event.event_id).or_insert(sequence);
         self.staged.push((sequence, event));
         Ok(())
     }
@@ -178,6 +184,9 @@ impl MemoryWriteTx {
                 .into_iter()
                 .map(|(sequence, event)| {
                     state.open_writes.remove(&sequence);
+                    if state.staged_ids.get(&event.event_id) == Some(&sequence) {
+                        state.staged_ids.remove(&event.event_id);
+                    }
                     let event = self.store.on_store_time(event);
                     state.insert(sequence, sequence, event, now)
                 })
@@ -188,15 +197,38 @@ impl MemoryWriteTx {
     }
 }
 
+impl MemoryWriteTx {
+    /// Whether another open write transaction has staged `event_id`: as a
+    /// database's unique key would, a second insert of it waits for that
+    /// transaction to end.
+    pub(crate) fn staged_elsewhere(&self, event_id: EventId) -> bool {
+        let mine: std::collections::HashSet<i64> = self.staged.iter().map(|(s, _)| *s).collect();
+        self.store
+            .lock()
+            .staged_ids
+            .get(&event_id)
+            .is_some_and(|sequence| !mine.contains(sequence))
+    }
+
+    /// Whether `event_id` is committed already.
+    pub(crate) fn committed(&self, event_id: EventId) -> bool {
+        self.store.lock().ids.contains_key(&event_id)
+    }
+}
+
 impl Drop for MemoryWriteTx {
     fn drop(&mut self) {
         if self.staged.is_empty() {
             return;
         }
-        let mut state = self.store.lock();
-        for (sequence, _) in &self.staged {
-            state.open_writes.remove(sequence);
+        {
+            let mut state = self.store.lock();
+            for (sequence, event) in &self.staged {
+                state.open_writes.remove(sequence);
+                state.staged_ids.remove(&event.event_id);
+            }
         }
+        self.store.notify_enqueued();
     }
 }
 

@@ -42,6 +42,21 @@ macro_rules! commit_order_conformance_tests {
     };
 }
 
+/// Generates one `#[tokio::test]` per failure-suite function (the store
+/// must implement [`FaultSeams`](crate::testing::FaultSeams)).
+#[macro_export]
+macro_rules! failure_conformance_tests {
+    ($factory:expr) => {
+        $crate::__conformance_tests!(failure_suite, $factory;
+            leases_and_delays_follow_store_time,
+            unreadable_rows_fail_alone,
+            crashes_are_blamed_on_the_event_that_caused_them,
+            concurrent_duplicate_ids_are_reported,
+            slow_settlements_never_block_producers,
+        );
+    };
+}
+
 /// Generates one `#[tokio::test]` per relay-suite function.
 #[macro_export]
 macro_rules! relay_conformance_tests {

@@ -10,6 +10,7 @@
 //! Stores take their time from the [`ManualClock`] the suite passes to the
 //! factory, so lease expiry and backoff are driven by the test, not by sleeps.
 
+pub mod failure_suite;
 pub mod faults;
 mod fixtures;
 pub mod inbox_suite;
@@ -26,13 +27,13 @@ use async_trait::async_trait;
 pub use faults::{DieAfterCommit, assert_exactly_once_in_key_order};
 pub use fixtures::{event, event_with_payload, events_over_keys, namespace};
 
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::error::StoreError;
 use crate::event::{EventId, NewEvent, StoredEvent};
 use crate::inbox::InboxStore;
 use crate::memory::{MemoryInbox, MemoryInboxTx, MemoryStore, MemoryWriteTx, RecordingPublisher};
 use crate::publisher::Publisher;
-use crate::store::{EnqueueOutcome, OutboxAdmin, OutboxStore, OutboxWriter};
+use crate::store::{EnqueueOutcome, Lease, OutboxAdmin, OutboxStore, OutboxWriter, SettleReport};
 
 /// Everything a store suite needs from a backend.
 pub trait ConformingStore: OutboxStore + OutboxWriter + OutboxAdmin + 'static {}
@@ -65,8 +66,11 @@ pub trait OpenWrite: Send {
     /// A business write that is not an event (`UPDATE invoices ...`): on a
     /// database it gives the transaction its id before any event is written.
     async fn write_business_row(&mut self) -> Result<(), StoreError>;
-    /// Inserts `event` in the open transaction.
-    async fn enqueue(&mut self, event: NewEvent) -> Result<(), StoreError>;
+    /// Reads the outbox tables in the open transaction (under REPEATABLE
+    /// READ this fixes its snapshot, as business code that read first does).
+    async fn read(&mut self) -> Result<(), StoreError>;
+    /// Inserts `event` in the open transaction, saying whether it was new.
+    async fn enqueue(&mut self, event: NewEvent) -> Result<EnqueueOutcome, StoreError>;
     /// Commits the transaction.
     async fn commit(self: Box<Self>) -> Result<(), StoreError>;
 }
@@ -83,8 +87,23 @@ impl OpenWrite for MemoryWriteTx {
     async fn write_business_row(&mut self) -> Result<(), StoreError> {
         Ok(())
     }
-    async fn enqueue(&mut self, event: NewEvent) -> Result<(), StoreError> {
-        MemoryWriteTx::enqueue(self, event)
+    async fn read(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn enqueue(&mut self, event: NewEvent) -> Result<EnqueueOutcome, StoreError> {
+        // As a unique key would: wait while another open transaction holds
+        // the id, then report what the insert found.
+        let mut writes = self.store.writes();
+        while self.staged_elsewhere(event.event_id) {
+            if writes.changed().await.is_err() {
+                break;
+            }
+        }
+        if self.committed(event.event_id) {
+            return Ok(EnqueueOutcome::AlreadyExists);
+        }
+        MemoryWriteTx::enqueue(self, event)?;
+        Ok(EnqueueOutcome::Inserted { sequence: 0 })
     }
     async fn commit(self: Box<Self>) -> Result<(), StoreError> {
         MemoryWriteTx::commit(*self);
@@ -93,9 +112,58 @@ impl OpenWrite for MemoryWriteTx {
 }
 
 #[async_trait]
+impl FaultSeams for MemoryStore {
+    fn with_host_clock(&self, host_clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(MemoryStore::with_host_clock(self, host_clock))
+    }
+    async fn write_unreadable_row(&self, partition_key: &str) -> EventId {
+        MemoryStore::write_unreadable_row(self, partition_key, "headers: not a JSON object")
+    }
+    async fn slow_ack(
+        &self,
+        leases: &[Lease],
+        ready: tokio::sync::oneshot::Sender<()>,
+        release: futures::future::BoxFuture<'static, ()>,
+    ) -> Result<SettleReport, StoreError> {
+        // The memory store holds nothing while a settlement waits.
+        let _ = ready.send(());
+        release.await;
+        self.ack(leases).await
+    }
+}
+
+#[async_trait]
 impl BeginWrite for MemoryStore {
     async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError> {
         Ok(Box::new(MemoryStore::begin_write(self)))
+    }
+}
+
+/// Fault seams the failure suite needs from a store (DESIGN.md §4, §6):
+/// each one is something users meet in production, made to happen on cue.
+#[async_trait]
+pub trait FaultSeams: ConformingStore + BeginWrite {
+    /// Another handle on the same tables whose host clock is `host_clock`
+    /// (a relay or producer on a host whose clock is off); store time stays
+    /// the store's.
+    fn with_host_clock(&self, host_clock: Arc<dyn Clock>) -> Arc<Self>;
+    /// Writes, as another tool could, a committed row of key
+    /// `partition_key` that this store cannot decode into an event (for
+    /// example headers with a non-string value); returns its id.
+    async fn write_unreadable_row(&self, partition_key: &str) -> EventId;
+    /// Acks `leases` in a transaction kept open, after the ack's statements
+    /// ran (then `ready` is sent), until `release` resolves: a settlement
+    /// that is slow to commit.
+    async fn slow_ack(
+        &self,
+        leases: &[Lease],
+        ready: tokio::sync::oneshot::Sender<()>,
+        release: futures::future::BoxFuture<'static, ()>,
+    ) -> Result<SettleReport, StoreError>;
+    /// Whether two write transactions can be open at once (SQLite: no, it
+    /// has one writer at a time; tests that need two skip, saying so).
+    fn overlapping_writers(&self) -> bool {
+        true
     }
 }
 

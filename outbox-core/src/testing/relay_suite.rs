@@ -52,10 +52,10 @@ pub fn config(name: &str) -> RelayConfig {
 
 /// Collects alerts and lets a test wait for them.
 #[derive(Clone, Default)]
-struct Alerts(Arc<(Mutex<Vec<FailedAlert>>, Notify)>);
+pub(crate) struct Alerts(Arc<(Mutex<Vec<FailedAlert>>, Notify)>);
 
 impl Alerts {
-    fn hook(&self) -> impl Fn(&FailedAlert) + Send + Sync + 'static {
+    pub(crate) fn hook(&self) -> impl Fn(&FailedAlert) + Send + Sync + 'static {
         let inner = self.0.clone();
         move |alert: &FailedAlert| {
             inner.0.lock().expect("alerts").push(alert.clone());
@@ -65,7 +65,7 @@ impl Alerts {
     fn taken(&self) -> Vec<FailedAlert> {
         self.0.0.lock().expect("alerts").clone()
     }
-    async fn wait_for(&self, n: usize) {
+    pub(crate) async fn wait_for(&self, n: usize) {
         loop {
             let notified = self.0.1.notified();
             tokio::pin!(notified);
@@ -78,13 +78,13 @@ impl Alerts {
     }
 }
 
-struct Running {
+pub(crate) struct Running {
     shutdown: CancellationToken,
     handle: tokio::task::JoinHandle<RelayReport>,
 }
 
 impl Running {
-    async fn stop(self) -> RelayReport {
+    pub(crate) async fn stop(self) -> RelayReport {
         self.shutdown.cancel();
         within("relay shutdown", self.handle)
             .await
@@ -92,13 +92,13 @@ impl Running {
     }
 
     /// Kills the relay task where it stands: no settlement, no release.
-    async fn crash(self) {
+    pub(crate) async fn crash(self) {
         self.handle.abort();
         let _ = self.handle.await;
     }
 }
 
-fn start<S, P>(
+pub(crate) fn start<S, P>(
     store: Arc<S>,
     publisher: Arc<P>,
     config: RelayConfig,

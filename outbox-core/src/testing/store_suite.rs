@@ -644,7 +644,9 @@ where
     F::Store: BeginWrite,
 {
     let store = factory.create(ManualClock::at_epoch()).await;
-    let (first, second) = (event("a", 1), event("a", 2));
+    // Two keys: stores that make writers of one key take turns (MySQL)
+    // would otherwise wait here for the first commit.
+    let (first, second) = (event("a", 1), event("b", 2));
     let mut early = store.begin_write().await.unwrap();
     early.enqueue(first.clone()).await.unwrap();
     let mut late = store.begin_write().await.unwrap();

@@ -143,7 +143,10 @@ CREATE TABLE IF NOT EXISTS outbox_leases (
     max_position   BIGINT NOT NULL,
     keys           TEXT[] NOT NULL,
     -- The one row of the lease under crash suspicion, if any.
-    suspect        BIGINT
+    suspect        BIGINT,
+    -- Claimed while an older lease of its owner was in flight (a relay's
+    -- prefetch) when that one expired: its publishing never started.
+    unstarted      BOOLEAN NOT NULL DEFAULT FALSE
 );
 -- A lease lives for one batch: compressing its arrays costs more than it saves.
 ALTER TABLE outbox_leases ALTER COLUMN held SET STORAGE EXTERNAL;
@@ -400,11 +403,33 @@ BEGIN
 END
 $$;
 
+-- Rows of a lease whose publishing never started go back, unblamed: they
+-- leave the stream (status 4, at their claim position) as on a release.
+CREATE OR REPLACE FUNCTION outbox_return(p_rows bigint[], p_positions bigint[])
+    RETURNS bigint
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_written bigint;
+BEGIN
+    UPDATE outbox_events e
+    SET status = 4, position = coalesce(e.position, u.position)
+    FROM unnest(p_rows, p_positions) AS u(sequence, position)
+    WHERE e.sequence = u.sequence AND e.status IN (0, 4);
+    GET DIAGNOSTICS v_written = ROW_COUNT;
+    RETURN v_written;
+END
+$$;
+
 -- Leases that expired with rows still in flight: the rows leave the stream
 -- (status 4, at their claim position) and the crash is blamed (README,
 -- "Crash loops"): on the lease's one suspect if it held one, on the row if
 -- it was the only one in flight, otherwise every row becomes a suspect and
--- is retried as the only suspect of a later lease.
+-- is retried as the only suspect of a later lease. A relay publishes its
+-- leases one at a time in claim order and claims the next meanwhile: of an
+-- owner's leases in flight only the oldest can have started, so a younger
+-- one goes back unblamed (and is marked so when the older one is reaped
+-- first).
 CREATE OR REPLACE FUNCTION outbox_reap(p_now timestamptz) RETURNS bigint
     LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -412,16 +437,28 @@ DECLARE
     v_written bigint;
 BEGIN
     WITH old AS (
-        SELECT token, held, held_positions, suspect
-        FROM outbox_leases
-        WHERE expires_at <= p_now AND cardinality(held) > 0
-        FOR UPDATE
+        SELECT l.token, l.owner, l.held, l.held_positions, l.suspect,
+               l.unstarted OR EXISTS (
+                   SELECT 1 FROM outbox_leases o
+                   WHERE o.owner = l.owner AND o.token < l.token AND cardinality(o.held) > 0
+               ) AS unstarted
+        FROM outbox_leases l
+        WHERE l.expires_at <= p_now AND cardinality(l.held) > 0
+        FOR UPDATE OF l
+    ), marked AS (
+        UPDATE outbox_leases y SET unstarted = TRUE
+        FROM old
+        WHERE y.owner = old.owner AND y.token > old.token AND y.expires_at > p_now
+          AND cardinality(y.held) > 0
     ), emptied AS (
         UPDATE outbox_leases l
         SET held = '{}', held_positions = '{}', tracked = '{}', keys = '{}', suspect = NULL
         FROM old WHERE l.token = old.token
     ), blamed AS (
-        SELECT outbox_blame(old.held, old.held_positions, old.suspect) AS n FROM old
+        SELECT CASE WHEN old.unstarted
+                    THEN outbox_return(old.held, old.held_positions)
+                    ELSE outbox_blame(old.held, old.held_positions, old.suspect) END AS n
+        FROM old
     )
     SELECT coalesce(sum(n), 0)::bigint INTO v_written FROM blamed;
     RETURN v_written;
@@ -491,10 +528,11 @@ BEGIN
     ), live_rows AS (
         SELECT unnest(held) AS sequence FROM outbox_leases WHERE cardinality(held) > 0
     ), live_keys AS (
-        SELECT k AS key, bool_or(l.claimed_at > p_now - interval '1 second') AS young
-        FROM outbox_leases l CROSS JOIN LATERAL unnest(l.keys) AS k
-        WHERE p_ordered AND cardinality(l.held) > 0
-        GROUP BY k
+        SELECT DISTINCT unnest(keys) AS key FROM outbox_leases
+        WHERE p_ordered AND cardinality(held) > 0
+    ), young_keys AS (
+        SELECT DISTINCT unnest(keys) AS key FROM outbox_leases
+        WHERE p_ordered AND cardinality(held) > 0 AND claimed_at > p_now - interval '1 second'
     ), taken AS (
         SELECT unnest(positions) AS position FROM outbox_leases WHERE max_position >= p_from
     ), window_rows AS (
@@ -512,9 +550,13 @@ BEGIN
                 AND o.first_position < p_to) w
         WHERE w.position >= p_from AND w.position < p_to
           AND w.position NOT IN (SELECT position FROM taken)
-    ), stream AS (
-        SELECT w.*, bool_and(w.due) OVER (PARTITION BY w.partition_key ORDER BY w.position) AS due_prefix
-        FROM window_rows w
+    ), stream AS MATERIALIZED (
+        SELECT * FROM window_rows
+    ), late AS MATERIALIZED (
+        -- Per key, its first stream row not due yet: nothing of the key
+        -- after it goes (rare: delayed events; no per-row sort otherwise).
+        SELECT partition_key, min(position) AS position FROM stream WHERE NOT due
+        GROUP BY partition_key
     ), tracked AS (
         SELECT x.*, bool_and(x.ok) OVER (PARTITION BY x.partition_key ORDER BY x.position) AS prefix_ok
         FROM tracked_keys t CROSS JOIN LATERAL (
@@ -544,20 +586,25 @@ BEGIN
         SELECT s.sequence, s.partition_key, s.position, FALSE, TRUE
         FROM stream s
         WHERE (NOT p_ordered AND s.due)
-           OR (p_ordered AND s.due_prefix
+           OR (p_ordered AND s.due
+               AND NOT EXISTS (SELECT 1 FROM late l
+                               WHERE l.partition_key = s.partition_key AND l.position < s.position)
                AND s.partition_key NOT IN (SELECT key FROM live_keys)
                AND NOT EXISTS (SELECT 1 FROM key_state k
                                WHERE k.partition_key = s.partition_key AND NOT k.all_ok))
     ), first_suspect AS (
         SELECT min(position) AS position FROM candidates WHERE suspect
-    ), eligible AS (
+    ), left_out_suspects AS MATERIALIZED (
         -- At most one crash suspect per lease, and nothing of its key after
         -- a suspect left out.
-        SELECT c.* FROM (
-            SELECT c.*, count(*) FILTER (WHERE c.suspect AND c.position > f.position)
-                            OVER (PARTITION BY c.partition_key ORDER BY c.position) AS after_left_out
-            FROM candidates c CROSS JOIN first_suspect f) c
-        WHERE c.after_left_out = 0
+        SELECT c.partition_key, min(c.position) AS position
+        FROM candidates c, first_suspect f
+        WHERE c.suspect AND c.position > f.position
+        GROUP BY c.partition_key
+    ), eligible AS (
+        SELECT c.* FROM candidates c
+        WHERE NOT EXISTS (SELECT 1 FROM left_out_suspects x
+                          WHERE x.partition_key = c.partition_key AND x.position <= c.position)
     ), picks AS (
         SELECT * FROM eligible ORDER BY position LIMIT p_limit
     ), cut AS (
@@ -567,11 +614,10 @@ BEGIN
         SELECT s.sequence, s.position,
                CASE WHEN NOT p_ordered THEN CASE WHEN NOT s.due THEN 4 END
                     WHEN k.blocked THEN 5
-                    WHEN l.young THEN NULL
+                    WHEN s.partition_key IN (SELECT key FROM young_keys) THEN NULL
                     ELSE 4 END AS new_status
         FROM stream s
         LEFT JOIN key_state k ON k.partition_key = s.partition_key
-        LEFT JOIN live_keys l ON l.key = s.partition_key
         WHERE s.sequence NOT IN (SELECT sequence FROM picks)
           AND s.position < coalesce((SELECT position FROM cut), p_to)
     ), deferred AS (

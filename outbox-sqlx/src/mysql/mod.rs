@@ -5,6 +5,8 @@ mod inbox;
 mod queries;
 mod row;
 mod store;
+#[cfg(feature = "testing")]
+mod testing;
 
 pub use inbox::MySqlInbox;
 pub use store::MySqlStore;

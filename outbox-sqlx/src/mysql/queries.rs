@@ -21,9 +21,11 @@ pub(super) struct Queries {
     pub(super) enqueue_tail: &'static str,
     pub(super) read_back: String,
     pub(super) claim_lock: String,
-    pub(super) expired: String,
+    pub(super) in_flight: String,
     pub(super) lock_expired: String,
     pub(super) reap: String,
+    pub(super) return_rows: String,
+    pub(super) mark_unstarted: String,
     pub(super) crash_loop_candidates: String,
     pub(super) claim_candidates_per_key: String,
     pub(super) claim_candidates_unordered: String,
@@ -123,8 +125,10 @@ impl Queries {
             // Found without locking (a locking scan of the status index
             // deadlocks with settlements of live leases), then locked by
             // primary key, skipping rows a settlement holds right now.
-            expired: format!(
-                "SELECT sequence FROM {events} WHERE status = 1 AND lease_expires_at <= ?"
+            in_flight: format!(
+                "SELECT sequence, lease_id, COALESCE(lease_owner, '') AS lease_owner,
+                        lease_expires_at, lease_unstarted, suspect
+                 FROM {events} WHERE status = 1"
             ),
             lock_expired: format!(
                 "SELECT sequence, lease_id, suspect FROM {events}
@@ -135,9 +139,16 @@ impl Queries {
                 "UPDATE {events} e
                  JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', culprit INT PATH '$[1]')) AS l
                    ON e.sequence = l.seq
-                 SET e.status = 0, e.lease_expires_at = NULL, e.suspect = TRUE,
+                 SET e.status = 0, e.lease_expires_at = NULL, e.suspect = TRUE, e.lease_unstarted = FALSE,
                      e.unfinished_claims = e.unfinished_claims + l.culprit
                  WHERE e.sequence IN ({{in}})"
+            ),
+            return_rows: format!(
+                "UPDATE {events} SET status = 0, lease_expires_at = NULL, lease_unstarted = FALSE
+                 WHERE sequence IN ({{in}})"
+            ),
+            mark_unstarted: format!(
+                "UPDATE {events} SET lease_unstarted = TRUE WHERE status = 1 AND sequence IN ({{in}})"
             ),
             crash_loop_candidates: format!(
                 "SELECT c.sequence FROM {events} c
@@ -161,7 +172,7 @@ impl Queries {
             ),
             lease_rows: format!(
                 "UPDATE {events} SET status = 1, fencing_token = fencing_token + 1,
-                     lease_id = ?, lease_owner = ?, lease_expires_at = ?
+                     lease_id = ?, lease_unstarted = FALSE, lease_owner = ?, lease_expires_at = ?
                  WHERE sequence IN ({{in}})"
             ),
             read_rows: format!(

@@ -33,8 +33,11 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_events (
     unfinished_claims INT NOT NULL DEFAULT 0,
     suspect           BOOLEAN NOT NULL DEFAULT FALSE,
     fencing_token     BIGINT NOT NULL DEFAULT 0,
-    -- The claim that leased it: rows of one lease share a crash.
+    -- The claim that leased it: rows of one lease share a crash. A lease
+    -- claimed while an older one of its owner was in flight (a prefetch)
+    -- is marked unstarted once that one expires: it goes back unblamed.
     lease_id          BIGINT NOT NULL DEFAULT 0,
+    lease_unstarted   BOOLEAN NOT NULL DEFAULT FALSE,
     -- Set by the enqueue that wrote the row, so a concurrent enqueue of the
     -- same id can tell its own insert from the other's.
     enqueue_mark      BIGINT NOT NULL DEFAULT 0,

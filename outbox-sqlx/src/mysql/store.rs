@@ -14,7 +14,7 @@ use sqlx::{MySql, MySqlConnection, MySqlPool, Row, Transaction};
 
 use super::queries::{Queries, with_in_list};
 use super::row;
-use crate::blame::{blame, new_lease_id};
+use crate::blame::{InFlight, blame, new_lease_id, reap};
 use crate::codes;
 use crate::config::StoreConfig;
 use crate::error::ResultExt;
@@ -479,27 +479,9 @@ impl OutboxStore for MySqlStore {
         }
         self.sync_clock().await?;
         let mut tx = self.begin_relay().await?;
-        let held = self
-            .lock_leased(&mut tx, &leases.iter().collect::<Vec<_>>())
-            .await?;
-        let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
-        if !sequences.is_empty() {
-            let ack = with_in_list(&self.queries.ack, sequences.len());
-            let now = self.now(&mut tx).await?;
-            sequences
-                .iter()
-                .fold(sqlx::query(&ack).bind(now), |q, s| q.bind(s))
-                .execute(&mut *tx)
-                .await
-                .store()?;
-            // A published replacement lifts the block of the event it superseded.
-            let ids: Vec<String> = held.iter().map(|h| h.event_id.to_string()).collect();
-            let unblock = with_in_list(&self.queries.unblock_superseded, ids.len());
-            query_in(&unblock, &ids).execute(&mut *tx).await.store()?;
-        }
+        let report = self.ack_in(&mut tx, leases).await?;
         tx.commit().await.store()?;
-        let settled = held.into_iter().map(|h| h.event_id).collect();
-        Ok(report(leases.iter().map(|l| l.event_id), &settled))
+        Ok(report)
     }
 
     async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
@@ -628,46 +610,109 @@ impl OutboxStore for MySqlStore {
 }
 
 impl MySqlStore {
+    /// Acks `leases` in `tx` (a relay transaction; tests hold one open).
+    pub(super) async fn ack_in(
+        &self,
+        tx: &mut Transaction<'static, MySql>,
+        leases: &[Lease],
+    ) -> Result<SettleReport, StoreError> {
+        let held = self
+            .lock_leased(tx, &leases.iter().collect::<Vec<_>>())
+            .await?;
+        let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
+        if !sequences.is_empty() {
+            let ack = with_in_list(&self.queries.ack, sequences.len());
+            let now = self.now(tx).await?;
+            sequences
+                .iter()
+                .fold(sqlx::query(&ack).bind(now), |q, s| q.bind(s))
+                .execute(&mut **tx)
+                .await
+                .store()?;
+            // A published replacement lifts the block of the event it superseded.
+            let ids: Vec<String> = held.iter().map(|h| h.event_id.to_string()).collect();
+            let unblock = with_in_list(&self.queries.unblock_superseded, ids.len());
+            query_in(&unblock, &ids).execute(&mut **tx).await.store()?;
+        }
+        let settled = held.into_iter().map(|h| h.event_id).collect();
+        Ok(report(leases.iter().map(|l| l.event_id), &settled))
+    }
+
     /// Leases that expired with rows in flight: the rows go back to
     /// pending and the crash is blamed ([`outbox_core::store::crash_culprit`]).
     async fn reap(&self, tx: &mut Transaction<'static, MySql>, now: i64) -> Result<(), StoreError> {
-        let candidates: Vec<i64> = sqlx::query_scalar(&self.queries.expired)
-            .bind(now)
-            .fetch_all(&mut **tx)
-            .await
-            .store()?;
-        if candidates.is_empty() {
-            return Ok(());
-        }
-        let lock = with_in_list(&self.queries.lock_expired, candidates.len());
-        let expired: Vec<(i64, i64, bool)> = candidates
-            .iter()
-            .fold(sqlx::query(&lock).bind(now), |q, s| q.bind(s))
+        // Read without locking (a locking scan of the status index
+        // deadlocks with settlements), then lock the expired rows by
+        // primary key, skipping any a settlement holds right now.
+        let in_flight: Vec<InFlight> = sqlx::query(&self.queries.in_flight)
             .fetch_all(&mut **tx)
             .await
             .store()?
             .iter()
             .map(|r| {
-                Ok((
-                    r.try_get("sequence").store()?,
-                    r.try_get("lease_id").store()?,
-                    r.try_get("suspect").store()?,
-                ))
+                Ok(InFlight {
+                    sequence: r.try_get("sequence").store()?,
+                    lease_id: r.try_get("lease_id").store()?,
+                    owner: row::text(r, "lease_owner")?,
+                    expires_at: r
+                        .try_get::<Option<i64>, _>("lease_expires_at")
+                        .store()?
+                        .unwrap_or(0),
+                    unstarted: r.try_get("lease_unstarted").store()?,
+                    suspect: r.try_get("suspect").store()?,
+                })
             })
             .collect::<Result<_, StoreError>>()?;
+        let reaping = reap(&in_flight, now);
+        let expired: Vec<i64> = reaping
+            .blamed
+            .iter()
+            .map(|(s, _)| *s)
+            .chain(reaping.returned.iter().copied())
+            .collect();
         if expired.is_empty() {
             return Ok(());
         }
-        let blamed = blame(&expired);
-        let sequences: Vec<i64> = blamed.iter().map(|(s, _)| *s).collect();
-        let reap = with_in_list(&self.queries.reap, sequences.len());
-        let batch = Value::Array(blamed.iter().map(|(s, c)| json!([s, c])).collect()).to_string();
-        sequences
+        let lock = with_in_list(&self.queries.lock_expired, expired.len());
+        let locked: HashSet<i64> = expired
             .iter()
-            .fold(sqlx::query(&reap).bind(batch), |q, s| q.bind(s))
-            .execute(&mut **tx)
+            .fold(sqlx::query_scalar(&lock).bind(now), |q, s| q.bind(s))
+            .fetch_all(&mut **tx)
             .await
-            .store()?;
+            .store()?
+            .into_iter()
+            .collect();
+        let blamed: Vec<(i64, i64)> = reaping
+            .blamed
+            .into_iter()
+            .filter(|(s, _)| locked.contains(s))
+            .collect();
+        if !blamed.is_empty() {
+            let sequences: Vec<i64> = blamed.iter().map(|(s, _)| *s).collect();
+            let update = with_in_list(&self.queries.reap, sequences.len());
+            let batch =
+                Value::Array(blamed.iter().map(|(s, c)| json!([s, c])).collect()).to_string();
+            sequences
+                .iter()
+                .fold(sqlx::query(&update).bind(batch), |q, s| q.bind(s))
+                .execute(&mut **tx)
+                .await
+                .store()?;
+        }
+        let returned: Vec<i64> = reaping
+            .returned
+            .into_iter()
+            .filter(|s| locked.contains(s))
+            .collect();
+        for (query, rows) in [
+            (&self.queries.return_rows, returned),
+            (&self.queries.mark_unstarted, reaping.unstarted),
+        ] {
+            if !rows.is_empty() {
+                let update = with_in_list(query, rows.len());
+                query_in(&update, &rows).execute(&mut **tx).await.store()?;
+            }
+        }
         Ok(())
     }
 

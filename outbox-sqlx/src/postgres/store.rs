@@ -241,6 +241,20 @@ impl PgStore {
         Ok(probe)
     }
 
+    /// Acks `leases` on `conn` (a transaction of the caller's, for tests
+    /// that hold a settlement open).
+    pub(super) async fn ack_in(
+        &self,
+        conn: &mut PgConnection,
+        leases: &[Lease],
+    ) -> Result<SettleReport, StoreError> {
+        let query = sqlx::query(&self.queries.ack)
+            .bind(leases.iter().map(|l| l.sequence).collect::<Vec<_>>())
+            .bind(leases.iter().map(|l| l.fencing_token.0).collect::<Vec<_>>());
+        let rows = query.fetch_all(conn).await.store()?;
+        settled_report(&rows, leases.iter().map(|l| (l.sequence, l.event_id)))
+    }
+
     /// Runs a settlement statement returning the `sequence` of each row it
     /// settled; the rest of `asked` (sequence, event id) was fenced.
     async fn settle_sequences(
@@ -249,20 +263,7 @@ impl PgStore {
         asked: impl Iterator<Item = (i64, EventId)>,
     ) -> Result<SettleReport, StoreError> {
         let rows = query.fetch_all(&self.pool).await.store()?;
-        let mut settled = std::collections::HashSet::with_capacity(rows.len());
-        for row in &rows {
-            if let Some(sequence) = row.try_get::<Option<i64>, _>("sequence").store()? {
-                settled.insert(sequence);
-            }
-        }
-        let fenced = asked
-            .filter(|(sequence, _)| !settled.contains(sequence))
-            .map(|(_, id)| id)
-            .collect();
-        Ok(SettleReport {
-            applied: settled.len(),
-            fenced,
-        })
+        settled_report(&rows, asked)
     }
 
     /// Fails claimed rows that do not decode, each on its own (history kind
@@ -295,6 +296,28 @@ impl PgStore {
             .store()?;
         Ok(())
     }
+}
+
+/// What a settlement did: the rows it returned were settled, the rest of
+/// `asked` (sequence, event id) was fenced.
+fn settled_report(
+    rows: &[sqlx::postgres::PgRow],
+    asked: impl Iterator<Item = (i64, EventId)>,
+) -> Result<SettleReport, StoreError> {
+    let mut settled = std::collections::HashSet::with_capacity(rows.len());
+    for row in rows {
+        if let Some(sequence) = row.try_get::<Option<i64>, _>("sequence").store()? {
+            settled.insert(sequence);
+        }
+    }
+    let fenced = asked
+        .filter(|(sequence, _)| !settled.contains(sequence))
+        .map(|(_, id)| id)
+        .collect();
+    Ok(SettleReport {
+        applied: settled.len(),
+        fenced,
+    })
 }
 
 #[async_trait]

@@ -1,8 +1,12 @@
 //! Hooks for the core's conformance suites (feature `testing`).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
-use outbox_core::testing::{BeginWrite, OpenWrite};
-use outbox_core::{NewEvent, StoreError};
+use futures::future::BoxFuture;
+use outbox_core::store::{EnqueueOutcome, Lease, SettleReport};
+use outbox_core::testing::{BeginWrite, FaultSeams, OpenWrite};
+use outbox_core::{Clock, EventId, NewEvent, StoreError};
 use sqlx::{Postgres, Transaction};
 
 use super::store::PgStore;
@@ -23,8 +27,18 @@ impl OpenWrite for PgOpenWrite {
             .store()?;
         Ok(())
     }
-    async fn enqueue(&mut self, event: NewEvent) -> Result<(), StoreError> {
-        self.store.enqueue(&mut self.tx, &[event]).await.map(drop)
+    async fn read(&mut self) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "SELECT count(*) FROM {}",
+            self.store.config.tables.events()
+        ))
+        .execute(&mut *self.tx)
+        .await
+        .store()?;
+        Ok(())
+    }
+    async fn enqueue(&mut self, event: NewEvent) -> Result<EnqueueOutcome, StoreError> {
+        Ok(self.store.enqueue(&mut self.tx, &[event]).await?[0])
     }
     async fn commit(self: Box<Self>) -> Result<(), StoreError> {
         self.tx.commit().await.store()
@@ -39,6 +53,47 @@ impl BeginWrite for PgStore {
             store: self.clone(),
             tx,
         }))
+    }
+}
+
+#[async_trait]
+impl FaultSeams for PgStore {
+    fn with_host_clock(&self, host_clock: Arc<dyn Clock>) -> Arc<Self> {
+        let mut handle = self.clone();
+        handle.config = handle.config.with_clock(host_clock);
+        Arc::new(handle)
+    }
+
+    async fn write_unreadable_row(&self, partition_key: &str) -> EventId {
+        // Valid SQL, passes the table's checks, and is no event: a header
+        // that is not a string.
+        let id = EventId::random();
+        sqlx::query(&format!(
+            "INSERT INTO {} (event_id, aggregate_type, aggregate_id, event_type, partition_key,
+                 payload, headers)
+             VALUES ($1, 'bad', $2, 'bad.row', $2, '{{}}', '{{\"traceparent\": 5}}')",
+            self.config.tables.events()
+        ))
+        .bind(id.as_uuid())
+        .bind(partition_key)
+        .execute(&self.pool)
+        .await
+        .expect("insert an unreadable row");
+        id
+    }
+
+    async fn slow_ack(
+        &self,
+        leases: &[Lease],
+        ready: tokio::sync::oneshot::Sender<()>,
+        release: BoxFuture<'static, ()>,
+    ) -> Result<SettleReport, StoreError> {
+        let mut tx = self.pool.begin().await.store()?;
+        let report = self.ack_in(&mut tx, leases).await?;
+        let _ = ready.send(());
+        release.await;
+        tx.commit().await.store()?;
+        Ok(report)
     }
 }
 

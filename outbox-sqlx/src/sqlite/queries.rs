@@ -15,8 +15,10 @@ pub(super) struct Queries {
     pub(super) now: String,
     pub(super) sync_clock: String,
     pub(super) enqueue: String,
-    pub(super) expired: String,
+    pub(super) in_flight: String,
     pub(super) reap: String,
+    pub(super) return_rows: String,
+    pub(super) mark_unstarted: String,
     pub(super) crash_loops: String,
     pub(super) claim_per_key: String,
     pub(super) claim_unordered: String,
@@ -101,13 +103,22 @@ impl Queries {
                  ON CONFLICT (event_id) DO NOTHING
                  RETURNING event_id, sequence"
             ),
-            expired: format!(
-                "SELECT sequence, lease_id, suspect FROM {events}
-                 WHERE status = 1 AND lease_expires_at <= ?1"
+            in_flight: format!(
+                "SELECT sequence, lease_id, COALESCE(lease_owner, '') AS lease_owner,
+                        lease_expires_at, lease_unstarted, suspect
+                 FROM {events} WHERE status = 1"
+            ),
+            return_rows: format!(
+                "UPDATE {events} SET status = 0, lease_expires_at = NULL, lease_unstarted = 0
+                 WHERE status = 1 AND sequence IN (SELECT value FROM json_each(?1))"
+            ),
+            mark_unstarted: format!(
+                "UPDATE {events} SET lease_unstarted = 1
+                 WHERE status = 1 AND sequence IN (SELECT value FROM json_each(?1))"
             ),
             reap: format!(
                 "UPDATE {events} AS e
-                 SET status = 0, lease_expires_at = NULL, suspect = 1,
+                 SET status = 0, lease_expires_at = NULL, suspect = 1, lease_unstarted = 0,
                      unfinished_claims = e.unfinished_claims + l.culprit
                  FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS culprit
                        FROM json_each(?1)) AS l
@@ -119,7 +130,7 @@ impl Queries {
             ),
             lease_rows: format!(
                 "UPDATE {events} SET status = 1, fencing_token = fencing_token + 1,
-                     lease_id = ?2, lease_owner = ?3, lease_expires_at = ?4
+                     lease_id = ?2, lease_unstarted = 0, lease_owner = ?3, lease_expires_at = ?4
                  WHERE sequence IN (SELECT value FROM json_each(?1))"
             ),
             fail_rows: format!(

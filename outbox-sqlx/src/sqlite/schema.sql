@@ -35,8 +35,11 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     unfinished_claims INTEGER NOT NULL DEFAULT 0,
     suspect           INTEGER NOT NULL DEFAULT 0,
     fencing_token     INTEGER NOT NULL DEFAULT 0,
-    -- The claim that leased it: rows of one lease share a crash.
+    -- The claim that leased it: rows of one lease share a crash. A lease
+    -- claimed while an older one of its owner was in flight (a prefetch)
+    -- is marked unstarted once that one expires: it goes back unblamed.
     lease_id          INTEGER NOT NULL DEFAULT 0,
+    lease_unstarted   INTEGER NOT NULL DEFAULT 0,
     lease_owner       TEXT,
     lease_expires_at  INTEGER,
     published_at      INTEGER

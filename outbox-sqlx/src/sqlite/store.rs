@@ -19,7 +19,7 @@ use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use super::queries::Queries;
 use super::row;
-use crate::blame::{blame, new_lease_id};
+use crate::blame::{InFlight, blame, new_lease_id, reap};
 use crate::codes;
 use crate::config::StoreConfig;
 use crate::error::ResultExt;
@@ -613,32 +613,46 @@ impl SqliteStore {
         tx: &mut Transaction<'static, Sqlite>,
         now: i64,
     ) -> Result<(), StoreError> {
-        let expired: Vec<(i64, i64, bool)> = sqlx::query(&self.queries.expired)
-            .bind(now)
+        let in_flight: Vec<InFlight> = sqlx::query(&self.queries.in_flight)
             .fetch_all(&mut **tx)
             .await
             .store()?
             .iter()
             .map(|r| {
-                Ok((
-                    r.try_get("sequence").store()?,
-                    r.try_get("lease_id").store()?,
-                    r.try_get("suspect").store()?,
-                ))
+                Ok(InFlight {
+                    sequence: r.try_get("sequence").store()?,
+                    lease_id: r.try_get("lease_id").store()?,
+                    owner: r.try_get("lease_owner").store()?,
+                    expires_at: r
+                        .try_get::<Option<i64>, _>("lease_expires_at")
+                        .store()?
+                        .unwrap_or(0),
+                    unstarted: r.try_get("lease_unstarted").store()?,
+                    suspect: r.try_get("suspect").store()?,
+                })
             })
             .collect::<Result<_, StoreError>>()?;
-        if expired.is_empty() {
-            return Ok(());
+        let reaping = reap(&in_flight, now);
+        if !reaping.blamed.is_empty() {
+            let batch: Vec<_> = reaping.blamed.iter().map(|(s, c)| json!([s, c])).collect();
+            sqlx::query(&self.queries.reap)
+                .bind(serde_json::Value::Array(batch).to_string())
+                .execute(&mut **tx)
+                .await
+                .store()?;
         }
-        let batch: Vec<_> = blame(&expired)
-            .into_iter()
-            .map(|(s, c)| json!([s, c]))
-            .collect();
-        sqlx::query(&self.queries.reap)
-            .bind(serde_json::Value::Array(batch).to_string())
-            .execute(&mut **tx)
-            .await
-            .store()?;
+        for (query, rows) in [
+            (&self.queries.return_rows, &reaping.returned),
+            (&self.queries.mark_unstarted, &reaping.unstarted),
+        ] {
+            if !rows.is_empty() {
+                sqlx::query(query)
+                    .bind(json!(rows).to_string())
+                    .execute(&mut **tx)
+                    .await
+                    .store()?;
+            }
+        }
         Ok(())
     }
 }
