@@ -973,3 +973,20 @@ CREATE OR REPLACE FUNCTION outbox_stream_pending() RETURNS SETOF bigint
                       WHERE int8range(o.lo_sequence, o.hi_sequence, '[]') @> e.sequence
                         AND e.sequence = ANY(o.sequences))
 $$;
+
+-- Sequences travel neither with logical replication nor with every copy
+-- of a database: bring each past the rows it numbered, so producers and
+-- claims on a new primary never collide with rows that came with the data.
+SELECT setval('outbox_events_seq', x.m)
+FROM (SELECT max(sequence) AS m FROM outbox_events) x, outbox_events_seq s
+WHERE x.m > s.last_value;
+SELECT setval(pg_get_serial_sequence('outbox_leases', 'token'), x.m)
+FROM (SELECT max(token) AS m FROM outbox_leases) x
+WHERE x.m > (SELECT last_value FROM pg_sequences
+             WHERE format('%I.%I', schemaname, sequencename)::regclass
+                   = pg_get_serial_sequence('outbox_leases', 'token')::regclass);
+SELECT setval(pg_get_serial_sequence('outbox_attempts', 'id'), x.m)
+FROM (SELECT max(id) AS m FROM outbox_attempts) x
+WHERE x.m > (SELECT coalesce(last_value, 0) FROM pg_sequences
+             WHERE format('%I.%I', schemaname, sequencename)::regclass
+                   = pg_get_serial_sequence('outbox_attempts', 'id')::regclass);

@@ -21,3 +21,4 @@ pub fn unreachable(service: &str, url: &str, error: impl std::fmt::Display) -> !
     }
     panic!("{service} unreachable at {url}: {error} (start it with scripts/services.sh)");
 }
+pub mod private_pg;
