@@ -156,6 +156,18 @@ impl Report {
             .map(|f| f.samples.median())
     }
 
+    /// The worst round of a recorded figure (the largest value of a figure
+    /// where lower is better, the smallest otherwise).
+    pub fn worst(&self, scenario: &str, contender: &str, metric: &str) -> Option<f64> {
+        self.figures
+            .iter()
+            .find(|f| f.scenario == scenario && f.contender == contender && f.metric == metric)
+            .map(|f| {
+                let (min, max) = f.samples.range();
+                if f.higher_is_better { min } else { max }
+            })
+    }
+
     /// All figures so far.
     pub fn figures(&self) -> &[Figure] {
         &self.figures

@@ -137,6 +137,7 @@ impl MemoryStore {
     }
 
     /// A receiver that changes whenever a write transaction commits or rolls back.
+    #[cfg(feature = "testing")]
     pub(crate) fn writes(&self) -> watch::Receiver<u64> {
         self.enqueued.subscribe()
     }
@@ -198,6 +199,7 @@ impl MemoryWriteTx {
 }
 
 impl MemoryWriteTx {
+    #[cfg(feature = "testing")]
     /// Whether another open write transaction has staged `event_id`: as a
     /// database's unique key would, a second insert of it waits for that
     /// transaction to end.
@@ -211,6 +213,7 @@ impl MemoryWriteTx {
     }
 
     /// Whether `event_id` is committed already.
+    #[cfg(feature = "testing")]
     pub(crate) fn committed(&self, event_id: EventId) -> bool {
         self.store.lock().ids.contains_key(&event_id)
     }

@@ -2,6 +2,7 @@
 
 mod admin;
 mod inbox;
+mod kept;
 mod listen;
 mod queries;
 mod row;

@@ -300,9 +300,12 @@ BEGIN
           AND e.status = 0 AND e.position IS NULL
           AND pg_visible_in_snapshot(e.txid, v_snapshot)
         UNION ALL
-        SELECT e.sequence, e.partition_key, e.available_at FROM {{schema}}outbox_events e
-        WHERE e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(v_cursor.tick_snapshot)))
-          AND e.status = 0 AND e.position IS NULL
+        -- One index probe per transaction the last tick saw in progress,
+        -- whatever the (generic) plan guesses of the list's length.
+        SELECT e.sequence, e.partition_key, e.available_at
+        FROM pg_snapshot_xip(v_cursor.tick_snapshot) AS x(id)
+        CROSS JOIN LATERAL (SELECT * FROM {{schema}}outbox_events y WHERE y.txid = x.id) e
+        WHERE e.status = 0 AND e.position IS NULL
           AND pg_visible_in_snapshot(e.txid, v_snapshot)
     ), numbered AS (
         SELECT *, row_number() OVER (ORDER BY sequence) - 1 AS n FROM new_rows
@@ -674,6 +677,9 @@ DECLARE
 BEGIN
     PERFORM pg_advisory_xact_lock({{claim_lock}});
     PERFORM set_config('synchronous_commit', 'off', true);
+    -- Planned once per connection: custom plans of these statements cost
+    -- more to make than to run.
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     v_now := {{schema}}outbox_now();
     UPDATE {{schema}}outbox_control SET relay_waiting = FALSE WHERE relay_waiting;
     PERFORM {{schema}}outbox_reap(v_now);
@@ -809,6 +815,7 @@ DECLARE
     v_tracked bigint[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     SELECT array_agg(t.sequence), array_agg(t.sequence) FILTER (WHERE t.tracked)
     INTO v_rows, v_tracked
     FROM {{schema}}outbox_take(p_sequences, p_tokens) AS t;
@@ -833,6 +840,7 @@ DECLARE
     v_now timestamptz := {{schema}}outbox_now();
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     RETURN QUERY
     WITH input AS (
         SELECT * FROM unnest(p_sequences, p_tokens, p_retry_after_ms, p_block, p_kinds, p_classes, p_errors)
@@ -883,6 +891,7 @@ DECLARE
     v_token          bigint;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     -- Read before the leases shrink: which row each lease suspected.
     SELECT array_agg(token), array_agg(suspect) INTO v_lease_tokens, v_lease_suspects
     FROM {{schema}}outbox_leases WHERE token = ANY(p_tokens);
@@ -921,20 +930,30 @@ $$;
 -- expired with rows in flight, or a tick never taken on this cluster. The
 -- idle relay's one statement per poll.
 CREATE OR REPLACE FUNCTION {{schema}}outbox_anything_to_do() RETURNS boolean
-    LANGUAGE sql STABLE AS $$
-    SELECT c.end_position > c.position
+    LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    c record;
+BEGIN
+    SELECT * INTO c FROM {{schema}}outbox_cursor;
+    -- Each probe is an index probe (ORDER BY ... LIMIT 1), whatever the
+    -- planner guesses of a bound it cannot see.
+    RETURN c.end_position > c.position
         OR c.tick_snapshot IS NULL
         OR c.system_identifier IS DISTINCT FROM (SELECT system_identifier FROM pg_control_system())
         OR EXISTS (SELECT 1 FROM {{schema}}outbox_events e
-                   WHERE e.txid >= pg_snapshot_xmax(c.tick_snapshot) AND e.status = 0 AND e.position IS NULL)
-        OR EXISTS (SELECT 1 FROM {{schema}}outbox_events e
-                   WHERE e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(c.tick_snapshot)))
-                     AND e.status = 0 AND e.position IS NULL)
+                   WHERE e.txid >= pg_snapshot_xmax(c.tick_snapshot) AND e.status = 0
+                     AND e.position IS NULL
+                   ORDER BY e.txid LIMIT 1)
+        OR EXISTS (SELECT 1 FROM pg_snapshot_xip(c.tick_snapshot) AS x(id)
+                   CROSS JOIN LATERAL (SELECT 1 FROM {{schema}}outbox_events e
+                                       WHERE e.txid = x.id AND e.status = 0
+                                         AND e.position IS NULL LIMIT 1) e)
         OR EXISTS (SELECT 1 FROM {{schema}}outbox_events
-                   WHERE status = 4 AND available_at <= {{schema}}outbox_now())
+                   WHERE status = 4 AND available_at <= {{schema}}outbox_now()
+                   ORDER BY position LIMIT 1)
         OR EXISTS (SELECT 1 FROM {{schema}}outbox_leases
-                   WHERE expires_at <= {{schema}}outbox_now() AND cardinality(held) > 0)
-    FROM {{schema}}outbox_cursor c
+                   WHERE expires_at <= {{schema}}outbox_now() AND cardinality(held) > 0);
+END
 $$;
 
 -- Stream rows the cursor has not passed and no claim took (pending in

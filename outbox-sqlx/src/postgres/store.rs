@@ -12,6 +12,7 @@ use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError, Unreada
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
+use super::kept::KeptConnection;
 use super::queries::Queries;
 use super::row;
 use crate::codes;
@@ -41,6 +42,9 @@ pub struct PgStore {
     /// wake-up that already knows (it asked, or was notified) clears it.
     pub(super) idle: Arc<AtomicBool>,
     pub(super) wake: Arc<WakeState>,
+    /// Connections kept for claims (and idle probes) and for settlements.
+    claims: KeptConnection,
+    settlements: KeptConnection,
 }
 
 /// What the idle probe and the wake-ups of one store share.
@@ -79,6 +83,8 @@ impl PgStore {
             queries,
             idle: Arc::new(AtomicBool::new(false)),
             wake: Arc::default(),
+            claims: KeptConnection::default(),
+            settlements: KeptConnection::default(),
         }
     }
 
@@ -223,11 +229,18 @@ impl PgStore {
     /// it also (re)sets `relay_waiting`.
     pub(super) async fn probe(&self) -> Result<Probe, StoreError> {
         let register = self.wake.listeners.load(AtomicOrdering::Relaxed) > 0;
-        let row = sqlx::query(&self.queries.probe)
+        let mut kept = self.claims.lock(&self.pool).await?;
+        let row = match sqlx::query(&self.queries.probe)
             .bind(register)
-            .fetch_one(&self.pool)
+            .fetch_one(kept.conn())
             .await
-            .store()?;
+        {
+            Ok(row) => row,
+            Err(error) => {
+                kept.discard();
+                return Err(error).store();
+            }
+        };
         let probe = Probe {
             anything: row.try_get("anything").store()?,
             registered: row.try_get("registered").store()?,
@@ -243,6 +256,7 @@ impl PgStore {
 
     /// Acks `leases` on `conn` (a transaction of the caller's, for tests
     /// that hold a settlement open).
+    #[cfg(feature = "testing")]
     pub(super) async fn ack_in(
         &self,
         conn: &mut PgConnection,
@@ -262,7 +276,14 @@ impl PgStore {
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
         asked: impl Iterator<Item = (i64, EventId)>,
     ) -> Result<SettleReport, StoreError> {
-        let rows = query.fetch_all(&self.pool).await.store()?;
+        let mut kept = self.settlements.lock(&self.pool).await?;
+        let rows = match query.fetch_all(kept.conn()).await {
+            Ok(rows) => rows,
+            Err(error) => {
+                kept.discard();
+                return Err(error).store();
+            }
+        };
         settled_report(&rows, asked)
     }
 
@@ -340,16 +361,24 @@ impl OutboxStore for PgStore {
             return Ok(ClaimedBatch::default());
         }
         let lease_ms = i64::try_from(request.lease_duration.as_millis()).unwrap_or(i64::MAX);
-        let rows = sqlx::query(&self.queries.claim)
+        let mut kept = self.claims.lock(&self.pool).await?;
+        let rows = match sqlx::query(&self.queries.claim)
             .bind(request.owner.as_str())
             .bind(i32::try_from(request.limit).unwrap_or(i32::MAX))
             .bind(lease_ms)
             .bind(i32::try_from(request.crash_loop_limit).unwrap_or(i32::MAX))
             .bind(request.ordering == Ordering::PerKey)
             .bind(request.poison == PoisonPolicy::Block)
-            .fetch_all(&self.pool)
+            .fetch_all(kept.conn())
             .await
-            .store()?;
+        {
+            Ok(rows) => rows,
+            Err(error) => {
+                kept.discard();
+                return Err(error).store();
+            }
+        };
+        drop(kept);
         let mut batch = ClaimedBatch::default();
         let mut unreadable = Vec::new();
         // Under Block, a row that fails parks its key: what follows it in
