@@ -16,10 +16,15 @@ def lock_key(name: str) -> int:
 
 
 template = (root / "src/postgres/schema.sql").read_text()
+producer_lock = lock_key("outbox_events") ^ 0x0B5E55ED
+producer_bits = producer_lock % (1 << 64)
 rendered = (
     template.replace("{{schema}}", "")
     .replace("{{channel}}", "outbox_events")
     .replace("{{claim_lock}}", str(lock_key("outbox_events")))
+    .replace("{{producer_lock}}", str(producer_lock))
+    .replace("{{producer_lock_classid}}", str(producer_bits >> 32))
+    .replace("{{producer_lock_objid}}", str(producer_bits & 0xFFFFFFFF))
     .replace("{{schema_version}}", "2")
     .replace("{{max_identifier_bytes}}", "255")
     .replace("{{max_payload_bytes}}", "262144")

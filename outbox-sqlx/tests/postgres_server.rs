@@ -300,6 +300,64 @@ async fn nested_enqueues_complete_while_a_relay_waits() {
         .unwrap();
 }
 
+/// A producer whose insert read `relay_waiting` just before a relay set it
+/// sends no NOTIFY; its commit, however late, still wakes the relay (it
+/// watches the producers that were mid-transaction when it registered), not
+/// the next poll. `WakeUp::wait` alone has no poll: without the watch it
+/// would wait forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_mid_transaction_when_the_relay_registers_wakes_it_on_commit() {
+    let (store, schema) = shared_store(ManualClock::at_epoch()).await;
+    assert!(
+        store
+            .claim_batch(&request("r1", 10))
+            .await
+            .unwrap()
+            .events
+            .is_empty()
+    );
+    let mut producer = store.pool().begin().await.unwrap();
+    store
+        .enqueue(&mut producer, &[event("a", 1)])
+        .await
+        .unwrap();
+    let mut wake_up = store.wake_up().await.unwrap();
+    let waiting = tokio::spawn(async move { wake_up.wait().await });
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let registered: bool = sqlx::query_scalar(&format!(
+                "SELECT relay_waiting FROM {schema}.outbox_control"
+            ))
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+            if registered {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the relay registered");
+    // The producer's business work goes on well past any short second look.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "nothing was committed yet");
+    producer.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the commit woke the waiting relay")
+        .unwrap();
+    assert_eq!(
+        store
+            .claim_batch(&request("r1", 10))
+            .await
+            .unwrap()
+            .events
+            .len(),
+        1
+    );
+}
+
 /// Nothing one key does holds the cursor: a key parked under Block, and a
 /// key whose head a hung relay holds, while events of other keys pass
 /// them. The cursor reaches the end of claim order (a claim reads from

@@ -153,6 +153,13 @@ ALTER TABLE outbox_leases ALTER COLUMN held SET STORAGE EXTERNAL;
 ALTER TABLE outbox_leases ALTER COLUMN held_positions SET STORAGE EXTERNAL;
 ALTER TABLE outbox_leases ALTER COLUMN positions SET STORAGE EXTERNAL;
 ALTER TABLE outbox_leases ALTER COLUMN keys SET STORAGE EXTERNAL;
+-- Leases come and go with every batch, and an open transaction anywhere on
+-- the server keeps their dead versions: claims reach the live ones (and
+-- those the cursor has not passed) by index, never by reading the heap.
+CREATE INDEX IF NOT EXISTS outbox_leases_live
+    ON outbox_leases (expires_at) WHERE cardinality(held) > 0;
+CREATE INDEX IF NOT EXISTS outbox_leases_max_position
+    ON outbox_leases (max_position);
 
 CREATE TABLE IF NOT EXISTS outbox_attempts (
     id          BIGSERIAL PRIMARY KEY,
@@ -184,13 +191,17 @@ CREATE TABLE IF NOT EXISTS outbox_relays (
 
 -- Wake idle relays on commit (a hint: polling stays the backstop), only
 -- while a relay waits: a NOTIFY costs every committing transaction a
--- cluster-wide lock, which a busy relay does not need. No lock is taken
--- here, so a producer never waits for a relay (PgWakeUp looks again
--- shortly after it registers, for producers that read the flag just before
--- it was set).
+-- cluster-wide lock, which a busy relay does not need.
+--
+-- A producer whose insert read the flag just before a relay set it sends
+-- no NOTIFY. So every inserting transaction first holds a shared advisory
+-- lock (it never waits: producers share it and no relay ever asks for it);
+-- a relay that has just set the flag sees the holders in pg_locks and
+-- watches them until they end (outbox_watch_producers).
 CREATE OR REPLACE FUNCTION outbox_events_notify() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pg_advisory_xact_lock_shared(7107296362001212369);
     IF (SELECT relay_waiting FROM outbox_control) THEN
         PERFORM pg_notify('outbox_events', '');
     END IF;
@@ -300,13 +311,14 @@ BEGIN
           AND e.status = 0 AND e.position IS NULL
           AND pg_visible_in_snapshot(e.txid, v_snapshot)
         UNION ALL
-        -- One index probe per transaction the last tick saw in progress,
-        -- whatever the (generic) plan guesses of the list's length.
+        -- One index probe per transaction the last tick saw in progress
+        -- and this one sees committed (one still running has nothing to
+        -- show yet), whatever the (generic) plan guesses of their number.
         SELECT e.sequence, e.partition_key, e.available_at
-        FROM pg_snapshot_xip(v_cursor.tick_snapshot) AS x(id)
+        FROM (SELECT x.id FROM pg_snapshot_xip(v_cursor.tick_snapshot) AS x(id)
+              WHERE pg_visible_in_snapshot(x.id, v_snapshot) OFFSET 0) x
         CROSS JOIN LATERAL (SELECT * FROM outbox_events y WHERE y.txid = x.id) e
         WHERE e.status = 0 AND e.position IS NULL
-          AND pg_visible_in_snapshot(e.txid, v_snapshot)
     ), numbered AS (
         SELECT *, row_number() OVER (ORDER BY sequence) - 1 AS n FROM new_rows
     ), appended AS (
@@ -657,7 +669,10 @@ CREATE OR REPLACE FUNCTION outbox_claim(
                    payload_version integer, headers text, created_at timestamptz,
                    available_at timestamptz, attempts integer, fencing_token bigint,
                    lease_expires_at timestamptz)
-    LANGUAGE plpgsql SET jit = off AS $$
+    -- Generic plans are made once per connection, often while the tables
+    -- are nearly empty: every statement of a claim is meant to run on
+    -- indexes, so the planner is told so rather than left to guess.
+    LANGUAGE plpgsql SET jit = off SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_now      timestamptz;
@@ -953,6 +968,27 @@ BEGIN
                    ORDER BY position LIMIT 1)
         OR EXISTS (SELECT 1 FROM outbox_leases
                    WHERE expires_at <= outbox_now() AND cardinality(held) > 0);
+END
+$$;
+
+-- Producer transactions (virtual transaction ids) that inserted events and
+-- are still open, of `p_watched` (all, if NULL), then whether anything is
+-- claimable, read with a later snapshot than the locks: a producer gone
+-- from the locks has committed or rolled back before that snapshot, so its
+-- rows are seen (locks are released after the commit is visible).
+CREATE OR REPLACE FUNCTION outbox_watch_producers(p_watched text[])
+    RETURNS TABLE (in_flight text[], anything boolean)
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_in_flight text[];
+BEGIN
+    SELECT coalesce(array_agg(l.virtualtransaction), '{}') INTO v_in_flight
+    FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = 1654796386 AND l.objid = 2592220113 AND l.objsubid = 1
+      AND (p_watched IS NULL OR l.virtualtransaction = ANY(p_watched));
+    RETURN QUERY SELECT v_in_flight, outbox_anything_to_do();
 END
 $$;
 

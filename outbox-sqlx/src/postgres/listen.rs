@@ -11,18 +11,26 @@ use sqlx::postgres::PgListener;
 use super::store::PgStore;
 use crate::error::ResultExt;
 
-/// After setting `relay_waiting`, look once more this much later: a
-/// producer whose insert trigger read the flag just before it was set, and
-/// whose commit came just after the look, sent no NOTIFY. Its commit was
-/// already under way, so it is visible by then (or at the poll, at worst).
-const LOOK_AGAIN_AFTER: Duration = Duration::from_millis(5);
+/// How often a relay that has just set `relay_waiting` looks at producers
+/// whose insert read the flag just before (they send no NOTIFY): quickly
+/// at first (most commit within milliseconds), then at a pace that costs
+/// little while a producer keeps its transaction open.
+fn watch_pause(watched_for: Duration, last: Duration) -> Duration {
+    if watched_for < Duration::from_secs(1) {
+        (last * 2).clamp(Duration::from_millis(1), Duration::from_millis(8))
+    } else {
+        Duration::from_millis(100)
+    }
+}
 
 /// Listens on the store's channel; the insert trigger notifies it on commit
 /// while a relay has said it waits (`relay_waiting`), so busy relays cost
 /// producers no NOTIFY, and producers never take a lock for it.
 ///
-/// A lost notification (listener reconnecting, another relay's claim
-/// clearing the flag) costs at most one poll interval: the relay's poll is
+/// Producers that inserted before the flag was set are watched until they
+/// end (see `outbox_watch_producers`). A lost notification (listener
+/// reconnecting, another relay's claim clearing the flag) costs at most
+/// one poll interval: the relay's poll is
 /// the backstop, and each idle poll sets the flag again.
 pub struct PgWakeUp {
     listener: PgListener,
@@ -92,6 +100,41 @@ impl PgWakeUp {
         Ok((probe.anything, probe.registered))
     }
 
+    /// Watches the producers that were mid-transaction when this relay set
+    /// `relay_waiting` until they end: true once something is claimable (or
+    /// a NOTIFY came), false when none is left and nothing is (then NOTIFY
+    /// covers every later producer).
+    async fn watched_producers_committed(&mut self) -> bool {
+        let started = tokio::time::Instant::now();
+        let mut watched: Option<Vec<String>> = None;
+        let mut pause = Duration::ZERO;
+        loop {
+            let (in_flight, anything) = match self.store.watch_producers(watched.as_deref()).await {
+                Ok(seen) => seen,
+                Err(error) => {
+                    tracing::warn!(%error, "could not watch producers; relying on polling");
+                    return false;
+                }
+            };
+            if anything {
+                self.store
+                    .wake
+                    .probed_idle
+                    .store(false, AtomicOrdering::Relaxed);
+                return true;
+            }
+            if in_flight.is_empty() {
+                return false;
+            }
+            watched = Some(in_flight);
+            pause = watch_pause(started.elapsed(), pause);
+            tokio::select! {
+                _ = self.notified() => return true,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
     async fn notified(&mut self) {
         match self.listener.recv().await {
             Ok(_) => {
@@ -121,28 +164,31 @@ impl WakeUp for PgWakeUp {
                 false
             }
         };
-        if registered_now {
-            tokio::select! {
-                _ = self.notified() => {
-                    self.store.expect_work();
-                    return;
-                }
-                _ = tokio::time::sleep(LOOK_AGAIN_AFTER) => {}
-            }
-            if matches!(self.store.probe().await, Ok(probe) if probe.anything) {
-                self.store
-                    .wake
-                    .probed_idle
-                    .store(false, AtomicOrdering::Relaxed);
-                self.store.expect_work();
-                return;
-            }
-            self.store
-                .wake
-                .probed_idle
-                .store(false, AtomicOrdering::Relaxed);
+        if registered_now && self.watched_producers_committed().await {
+            self.store.expect_work();
+            return;
         }
         self.notified().await;
         self.store.expect_work();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watching_starts_fast_then_slows() {
+        let mut pause = Duration::ZERO;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            pause = watch_pause(Duration::from_millis(10), pause);
+            seen.push(pause.as_millis());
+        }
+        assert_eq!(seen, [1, 2, 4, 8, 8, 8]);
+        assert_eq!(
+            watch_pause(Duration::from_secs(2), pause),
+            Duration::from_millis(100)
+        );
     }
 }

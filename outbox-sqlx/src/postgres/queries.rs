@@ -12,10 +12,14 @@ pub(super) const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggr
 pub(super) struct Queries {
     pub(super) channel: String,
     pub(super) claim_lock: i64,
+    /// Held shared by every transaction that inserts events (the insert
+    /// trigger), seen by a relay that has just asked for NOTIFY.
+    pub(super) producer_lock: i64,
     pub(super) enqueue: String,
     pub(super) sync_clock: String,
     pub(super) probe: String,
     pub(super) stop_waiting: String,
+    pub(super) watch_producers: String,
     pub(super) claim: String,
     pub(super) fail_unreadable: String,
     pub(super) ack: String,
@@ -62,6 +66,7 @@ impl Queries {
         Self {
             channel: channel(names),
             claim_lock: lock_key(&events),
+            producer_lock: lock_key(&events) ^ 0x0b5e_55ed,
             // Sequences are taken in array order, so one transaction's
             // events keep their insert order. Store time fills created_at;
             // a delay (from the caller's available_at on its own clock)
@@ -99,6 +104,10 @@ impl Queries {
                  )
                  SELECT {any}() AS anything, EXISTS (SELECT 1 FROM registered) AS registered",
                 any = function("anything_to_do"),
+            ),
+            watch_producers: format!(
+                "SELECT in_flight, anything FROM {}($1)",
+                function("watch_producers")
             ),
             stop_waiting: format!("UPDATE {control} SET relay_waiting = FALSE WHERE relay_waiting"),
             claim: format!(

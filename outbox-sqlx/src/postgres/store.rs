@@ -121,6 +121,16 @@ impl PgStore {
             .render(SCHEMA)
             .replace("{{channel}}", &self.queries.channel)
             .replace("{{claim_lock}}", &self.queries.claim_lock.to_string())
+            .replace("{{producer_lock}}", &self.queries.producer_lock.to_string())
+            // pg_locks shows a bigint advisory key as two oids.
+            .replace(
+                "{{producer_lock_classid}}",
+                &((self.queries.producer_lock as u64) >> 32).to_string(),
+            )
+            .replace(
+                "{{producer_lock_objid}}",
+                &((self.queries.producer_lock as u64) & 0xffff_ffff).to_string(),
+            )
             .replace("{{schema_version}}", &SCHEMA_VERSION.to_string())
             .replace(
                 "{{max_identifier_bytes}}",
@@ -252,6 +262,31 @@ impl PgStore {
             .registered_now
             .store(probe.registered, AtomicOrdering::Relaxed);
         Ok(probe)
+    }
+
+    /// Producer transactions still open among `watched` (every one that
+    /// inserted events, if `None`), and whether anything is claimable once
+    /// they are seen.
+    pub(super) async fn watch_producers(
+        &self,
+        watched: Option<&[String]>,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        let mut kept = self.claims.lock(&self.pool).await?;
+        let row = match sqlx::query(&self.queries.watch_producers)
+            .bind(watched)
+            .fetch_one(kept.conn())
+            .await
+        {
+            Ok(row) => row,
+            Err(error) => {
+                kept.discard();
+                return Err(error).store();
+            }
+        };
+        Ok((
+            row.try_get("in_flight").store()?,
+            row.try_get("anything").store()?,
+        ))
     }
 
     /// Acks `leases` on `conn` (a transaction of the caller's, for tests
