@@ -321,6 +321,28 @@ async fn a_producer_mid_transaction_when_the_relay_registers_wakes_it_on_commit(
         .enqueue(&mut producer, &[event("a", 1)])
         .await
         .unwrap();
+    let (producer_pid, database): (i32, String) =
+        sqlx::query_as("SELECT pg_backend_pid(), current_database()::text")
+            .fetch_one(&mut *producer)
+            .await
+            .unwrap();
+    // An operator sees who holds the event back (DESIGN.md §8).
+    let open = store
+        .held_back()
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|held| match held {
+            HeldBack::OpenTransactions { transactions } => Some(transactions),
+            _ => None,
+        })
+        .expect("the open producer is reported");
+    let seen = open
+        .iter()
+        .find(|t| t.pid == i64::from(producer_pid))
+        .expect("with its pid");
+    assert_eq!(seen.database, database);
+    assert!(seen.started_at <= chrono::Utc::now());
     let mut wake_up = store.wake_up().await.unwrap();
     let waiting = tokio::spawn(async move { wake_up.wait().await });
     tokio::time::timeout(Duration::from_secs(10), async {

@@ -317,7 +317,7 @@ BEGIN
         SELECT e.sequence, e.partition_key, e.available_at
         FROM (SELECT x.id FROM pg_snapshot_xip(v_cursor.tick_snapshot) AS x(id)
               WHERE pg_visible_in_snapshot(x.id, v_snapshot) OFFSET 0) x
-        CROSS JOIN LATERAL (SELECT * FROM {{schema}}outbox_events y WHERE y.txid = x.id) e
+        CROSS JOIN LATERAL (SELECT * FROM {{schema}}outbox_events y WHERE y.txid = x.id OFFSET 0) e
         WHERE e.status = 0 AND e.position IS NULL
     ), numbered AS (
         SELECT *, row_number() OVER (ORDER BY sequence) - 1 AS n FROM new_rows
@@ -699,13 +699,14 @@ BEGIN
     UPDATE {{schema}}outbox_control SET relay_waiting = FALSE WHERE relay_waiting;
     PERFORM {{schema}}outbox_reap(v_now);
     -- Rows are read by primary key, one lateral probe each, whatever the
-    -- planner guesses of an array's length.
+    -- planner guesses of an array's length or the table's size (a LIMIT
+    -- keeps the probe from being turned into a join that scans the index).
     RETURN QUERY
         SELECT TRUE, e.sequence, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type,
                e.partition_key, e.payload::text, e.payload_version, e.headers::text, e.created_at,
                e.available_at, e.attempts, NULL::bigint, NULL::timestamptz
         FROM {{schema}}outbox_fail_crash_loops(v_now, p_crash_loop_limit, p_block, p_owner) AS f(s)
-        CROSS JOIN LATERAL (SELECT * FROM {{schema}}outbox_events x WHERE x.sequence = f.s) e;
+        CROSS JOIN LATERAL (SELECT * FROM {{schema}}outbox_events x WHERE x.sequence = f.s LIMIT 1) e;
     PERFORM {{schema}}outbox_tick();
     SELECT position, end_position INTO v_cursor, v_end FROM {{schema}}outbox_cursor;
     DELETE FROM {{schema}}outbox_leases WHERE cardinality(held) = 0 AND max_position < v_cursor;
@@ -764,7 +765,7 @@ BEGIN
                e.partition_key, e.payload::text, e.payload_version, e.headers::text, e.created_at,
                e.available_at, e.attempts, v_token, v_expires
         FROM unnest(v_pick.sequences) WITH ORDINALITY AS u(s, i)
-        CROSS JOIN LATERAL (SELECT * FROM {{schema}}outbox_events x WHERE x.sequence = u.s) e
+        CROSS JOIN LATERAL (SELECT * FROM {{schema}}outbox_events x WHERE x.sequence = u.s LIMIT 1) e
         ORDER BY u.i;
 END
 $$;
