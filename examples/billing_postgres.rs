@@ -140,7 +140,7 @@ async fn main() -> Result<(), Error> {
     broker.wait_for_deliveries(4).await;
     shutdown.cancel();
     for handle in handles {
-        handle.await?;
+        handle.await??;
     }
     println!("\nTwo relays published {} events", broker.delivered().len());
 

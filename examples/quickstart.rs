@@ -176,7 +176,7 @@ async fn main() -> Result<(), Error> {
     broker.wait_for_deliveries(4).await;
     let alert = alerted.recv().await.expect("the poison event is reported");
     shutdown.cancel();
-    let report = second.await?;
+    let report = second.await??;
     println!(
         "   relay 2: {} published, {} failed; broker received {} deliveries in all",
         report.published,

@@ -53,7 +53,7 @@ where
     shutdown.cancel();
     let mut total = RelayReport::default();
     for handle in handles {
-        let report = handle.await?;
+        let report = handle.await??;
         total.published += report.published;
         total.failed += report.failed;
         total.store_errors += report.store_errors;

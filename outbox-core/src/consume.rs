@@ -1,15 +1,27 @@
 //! Exactly-once application of a delivered event, for consumer runners.
 //!
 //! Every broker adapter's runner does the same thing per delivery: begin →
-//! inbox claim → handler(tx) → commit, retrying a failing handler in place
-//! (so a key's later events wait) and giving up to a dead letter. It lives
-//! here once, tested on the in-memory inbox; runners add receiving,
-//! acknowledging and dead-lettering for their broker.
+//! inbox claim → handler(tx) → commit, retrying in place so a key's later
+//! events wait, and giving up to a dead letter only when the *handler* gives
+//! up. It lives here once, tested on the in-memory inbox; runners add
+//! receiving, acknowledging and dead-lettering for their broker.
+//!
+//! **Two kinds of failure, two policies.** A handler that fails is retried per
+//! [`RetryPolicy`] and then dead-lettered: the event is the problem. A store
+//! that fails with a retryable error (connection lost, pool timed out, server
+//! restarting, serialization failure) is retried per [`OutagePolicy`] for as
+//! long as it takes, on the same event, burning none of the handler's
+//! attempts: the store is the problem, and no event is ever skipped or
+//! dead-lettered because a database restarted. A non-retryable store error
+//! ends the runner with that error.
+
+use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
 use crate::event::EventId;
 use crate::inbox::InboxStore;
 use crate::policy::{RandomSource, RetryDecision, RetryPolicy};
+use crate::relay::OutagePolicy;
 
 /// What a handler reports for one event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,6 +43,9 @@ pub enum Applied {
     Duplicate,
     /// The handler rejected it or ran out of retries: dead-letter it.
     GaveUp(String),
+    /// Shutdown came while waiting to retry: nothing committed, so the
+    /// runner must not acknowledge the message (it is delivered again).
+    Interrupted,
 }
 
 /// Applies a delivered event `E` inside the inbox transaction `Tx`.
@@ -43,50 +58,123 @@ pub trait Handler<Tx: Send, E: Sync>: Send + Sync {
     async fn handle(&self, tx: &mut Tx, event: &E) -> Result<(), HandlerError>;
 }
 
-/// Applies `event` through `inbox` under `consumer`: the claim and the
-/// handler's effect commit together or not at all. A failing handler (or a
-/// retryable commit failure) is retried in place per `retry`.
-pub async fn apply_once<I, H, E>(
-    inbox: &I,
-    consumer: &str,
-    event_id: EventId,
-    event: &E,
-    handler: &H,
-    retry: &RetryPolicy,
-    random: &dyn RandomSource,
-) -> Result<Applied, StoreError>
+/// The pause between retries of an unavailable inbox store, for consumers:
+/// 100 ms doubling to 5 s (a consumer resumes soon after its database does).
+pub fn default_store_outage() -> OutagePolicy {
+    OutagePolicy {
+        initial_pause: std::time::Duration::from_millis(100),
+        max_pause: std::time::Duration::from_secs(5),
+    }
+}
+
+/// Applies deliveries through an inbox under one consumer name; the claim
+/// and the handler's effect commit together or not at all.
+pub struct Applier<'a, I: ?Sized, H: ?Sized> {
+    /// The inbox the claims commit in.
+    pub inbox: &'a I,
+    /// The consumer (group) name claims are made under.
+    pub consumer: &'a str,
+    /// What applies an event.
+    pub handler: &'a H,
+    /// In-place retries of a failing handler, then the event is given up.
+    pub handler_retry: &'a RetryPolicy,
+    /// Pauses while the store fails with retryable errors (never gives up).
+    pub store_outage: &'a OutagePolicy,
+    /// Jitter for both.
+    pub random: &'a dyn RandomSource,
+    /// Cuts a pause short: the delivery ends [`Applied::Interrupted`].
+    pub shutdown: &'a CancellationToken,
+    /// Retryable store errors ridden out so far (for reports and tests).
+    pub store_retries: u64,
+}
+
+/// Why one transaction attempt did not settle the delivery.
+enum Attempt {
+    Done(Applied),
+    HandlerFailed(HandlerError),
+    StoreFailed(StoreError),
+}
+
+impl<I, H> Applier<'_, I, H>
 where
     I: InboxStore + ?Sized,
-    H: Handler<I::Transaction, E> + ?Sized,
-    E: Sync,
+    H: ?Sized,
 {
-    let mut attempt = 0u32;
-    loop {
-        attempt += 1;
-        let mut tx = inbox.begin().await?;
-        if !inbox.claim(&mut tx, consumer, event_id).await? {
-            inbox.rollback(tx).await?;
-            return Ok(Applied::Duplicate);
-        }
-        let failure = match handler.handle(&mut tx, event).await {
-            Ok(()) => match inbox.commit(tx).await {
-                Ok(()) => return Ok(Applied::Applied),
-                Err(e) if e.is_retryable() => HandlerError::Retry(e.to_string()),
-                Err(e) => return Err(e),
-            },
-            Err(failure) => {
-                inbox.rollback(tx).await?;
-                failure
-            }
-        };
-        match failure {
-            HandlerError::Reject(reason) => return Ok(Applied::GaveUp(reason)),
-            HandlerError::Retry(reason) => match retry.decide(attempt, random) {
-                RetryDecision::RetryAfter(pause) => {
-                    tracing::warn!(%event_id, %reason, ?pause, "handler failed; retrying");
-                    tokio::time::sleep(pause).await;
+    /// Applies `event` (identified by `event_id`) once: a redelivery is a
+    /// [`Applied::Duplicate`]; a failing handler is retried in place, then
+    /// given up; a retryable store error is waited out on this same event.
+    /// Errs only with a non-retryable store error.
+    pub async fn apply<E>(&mut self, event_id: EventId, event: &E) -> Result<Applied, StoreError>
+    where
+        H: Handler<I::Transaction, E>,
+        E: Sync,
+    {
+        let mut handler_failures = 0u32;
+        let mut store_failures = 0u32;
+        loop {
+            let pause = match self.attempt(event_id, event).await {
+                Attempt::Done(applied) => return Ok(applied),
+                Attempt::StoreFailed(error) if error.is_retryable() => {
+                    store_failures += 1;
+                    self.store_retries += 1;
+                    let pause = self.store_outage.pause(store_failures, self.random);
+                    tracing::warn!(%event_id, %error, ?pause, "inbox store unavailable; retrying the same event");
+                    pause
                 }
-                RetryDecision::GiveUp => return Ok(Applied::GaveUp(reason)),
+                Attempt::StoreFailed(error) => return Err(error),
+                Attempt::HandlerFailed(HandlerError::Reject(reason)) => {
+                    return Ok(Applied::GaveUp(reason));
+                }
+                Attempt::HandlerFailed(HandlerError::Retry(reason)) => {
+                    handler_failures += 1;
+                    match self.handler_retry.decide(handler_failures, self.random) {
+                        RetryDecision::RetryAfter(pause) => {
+                            tracing::warn!(%event_id, %reason, ?pause, "handler failed; retrying");
+                            pause
+                        }
+                        RetryDecision::GiveUp => return Ok(Applied::GaveUp(reason)),
+                    }
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = self.shutdown.cancelled() => return Ok(Applied::Interrupted),
+            }
+        }
+    }
+
+    /// One transaction: begin, claim, handle, commit (or roll back).
+    async fn attempt<E>(&self, event_id: EventId, event: &E) -> Attempt
+    where
+        H: Handler<I::Transaction, E>,
+        E: Sync,
+    {
+        let mut tx = match self.inbox.begin().await {
+            Ok(tx) => tx,
+            Err(error) => return Attempt::StoreFailed(error),
+        };
+        match self.inbox.claim(&mut tx, self.consumer, event_id).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return match self.inbox.rollback(tx).await {
+                    Ok(()) => Attempt::Done(Applied::Duplicate),
+                    Err(error) => Attempt::StoreFailed(error),
+                };
+            }
+            Err(error) => {
+                // The claim failed; the transaction is unusable either way.
+                let _ = self.inbox.rollback(tx).await;
+                return Attempt::StoreFailed(error);
+            }
+        }
+        match self.handler.handle(&mut tx, event).await {
+            Ok(()) => match self.inbox.commit(tx).await {
+                Ok(()) => Attempt::Done(Applied::Applied),
+                Err(error) => Attempt::StoreFailed(error),
+            },
+            Err(failure) => match self.inbox.rollback(tx).await {
+                Ok(()) => Attempt::HandlerFailed(failure),
+                Err(error) => Attempt::StoreFailed(error),
             },
         }
     }
@@ -134,17 +222,18 @@ mod tests {
     }
 
     async fn deliver(inbox: &MemoryInbox, id: EventId, handler: &Counting) -> Applied {
-        apply_once(
+        let shutdown = CancellationToken::new();
+        let mut applier = Applier {
             inbox,
-            "c",
-            id,
-            &(),
+            consumer: "c",
             handler,
-            &RetryPolicy::immediate(3),
-            &FixedRandom(0.5),
-        )
-        .await
-        .unwrap()
+            handler_retry: &RetryPolicy::immediate(3),
+            store_outage: &default_store_outage(),
+            random: &FixedRandom(0.5),
+            shutdown: &shutdown,
+            store_retries: 0,
+        };
+        applier.apply(id, &()).await.unwrap()
     }
 
     #[tokio::test]

@@ -24,7 +24,7 @@ pub use event::{
 pub use inbox::InboxStore;
 pub use policy::{Ordering, PoisonPolicy, RetryPolicy};
 pub use publisher::{ErrorClass, PublishError, PublishOutcome, Publisher, PublisherCapabilities};
-pub use relay::{Relay, RelayConfig, RelayReport, WakeUp};
+pub use relay::{Relay, RelayConfig, RelayError, RelayReport, WakeUp};
 pub use store::{OutboxAdmin, OutboxStore, OutboxWriter};
 /// Re-exported so callers need not depend on `tokio-util` to stop a relay.
 pub use tokio_util::sync::CancellationToken;

@@ -57,7 +57,7 @@ async fn calls_for(config: RelayConfig, capabilities: PublisherCapabilities) -> 
         call.succeed_all();
     }
     shutdown.cancel();
-    assert_eq!(task.await.unwrap().published, 4);
+    assert_eq!(task.await.unwrap().unwrap().published, 4);
     let id = |i: usize| batch[i].event_id;
     assert!(calls.concat().iter().all(|e| (0..4).any(|i| id(i) == *e)));
     calls
@@ -121,7 +121,7 @@ async fn a_wake_up_hint_ends_the_idle_wait() {
         .await
         .expect("woken by the hint, not the hour-long poll");
     shutdown.cancel();
-    task.await.unwrap();
+    task.await.unwrap().unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -150,7 +150,7 @@ async fn a_lease_too_short_for_another_attempt_is_released_unstarted() {
     );
     second.succeed_all();
     shutdown.cancel();
-    let report = task.await.unwrap();
+    let report = task.await.unwrap().unwrap();
     assert_eq!((report.published, report.released), (2, 1));
     let history = store.history(a2.event_id).await.unwrap();
     assert!(history.is_empty(), "the release burned no attempt");
@@ -233,7 +233,7 @@ async fn store_errors_back_off_and_recover() {
         .await
         .unwrap();
     shutdown.cancel();
-    let report = task.await.unwrap();
+    let report = task.await.unwrap().unwrap();
     assert_eq!((report.store_errors, report.published), (3, 1));
     assert!(matches!(
         inner.event_state(e.event_id).await.unwrap(),

@@ -35,7 +35,7 @@ async fn relay_counts_published_retried_failed_and_times_calls() {
         .await
         .unwrap();
     shutdown.cancel();
-    task.await.unwrap();
+    task.await.unwrap().unwrap();
 
     let mut counters = std::collections::HashMap::new();
     let mut histograms = std::collections::HashMap::new();

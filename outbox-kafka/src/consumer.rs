@@ -8,18 +8,31 @@
 //! then the message goes to `{topic}{dead_letter_suffix}` with its original
 //! headers and the error. Nothing is ever committed past a message that was
 //! neither applied nor dead-lettered. Per-key order reaches the handler: a
-//! key lives in one partition and a partition is read in order.
+//! key lives in one partition and a partition is read in order, and the
+//! consumer never moves past the message in hand: a retryable inbox-store
+//! error or a failing dead-letter write is waited out on that same message.
+//!
+//! **Offsets.** After a message is applied (or dead-lettered) its offset is
+//! *stored*; the run loop commits stored offsets every `commit_interval`
+//! (asynchronously: a failure is logged and counted by [`CommitWatch`] and
+//! the next commit retries it). Graceful shutdown commits the last stored
+//! offset of every partition it owns, confirms with the group coordinator
+//! that it holds them (committing again until it does, for up to
+//! [`SHUTDOWN_COMMIT_LIMIT`]) and logs what it committed at info level.
 
 use std::time::Duration;
 
-use outbox_core::consume::{Applied, apply_once};
+use outbox_core::consume::{Applied, Applier, default_store_outage};
 use outbox_core::policy::SplitMix64;
+use outbox_core::relay::OutagePolicy;
 use outbox_core::{EventId, Headers, InboxStore, RetryPolicy, StoreError};
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaError;
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{BorrowedMessage, Header, Headers as _, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::headers::names;
@@ -96,6 +109,13 @@ pub struct KafkaConsumerConfig {
     pub topics: Vec<String>,
     /// In-place retries of a failing handler.
     pub handler_retry: RetryPolicy,
+    /// Pauses while the inbox's store is unavailable or a dead letter cannot
+    /// be written; the same message is retried until it works (default
+    /// 100 ms doubling to 5 s).
+    pub store_outage: OutagePolicy,
+    /// How often stored offsets are committed (`auto.commit.interval.ms`).
+    /// Default 1 s: at most this much is redelivered after a crash.
+    pub commit_interval: Duration,
     /// Dead letters go to `{topic}{suffix}`. Default `.dlq`.
     pub dead_letter_suffix: String,
     /// Any librdkafka setting, applied last (TLS, SASL, …).
@@ -114,9 +134,37 @@ impl KafkaConsumerConfig {
             group_id: group_id.into(),
             topics,
             handler_retry: RetryPolicy::in_place(),
+            store_outage: default_store_outage(),
+            commit_interval: Duration::from_secs(1),
             dead_letter_suffix: ".dlq".into(),
             librdkafka: Vec::new(),
         }
+    }
+
+    /// Checks the settings can work (the consumer's constructor calls it).
+    pub fn validate(&self) -> Result<(), ConsumerError> {
+        let fail = |m: &str| Err(ConsumerError::Config(m.to_owned()));
+        if self.bootstrap_servers.is_empty() {
+            return fail("bootstrap_servers must not be empty");
+        }
+        if self.group_id.is_empty() {
+            return fail("group_id must not be empty");
+        }
+        if self.topics.is_empty() || self.topics.iter().any(String::is_empty) {
+            return fail("at least one topic, and no empty topic names");
+        }
+        if self.dead_letter_suffix.is_empty() {
+            return fail("dead_letter_suffix must not be empty (dead letters would loop back)");
+        }
+        if self.commit_interval.is_zero() {
+            return fail("commit_interval must be non-zero");
+        }
+        if self.store_outage.initial_pause.is_zero()
+            || self.store_outage.initial_pause > self.store_outage.max_pause
+        {
+            return fail("store_outage pauses must be non-zero and initial <= max");
+        }
+        self.handler_retry.validate().map_err(ConsumerError::Config)
     }
 }
 
@@ -129,6 +177,10 @@ pub struct ConsumerReport {
     pub duplicates: u64,
     /// Messages sent to a dead-letter topic.
     pub dead_lettered: u64,
+    /// Retryable inbox-store errors ridden out on the message in hand.
+    pub store_retries: u64,
+    /// Partitions whose last offset the graceful shutdown committed.
+    pub committed_at_shutdown: u64,
 }
 
 /// Why a consumer stopped.
@@ -140,23 +192,86 @@ pub enum ConsumerError {
     /// The inbox's store failed with a non-retryable error.
     #[error("inbox: {0}")]
     Inbox(#[from] StoreError),
+    /// A setting that cannot work.
+    #[error("invalid consumer configuration: {0}")]
+    Config(String),
 }
 
 enum Handled {
     Applied,
     Duplicate,
     DeadLettered,
+    /// Shutdown came first: not stored, so delivered again later.
+    Interrupted,
+}
+
+/// How long a graceful shutdown keeps trying to commit the last offsets.
+pub const SHUTDOWN_COMMIT_LIMIT: Duration = Duration::from_secs(15);
+
+/// Watches offset commits: logs and counts the ones that failed (librdkafka
+/// retries them with the next commit of the same partitions) and remembers
+/// the highest offset the broker confirmed per partition.
+#[derive(Clone, Debug, Default)]
+pub struct CommitWatch {
+    failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    confirmed: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>>,
+}
+
+impl CommitWatch {
+    /// Commits that failed so far.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The highest offset the broker confirmed for `topic`/`partition`.
+    pub fn confirmed(&self, topic: &str, partition: i32) -> Option<i64> {
+        let confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        confirmed.get(&(topic.to_owned(), partition)).copied()
+    }
+}
+
+impl ClientContext for CommitWatch {}
+
+impl ConsumerContext for CommitWatch {
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        offsets: &TopicPartitionList,
+    ) {
+        match result {
+            Ok(()) => {
+                let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+                for element in offsets.elements() {
+                    if let (Offset::Offset(next), Ok(())) = (element.offset(), element.error()) {
+                        let entry = confirmed
+                            .entry((element.topic().to_owned(), element.partition()))
+                            .or_insert(next);
+                        *entry = (*entry).max(next);
+                    }
+                }
+            }
+            Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+            Err(error) => {
+                self.failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(%error, ?offsets, "offset commit failed; the next commit retries it");
+            }
+        }
+    }
 }
 
 /// Reads a consumer group and applies each event once through an inbox.
 pub struct KafkaConsumer<I, H> {
-    consumer: StreamConsumer,
+    consumer: StreamConsumer<CommitWatch>,
     dead_letters: FutureProducer,
     config: KafkaConsumerConfig,
     inbox: I,
     handler: H,
     random: SplitMix64,
     report: ConsumerReport,
+    /// The next offset to read of each partition, as stored after the last
+    /// message handled there: what the shutdown commit commits.
+    stored: std::collections::BTreeMap<(String, i32), i64>,
 }
 
 impl<I, H> KafkaConsumer<I, H>
@@ -164,9 +279,16 @@ where
     I: InboxStore,
     H: Handler<I::Transaction, KafkaEvent>,
 {
-    /// A consumer with `config`; subscribes when run.
-    pub fn new(config: KafkaConsumerConfig, inbox: I, handler: H) -> Result<Self, KafkaError> {
+    /// A consumer with `config`; subscribes when run. Fails on settings
+    /// that cannot work.
+    pub fn new(config: KafkaConsumerConfig, inbox: I, handler: H) -> Result<Self, ConsumerError> {
+        config.validate()?;
         let mut consumer = ClientConfig::new();
+        // Offsets are stored by hand after each message is applied, and only
+        // stored offsets are committed: by the run loop every
+        // commit_interval (asynchronously, results watched) and at shutdown.
+        // Not librdkafka's auto-commit: its commit on close waits for the
+        // group coordinator without bound after a connection cut.
         consumer
             .set("bootstrap.servers", &config.bootstrap_servers)
             .set("group.id", &config.group_id)
@@ -183,13 +305,14 @@ where
             producer.set(key, value);
         }
         Ok(Self {
-            consumer: consumer.create()?,
+            consumer: consumer.create_with_context(CommitWatch::default())?,
             dead_letters: producer.create()?,
             config,
             inbox,
             handler,
             random: SplitMix64::from_entropy(),
             report: ConsumerReport::default(),
+            stored: std::collections::BTreeMap::new(),
         })
     }
 
@@ -200,10 +323,24 @@ where
     ) -> Result<ConsumerReport, ConsumerError> {
         let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
         self.consumer.subscribe(&topics)?;
+        let mut last_commit = tokio::time::Instant::now();
+        let mut uncommitted = false;
         loop {
+            if uncommitted && last_commit.elapsed() >= self.config.commit_interval {
+                // Asynchronous: a failure is logged by CommitWatch and the
+                // next commit (of the same or later offsets) retries it.
+                match self.consumer.commit_consumer_state(CommitMode::Async) {
+                    Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+                    Err(error) => tracing::warn!(%error, "offset commit failed; retrying later"),
+                }
+                last_commit = tokio::time::Instant::now();
+                uncommitted = false;
+            }
             let message = tokio::select! {
                 message = self.consumer.recv() => message,
                 _ = shutdown.cancelled() => break,
+                // Wake up to commit what was stored even when nothing arrives.
+                _ = tokio::time::sleep(self.config.commit_interval), if uncommitted => continue,
             };
             let message = match message {
                 Ok(message) => message,
@@ -216,44 +353,154 @@ where
             };
             let handled = match KafkaEvent::decode(&message) {
                 Ok(event) => {
-                    let handler = &self.handler;
-                    let applied = apply_once(
-                        &self.inbox,
-                        &self.config.group_id,
-                        event.event_id,
-                        &event,
-                        handler,
-                        &self.config.handler_retry,
-                        &self.random,
-                    )
-                    .await?;
-                    match applied {
+                    let mut applier = Applier {
+                        inbox: &self.inbox,
+                        consumer: &self.config.group_id,
+                        handler: &self.handler,
+                        handler_retry: &self.config.handler_retry,
+                        store_outage: &self.config.store_outage,
+                        random: &self.random,
+                        shutdown: &shutdown,
+                        store_retries: 0,
+                    };
+                    let applied = applier.apply(event.event_id, &event).await;
+                    self.report.store_retries += applier.store_retries;
+                    match applied? {
                         Applied::Applied => Handled::Applied,
                         Applied::Duplicate => Handled::Duplicate,
+                        Applied::Interrupted => Handled::Interrupted,
                         Applied::GaveUp(reason) => {
-                            dead_letter(&self.dead_letters, &self.config, &message, &reason)
-                                .await?;
-                            Handled::DeadLettered
+                            self.dead_letter_until_written(&message, &reason, &shutdown)
+                                .await?
                         }
                     }
                 }
                 Err(reason) => {
-                    dead_letter(&self.dead_letters, &self.config, &message, &reason).await?;
-                    Handled::DeadLettered
+                    self.dead_letter_until_written(&message, &reason, &shutdown)
+                        .await?
                 }
             };
             match handled {
                 Handled::Applied => self.report.applied += 1,
                 Handled::Duplicate => self.report.duplicates += 1,
                 Handled::DeadLettered => self.report.dead_lettered += 1,
+                Handled::Interrupted => break,
             }
             // Only now: the effect committed, or the message was dead-lettered.
-            self.consumer.commit_message(&message, CommitMode::Async)?;
+            self.consumer.store_offset_from_message(&message)?;
+            uncommitted = true;
+            self.stored.insert(
+                (message.topic().to_owned(), message.partition()),
+                message.offset() + 1,
+            );
         }
-        if let Err(error) = self.consumer.commit_consumer_state(CommitMode::Sync) {
-            tracing::debug!(%error, "final offset commit");
-        }
+        self.report.committed_at_shutdown = self.commit_at_shutdown().await;
         Ok(self.report)
+    }
+
+    /// Dead-letters `message`, retrying a failed write in place (the offset
+    /// must not move past a message that is neither applied nor
+    /// dead-lettered); a non-retryable failure ends the consumer.
+    async fn dead_letter_until_written(
+        &self,
+        message: &BorrowedMessage<'_>,
+        reason: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<Handled, ConsumerError> {
+        let mut failures = 0u32;
+        loop {
+            let error = match dead_letter(&self.dead_letters, &self.config, message, reason).await {
+                Ok(()) => return Ok(Handled::DeadLettered),
+                Err(ConsumerError::Kafka(error)) => error,
+                Err(other) => return Err(other),
+            };
+            // A dead-letter topic that is missing or refuses the message
+            // needs a person; anything else is waited out.
+            if crate::error::classify(&error, false) == outbox_core::ErrorClass::Permanent {
+                return Err(ConsumerError::Kafka(error));
+            }
+            failures += 1;
+            let pause = self.config.store_outage.pause(failures, &self.random);
+            tracing::warn!(%error, ?pause, "dead-letter write failed; retrying the same message");
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.cancelled() => return Ok(Handled::Interrupted),
+            }
+        }
+    }
+
+    /// Commits the stored offset of every assigned partition and confirms
+    /// with the group coordinator (up to [`SHUTDOWN_COMMIT_LIMIT`]) that it
+    /// holds them, committing again until it does. Never a blocking commit:
+    /// after a connection cut librdkafka may still be looking for the
+    /// coordinator, and a synchronous commit then waits without bound. The
+    /// consumer is polled meanwhile so the commit is served; messages it
+    /// hands out are neither handled nor stored (the next owner reads them).
+    /// Returns the partitions whose last offset was confirmed.
+    async fn commit_at_shutdown(&self) -> u64 {
+        let positions = match self.stored_positions() {
+            Ok(positions) if positions.count() > 0 => positions,
+            Ok(_) => {
+                tracing::info!("consumer stopped; no offsets to commit");
+                return 0;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot read the stored offsets at shutdown");
+                return 0;
+            }
+        };
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_COMMIT_LIMIT;
+        let mut attempt = 0u32;
+        while tokio::time::Instant::now() < deadline {
+            attempt += 1;
+            if let Err(error) = self.consumer.commit(&positions, CommitMode::Async) {
+                tracing::warn!(%error, attempt, "committing the last offsets failed; retrying");
+            }
+            // Serves the commit (and its callback) for a moment.
+            let _ = tokio::time::timeout(Duration::from_millis(300), self.consumer.recv()).await;
+            // Blocks for at most a second: asks the coordinator what it holds.
+            match self
+                .consumer
+                .committed_offsets(positions.clone(), Duration::from_secs(1))
+            {
+                Ok(held) if holds(&held, &positions) => {
+                    let committed: Vec<String> = positions
+                        .elements()
+                        .iter()
+                        .map(|e| format!("{}/{}@{:?}", e.topic(), e.partition(), e.offset()))
+                        .collect();
+                    tracing::info!(?committed, "consumer stopped; last offsets committed");
+                    return positions.count() as u64;
+                }
+                Ok(_) => tracing::debug!(attempt, "last offsets not confirmed yet"),
+                Err(error) => {
+                    tracing::debug!(%error, attempt, "cannot confirm the last offsets yet")
+                }
+            }
+        }
+        tracing::error!(
+            limit = ?SHUTDOWN_COMMIT_LIMIT,
+            "could not commit the last offsets; their messages will be redelivered (the inbox absorbs them)"
+        );
+        0
+    }
+
+    /// The stored (next-to-read) offset of each partition still assigned
+    /// to this consumer. Not librdkafka's position: that already counts the
+    /// message in hand, which an interrupted wait left unhandled.
+    fn stored_positions(&self) -> Result<TopicPartitionList, KafkaError> {
+        let assigned = self.consumer.assignment()?;
+        let mut positions = TopicPartitionList::new();
+        for ((topic, partition), next) in &self.stored {
+            let owned = assigned
+                .elements()
+                .iter()
+                .any(|a| a.topic() == topic && a.partition() == *partition);
+            if owned {
+                positions.add_partition_offset(topic, *partition, Offset::Offset(*next))?;
+            }
+        }
+        Ok(positions)
     }
 }
 
@@ -302,4 +549,18 @@ async fn dead_letter(
         .map_err(|(e, _)| ConsumerError::Kafka(e))?;
     tracing::error!(%origin, %reason, "message dead-lettered");
     Ok(())
+}
+
+/// Whether the coordinator's `held` offsets reach every one of `wanted`.
+fn holds(held: &TopicPartitionList, wanted: &TopicPartitionList) -> bool {
+    wanted.elements().iter().all(|w| {
+        held.elements().iter().any(|h| {
+            h.topic() == w.topic()
+                && h.partition() == w.partition()
+                && match (h.offset(), w.offset()) {
+                    (Offset::Offset(h), Offset::Offset(w)) => h >= w,
+                    _ => false,
+                }
+        })
+    })
 }

@@ -10,8 +10,8 @@ mod publisher;
 
 pub use config::{KafkaPublisherConfig, TopicRouter};
 pub use consumer::{
-    ConsumerError, ConsumerReport, Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig,
-    KafkaEvent,
+    CommitWatch, ConsumerError, ConsumerReport, Handler, HandlerError, KafkaConsumer,
+    KafkaConsumerConfig, KafkaEvent, SHUTDOWN_COMMIT_LIMIT,
 };
 pub use context::BrokerHealth;
 pub use publisher::KafkaPublisher;

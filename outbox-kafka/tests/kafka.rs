@@ -233,7 +233,7 @@ async fn four_relays_keep_key_order_on_the_topic() {
     shutdown.cancel();
     let mut published = 0;
     for relay in relays {
-        published += relay.await.unwrap().published;
+        published += relay.await.unwrap().unwrap().published;
     }
     assert_eq!(published, 400);
     for key in (0..20).map(|k| format!("k{k}")) {
@@ -286,7 +286,7 @@ async fn an_oversized_event_fails_and_the_rest_flows_through_the_relay() {
         Some(huge.event_id)
     );
     shutdown.cancel();
-    let report = relay.await.unwrap();
+    let report = relay.await.unwrap().unwrap();
     assert_eq!((report.published, report.failed), (3, 1));
     let key_a: Vec<_> = got
         .iter()

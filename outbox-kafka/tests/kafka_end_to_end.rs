@@ -11,7 +11,7 @@ use outbox_core::testing::{
 };
 use outbox_core::{
     CancellationToken, EventId, InboxStore, ManualClock, OutboxWriter, PublishOutcome, Publisher,
-    PublisherCapabilities, Relay, RelayReport, StoredEvent,
+    PublisherCapabilities, Relay, RelayError, RelayReport, StoredEvent,
 };
 use outbox_kafka::{
     Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
@@ -170,7 +170,10 @@ fn relays(
     setup: &Setup,
     publisher: Arc<impl Publisher + 'static>,
     n: usize,
-) -> (CancellationToken, Vec<tokio::task::JoinHandle<RelayReport>>) {
+) -> (
+    CancellationToken,
+    Vec<tokio::task::JoinHandle<Result<RelayReport, RelayError>>>,
+) {
     let shutdown = CancellationToken::new();
     let handles = (0..n)
         .map(|r| {
@@ -186,12 +189,16 @@ fn relays(
 
 async fn stop(
     shutdown: CancellationToken,
-    handles: Vec<tokio::task::JoinHandle<RelayReport>>,
+    handles: Vec<tokio::task::JoinHandle<Result<RelayReport, RelayError>>>,
 ) -> u64 {
     shutdown.cancel();
     let mut published = 0;
     for handle in handles {
-        published += within("relay shutdown", handle).await.unwrap().published;
+        published += within("relay shutdown", handle)
+            .await
+            .unwrap()
+            .unwrap()
+            .published;
     }
     published
 }
@@ -499,7 +506,7 @@ mod outage {
         shutdown.cancel();
         let mut report = outbox_core::RelayReport::default();
         for handle in handles {
-            let r = within("relay shutdown", handle).await.unwrap();
+            let r = within("relay shutdown", handle).await.unwrap().unwrap();
             report.outages += r.outages;
             report.retried += r.retried;
             report.failed += r.failed;
@@ -515,6 +522,74 @@ mod outage {
                 "attempt burned"
             );
         }
+        assert_exactly_once_in_key_order(&setup.effects().await, &all);
+    }
+
+    /// Offsets survive broker cuts: the consumer reads through three cuts,
+    /// then shuts down gracefully; it commits the last offset of every
+    /// partition it owns, so the next consumer of the group gets only the
+    /// one event published after (0 redeliveries). It used to commit each
+    /// offset asynchronously, unchecked, and its shutdown commit had nothing
+    /// stored to commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_cuts_a_graceful_shutdown_leaves_nothing_to_redeliver() {
+        let (_broker, proxy) = broker_behind_proxy().await;
+        let bootstrap = proxy.address.to_string();
+        let setup = super::setup_on(&bootstrap).await;
+        let mut config = KafkaPublisherConfig::new(&bootstrap);
+        config.delivery_timeout = Duration::from_secs(2);
+        let publisher = Arc::new(KafkaPublisher::new(&config, setup.router.clone()).unwrap());
+        let (shutdown, handles) = relays(&setup, publisher, 1);
+        let consumer_stop = CancellationToken::new();
+        let consumer = tokio::spawn(
+            setup
+                .consumer_on(&bootstrap, setup.store.inbox())
+                .run(consumer_stop.clone()),
+        );
+        let events = events_over_keys(300, 30);
+        for (part, chunk) in events.chunks(100).enumerate() {
+            OutboxWriter::enqueue(&*setup.store, chunk).await.unwrap();
+            setup.wait_for_effects(part * 100 + 20).await;
+            // Cut while the consumer is mid-backlog: its commits fail.
+            proxy.cut();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            proxy.restore();
+        }
+        setup.wait_for_effects(events.len()).await;
+        consumer_stop.cancel();
+        let report = within("consumer shutdown", consumer)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(report.applied, 300, "{report:?}");
+        assert!(report.committed_at_shutdown >= 1, "{report:?}");
+
+        let sentinel = event("sentinel", 999);
+        OutboxWriter::enqueue(&*setup.store, std::slice::from_ref(&sentinel))
+            .await
+            .unwrap();
+        let next_stop = CancellationToken::new();
+        let next = tokio::spawn(
+            setup
+                .consumer_on(&bootstrap, setup.store.inbox())
+                .run(next_stop.clone()),
+        );
+        setup.wait_for_effects(events.len() + 1).await;
+        next_stop.cancel();
+        let next_report = within("next consumer shutdown", next)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (next_report.applied, next_report.duplicates),
+            (1, 0),
+            "the next consumer of the group was redelivered what was applied: {next_report:?}"
+        );
+        shutdown.cancel();
+        for handle in handles {
+            within("relay shutdown", handle).await.unwrap().unwrap();
+        }
+        let all: Vec<NewEvent> = events.into_iter().chain([sentinel]).collect();
         assert_exactly_once_in_key_order(&setup.effects().await, &all);
     }
 }

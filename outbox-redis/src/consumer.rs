@@ -8,7 +8,12 @@
 //!
 //! **Ordering.** One consumer handles entries one at a time in stream order,
 //! retrying a failing entry in place (with backoff) before moving on, so a
-//! key's events reach the handler in order within a stream. A key's events
+//! key's events reach the handler in order within a stream. That holds
+//! through faults too: a retryable inbox-store error is waited out on the
+//! same entry, and after any Redis error (and at start-up) the consumer first
+//! re-reads its *own* pending entries (`XREADGROUP … 0`), in stream order,
+//! before it asks for new ones, so a batch cut short by a broker blip is
+//! finished before anything newer is handled. A key's events
 //! stay in one stream only if their event types route there (see
 //! [`crate::StreamRouter::route`]). Several consumers in one group share a
 //! stream's entries and do not keep per-key order among themselves; entries
@@ -17,8 +22,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use outbox_core::consume::{Applied, apply_once};
+use outbox_core::consume::{Applied, Applier, default_store_outage};
 use outbox_core::policy::SplitMix64;
+use outbox_core::relay::OutagePolicy;
 use outbox_core::{ErrorClass, InboxStore, RetryPolicy, StoreError};
 use redis::aio::ConnectionManager;
 use redis::streams::{
@@ -54,6 +60,9 @@ pub struct ConsumerConfig {
     pub max_deliveries: usize,
     /// In-place retries of a failing handler.
     pub handler_retry: RetryPolicy,
+    /// Pauses while the inbox's store is unavailable; the same entry is
+    /// retried until the store is back (default 100 ms doubling to 5 s).
+    pub store_outage: OutagePolicy,
     /// Dead letters go to `{stream}{suffix}`. Default `:dead`.
     pub dead_letter_suffix: String,
 }
@@ -74,8 +83,45 @@ impl ConsumerConfig {
             reclaim_idle: Duration::from_secs(30),
             max_deliveries: 10,
             handler_retry: RetryPolicy::in_place(),
+            store_outage: default_store_outage(),
             dead_letter_suffix: ":dead".into(),
         }
+    }
+
+    /// Checks the settings can work (the consumer's constructor calls it).
+    pub fn validate(&self) -> Result<(), ConsumerError> {
+        let fail = |m: String| Err(ConsumerError::Config(m));
+        if self.group.is_empty() || self.consumer.is_empty() {
+            return fail("group and consumer names must not be empty".into());
+        }
+        if self.streams.is_empty() || self.streams.iter().any(String::is_empty) {
+            return fail("at least one stream, and no empty stream names".into());
+        }
+        if self.batch_size == 0 {
+            return fail("batch_size must be at least 1".into());
+        }
+        // BLOCK 0 would wait forever; the connection's response timeout
+        // must also be longer than a blocking read.
+        if self.block.is_zero() {
+            return fail("block must be non-zero (Redis reads BLOCK 0 as forever)".into());
+        }
+        if self.reclaim_idle.is_zero() {
+            return fail("reclaim_idle must be non-zero".into());
+        }
+        if self.max_deliveries == 0 {
+            return fail("max_deliveries must be at least 1".into());
+        }
+        if self.dead_letter_suffix.is_empty() {
+            return fail(
+                "dead_letter_suffix must not be empty (dead letters would loop back)".into(),
+            );
+        }
+        if self.store_outage.initial_pause.is_zero()
+            || self.store_outage.initial_pause > self.store_outage.max_pause
+        {
+            return fail("store_outage pauses must be non-zero and initial <= max".into());
+        }
+        self.handler_retry.validate().map_err(ConsumerError::Config)
     }
 }
 
@@ -90,6 +136,10 @@ pub struct ConsumerReport {
     pub dead_lettered: u64,
     /// Entries reclaimed from idle consumers.
     pub reclaimed: u64,
+    /// Retryable inbox-store errors ridden out on the entry in hand.
+    pub store_retries: u64,
+    /// Redis errors ridden out (the consumer waited and re-read its pending entries).
+    pub redis_retries: u64,
 }
 
 /// Why a consumer stopped.
@@ -101,12 +151,27 @@ pub enum ConsumerError {
     /// The inbox's store failed with a non-retryable error.
     #[error("inbox: {0}")]
     Inbox(#[from] StoreError),
+    /// A setting that cannot work.
+    #[error("invalid consumer configuration: {0}")]
+    Config(String),
 }
 
 enum Handled {
     Applied,
     Duplicate,
     DeadLettered,
+    /// Shutdown came first: not acknowledged, delivered again later.
+    Interrupted,
+}
+
+/// Which entries the next read asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reading {
+    /// This consumer's own pending entries (`0`): at start-up and after any
+    /// error, so a batch cut short is finished before anything newer.
+    OwnPending,
+    /// New entries (`>`).
+    New,
 }
 
 /// Reads a consumer group and applies each event once through an inbox.
@@ -117,6 +182,7 @@ pub struct RedisConsumer<I, H> {
     handler: H,
     random: SplitMix64,
     report: ConsumerReport,
+    reading: Reading,
 }
 
 impl<I, H> RedisConsumer<I, H>
@@ -125,21 +191,23 @@ where
     H: Handler<I::Transaction, StreamEvent>,
 {
     /// A consumer on its own `connection` (blocking reads would stall other
-    /// users of a shared one).
+    /// users of a shared one); fails on settings that cannot work.
     pub fn new(
         connection: ConnectionManager,
         config: ConsumerConfig,
         inbox: I,
         handler: H,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, ConsumerError> {
+        config.validate()?;
+        Ok(Self {
             connection,
             config,
             inbox,
             handler,
             random: SplitMix64::from_entropy(),
             report: ConsumerReport::default(),
-        }
+            reading: Reading::OwnPending,
+        })
     }
 
     /// Creates the group on every stream (from the beginning) if missing.
@@ -157,57 +225,102 @@ where
         Ok(())
     }
 
-    /// Runs until `shutdown`: the entry in hand is finished first.
+    /// Runs until `shutdown`: the entry in hand is finished first (or, if
+    /// it is waiting out an outage, left pending to be delivered again).
+    /// Redis errors and retryable inbox-store errors are waited out; a
+    /// non-retryable one ends the consumer with it.
     pub async fn run(
         mut self,
         shutdown: CancellationToken,
     ) -> Result<ConsumerReport, ConsumerError> {
-        self.ensure_groups().await?;
+        let mut consecutive_errors = 0u32;
+        let mut groups_ready = false;
         while !shutdown.is_cancelled() {
-            match self.step(&shutdown).await {
-                Ok(()) => {}
-                // The connection manager reconnects; wait and read again.
-                Err(ConsumerError::Redis(e))
-                    if crate::error::classify(&e) != ErrorClass::Permanent =>
-                {
-                    tracing::warn!(error = %e, "redis unavailable; consumer waiting");
-                    tokio::select! {
-                        _ = tokio::time::sleep(self.config.block) => {}
-                        _ = shutdown.cancelled() => {}
-                    }
-                    if let Err(e) = self.ensure_groups().await {
-                        tracing::warn!(error = %e, "cannot recreate consumer groups yet");
-                    }
+            let step = if groups_ready {
+                self.step(&shutdown).await
+            } else {
+                self.ensure_groups().await.map(|()| groups_ready = true)
+            };
+            let error = match step {
+                Ok(()) => {
+                    consecutive_errors = 0;
+                    continue;
                 }
-                Err(e) => return Err(e),
+                Err(ConsumerError::Redis(e)) => e,
+                Err(other) => return Err(other),
+            };
+            // Whatever was cut short is pending on this consumer: finish it
+            // before reading anything newer.
+            self.reading = Reading::OwnPending;
+            let class = crate::error::classify(&error);
+            if class == ErrorClass::Permanent {
+                return Err(ConsumerError::Redis(error));
+            }
+            consecutive_errors += 1;
+            self.report.redis_retries += 1;
+            let pause = self
+                .config
+                .store_outage
+                .pause(consecutive_errors, &self.random);
+            if class == ErrorClass::Outage {
+                tracing::warn!(%error, ?pause, "redis unavailable; consumer waiting");
+            } else {
+                tracing::warn!(%error, ?pause, "redis command failed; consumer retrying");
+            }
+            if error.code() == Some("NOGROUP") {
+                // The stream or its group vanished (a restart without
+                // persistence, a DEL): create them again.
+                groups_ready = false;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.cancelled() => {}
             }
         }
         Ok(self.report)
     }
 
     async fn step(&mut self, shutdown: &CancellationToken) -> Result<(), ConsumerError> {
-        {
-            self.reclaim_idle().await?;
-            let options = StreamReadOptions::default()
-                .group(&self.config.group, &self.config.consumer)
-                .count(self.config.batch_size)
-                .block(self.config.block.as_millis() as usize);
-            let ids: Vec<&str> = self.config.streams.iter().map(|_| ">").collect();
-            let read: Option<StreamReadReply> = tokio::select! {
-                read = self.connection.xread_options(&self.config.streams, &ids, &options) => Some(read?),
-                _ = shutdown.cancelled() => None,
-            };
-            for key in read.map(|r| r.keys).unwrap_or_default() {
-                for entry in key.ids {
-                    self.process(&key.key, entry, 1).await?;
-                }
+        self.reclaim_idle(shutdown).await?;
+        let reading = self.reading;
+        let mut options = StreamReadOptions::default()
+            .group(&self.config.group, &self.config.consumer)
+            .count(self.config.batch_size);
+        let position = match reading {
+            Reading::OwnPending => "0",
+            Reading::New => {
+                options = options.block(self.config.block.as_millis().max(1) as usize);
+                ">"
             }
+        };
+        let ids: Vec<&str> = self.config.streams.iter().map(|_| position).collect();
+        let read: Option<StreamReadReply> = tokio::select! {
+            read = self.connection.xread_options(&self.config.streams, &ids, &options) => Some(read?),
+            _ = shutdown.cancelled() => None,
+        };
+        let mut handed = 0usize;
+        for key in read.map(|r| r.keys).unwrap_or_default() {
+            for entry in key.ids {
+                if shutdown.is_cancelled() {
+                    // Left pending: read again (in order) by the next run.
+                    return Ok(());
+                }
+                handed += 1;
+                let deliveries = match reading {
+                    Reading::OwnPending => self.deliveries(&key.key, &entry.id).await?,
+                    Reading::New => 1,
+                };
+                self.process(&key.key, entry, deliveries, shutdown).await?;
+            }
+        }
+        if reading == Reading::OwnPending && handed == 0 {
+            self.reading = Reading::New;
         }
         Ok(())
     }
 
     /// Takes over entries another consumer left pending past `reclaim_idle`.
-    async fn reclaim_idle(&mut self) -> Result<(), ConsumerError> {
+    async fn reclaim_idle(&mut self, shutdown: &CancellationToken) -> Result<(), ConsumerError> {
         let idle = self.config.reclaim_idle.as_millis() as usize;
         for stream in self.config.streams.clone() {
             let reply: StreamAutoClaimReply = self
@@ -224,7 +337,7 @@ where
             for entry in reply.claimed {
                 self.report.reclaimed += 1;
                 let deliveries = self.deliveries(&stream, &entry.id).await?;
-                self.process(&stream, entry, deliveries).await?;
+                self.process(&stream, entry, deliveries, shutdown).await?;
             }
         }
         Ok(())
@@ -243,6 +356,7 @@ where
         stream: &str,
         entry: StreamId,
         deliveries: usize,
+        shutdown: &CancellationToken,
     ) -> Result<(), ConsumerError> {
         let outcome = if deliveries > self.config.max_deliveries {
             let reason = format!("delivered {deliveries} times");
@@ -250,7 +364,10 @@ where
                 .await?
         } else {
             match StreamEvent::decode(stream, &entry.id, &entry.map) {
-                Ok(event) => self.apply(stream, &entry, &event, deliveries).await?,
+                Ok(event) => {
+                    self.apply(stream, &entry, &event, deliveries, shutdown)
+                        .await?
+                }
                 Err(e) => {
                     self.dead_letter(stream, &entry, &e.to_string(), deliveries)
                         .await?
@@ -261,6 +378,7 @@ where
             Handled::Applied => self.report.applied += 1,
             Handled::Duplicate => self.report.duplicates += 1,
             Handled::DeadLettered => self.report.dead_lettered += 1,
+            Handled::Interrupted => return Ok(()),
         }
         // Only now, after the effect committed (or the entry was dead-lettered).
         let _: usize = self
@@ -276,21 +394,24 @@ where
         entry: &StreamId,
         event: &StreamEvent,
         deliveries: usize,
+        shutdown: &CancellationToken,
     ) -> Result<Handled, ConsumerError> {
-        let handler = &self.handler;
-        let applied = apply_once(
-            &self.inbox,
-            &self.config.group,
-            event.event_id,
-            event,
-            handler,
-            &self.config.handler_retry,
-            &self.random,
-        )
-        .await?;
-        match applied {
+        let mut applier = Applier {
+            inbox: &self.inbox,
+            consumer: &self.config.group,
+            handler: &self.handler,
+            handler_retry: &self.config.handler_retry,
+            store_outage: &self.config.store_outage,
+            random: &self.random,
+            shutdown,
+            store_retries: 0,
+        };
+        let applied = applier.apply(event.event_id, event).await;
+        self.report.store_retries += applier.store_retries;
+        match applied? {
             Applied::Applied => Ok(Handled::Applied),
             Applied::Duplicate => Ok(Handled::Duplicate),
+            Applied::Interrupted => Ok(Handled::Interrupted),
             Applied::GaveUp(reason) => self.dead_letter(stream, entry, &reason, deliveries).await,
         }
     }

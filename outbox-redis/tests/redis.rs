@@ -347,7 +347,8 @@ mod dead_letters {
             config(&stream, "c1"),
             MemoryInbox::new(),
             Failing { hang: None },
-        );
+        )
+        .expect("valid consumer settings");
         let consumer = tokio::spawn(consumer.run(stop.clone()));
         let dead = wait_for_dead_letter(&stream).await;
         stop.cancel();
@@ -379,7 +380,8 @@ mod dead_letters {
             Failing {
                 hang: Some(started.clone()),
             },
-        );
+        )
+        .expect("valid consumer settings");
         let doomed = tokio::spawn(doomed.run(CancellationToken::new()));
         tokio::time::timeout(Duration::from_secs(30), started.notified())
             .await
@@ -394,7 +396,8 @@ mod dead_letters {
             cfg,
             MemoryInbox::new(),
             Failing { hang: None },
-        );
+        )
+        .expect("valid consumer settings");
         let survivor = tokio::spawn(survivor.run(stop.clone()));
         let dead = wait_for_dead_letter(&stream).await;
         stop.cancel();

@@ -665,7 +665,7 @@ async fn commit_order_holds_under_concurrent_producers() {
     .await
     .expect("every event published");
     shutdown.cancel();
-    relay.await.unwrap();
+    relay.await.unwrap().unwrap();
     let order: std::collections::HashMap<EventId, usize> = publisher
         .delivered_ids()
         .into_iter()

@@ -310,3 +310,17 @@ async fn leases_and_fencing_hold_across_processes_sharing_the_file() {
         1
     );
 }
+
+/// A relay over a database file whose tables were never migrated stops by
+/// itself with the store's error (DESIGN.md §6).
+#[tokio::test]
+async fn a_relay_over_tables_never_migrated_stops_with_the_error() {
+    let store = SqliteStore::open(&db_path(), StoreConfig::default())
+        .await
+        .unwrap();
+    outbox_core::testing::relay_suite::stops_on_a_store_that_cannot_work(
+        Arc::new(store),
+        "no such table",
+    )
+    .await;
+}

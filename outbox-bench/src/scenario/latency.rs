@@ -230,7 +230,7 @@ async fn open_loop(
     let offered = start.elapsed();
     let reached = tokio::time::timeout(Duration::from_secs(30), publisher.wait_for(total)).await;
     shutdown.cancel();
-    handle.await?;
+    handle.await??;
     if reached.is_err() {
         return Err(format!("only {} of {total} events delivered", publisher.delivered()).into());
     }
@@ -270,6 +270,6 @@ async fn idle_queries(store: &Arc<PgStore>, seconds: u64) -> Result<f64, Error> 
     let statements = query_count::stop();
     let elapsed = started.elapsed();
     shutdown.cancel();
-    handle.await?;
+    handle.await??;
     Ok(statements as f64 / elapsed.as_secs_f64())
 }

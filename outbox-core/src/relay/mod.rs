@@ -10,6 +10,6 @@ mod wake_up;
 
 pub use alert::{AlertHook, FailedAlert, FailureCause, LogAlert};
 pub use config::{ConfigError, OutagePolicy, RelayConfig};
-pub use report::RelayReport;
+pub use report::{RelayError, RelayReport};
 pub use runner::Relay;
 pub use wake_up::{PollOnly, WakeUp};

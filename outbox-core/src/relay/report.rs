@@ -20,3 +20,16 @@ pub struct RelayReport {
     /// False when shutdown's drain timeout cut the last batch short.
     pub drained: bool,
 }
+
+/// A relay that stopped on its own: a store error retrying cannot cure
+/// (tables never migrated, the wrong database, permission denied). Fix the
+/// cause and start it again; nothing was lost (unsettled leases expire).
+#[derive(Debug, thiserror::Error)]
+#[error("relay stopped: {error}")]
+pub struct RelayError {
+    /// The store's error.
+    #[source]
+    pub error: crate::error::StoreError,
+    /// What the relay did before it stopped.
+    pub report: RelayReport,
+}

@@ -12,7 +12,7 @@ use super::alert::{AlertHook, FailedAlert, FailureCause, LogAlert};
 use super::batch::{BatchEnd, BatchWork};
 use super::config::{ConfigError, RelayConfig};
 use super::metrics;
-use super::report::RelayReport;
+use super::report::{RelayError, RelayReport};
 use super::wake_up::{PollOnly, WakeUp};
 use crate::error::StoreError;
 use crate::policy::{PoisonPolicy, RandomSource, SplitMix64};
@@ -85,14 +85,25 @@ where
         &self.ctx.config
     }
 
-    /// Runs on a new task until `shutdown` is cancelled and the relay drained.
-    pub fn spawn(self, shutdown: CancellationToken) -> tokio::task::JoinHandle<RelayReport> {
+    /// Runs on a new task until `shutdown` is cancelled and the relay
+    /// drained, or until a store error that retrying cannot cure.
+    pub fn spawn(
+        self,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<Result<RelayReport, RelayError>> {
         tokio::spawn(self.run(shutdown))
     }
 
     /// Runs until `shutdown` is cancelled: stops claiming, lets the batch in
     /// flight finish for up to `drain_timeout`, then releases what is left.
-    pub async fn run(mut self, shutdown: CancellationToken) -> RelayReport {
+    ///
+    /// Retryable store errors (connection lost, pool timeout, conflicts) are
+    /// backed off from for as long as they last, counted in the report and
+    /// the `outbox_relay_store_errors_total` metric. A store error retrying
+    /// cannot cure (tables never migrated, the wrong database, permission
+    /// denied) ends the relay at once with [`RelayError`]: a relay that
+    /// cannot work must not look alive.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<RelayReport, RelayError> {
         let span = tracing::info_span!("outbox_relay", relay = %self.ctx.config.relay_id);
         async move {
             let mut report = RelayReport {
@@ -116,6 +127,10 @@ where
                             report.store_errors += 1;
                             consecutive_store_errors += 1;
                             metrics::count(metrics::STORE_ERRORS, &self.ctx.config.relay_id, 1);
+                            if !error.is_retryable() {
+                                tracing::error!(%error, "claim failed and retrying cannot help; relay stopped");
+                                return Err(RelayError { error, report });
+                            }
                             tracing::warn!(%error, "claim failed; backing off");
                             let pause = self.ctx.config.outage.pause(consecutive_store_errors, self.ctx.random.as_ref());
                             pause_or_shutdown(pause, &shutdown).await;
@@ -190,6 +205,15 @@ where
                     Some(Err(error)) => {
                         report.store_errors += 1;
                         metrics::count(metrics::STORE_ERRORS, &self.ctx.config.relay_id, 1);
+                        if !error.is_retryable() {
+                            // Claiming again would publish the same events
+                            // again, forever: stop and say why.
+                            tracing::error!(%error, "settling a batch failed and retrying cannot help; relay stopped");
+                            if let Some(prefetched) = next.take() {
+                                self.release_unstarted(prefetched, &mut report).await;
+                            }
+                            return Err(RelayError { error, report });
+                        }
                         tracing::warn!(%error, "settling a batch failed; its leases will expire and the events be published again");
                     }
                     None => break,
@@ -199,7 +223,7 @@ where
                 self.release_unstarted(prefetched, &mut report).await;
             }
             tracing::info!(?report, "relay stopped");
-            report
+            Ok(report)
         }
         .instrument(span)
         .await

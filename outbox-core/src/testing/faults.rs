@@ -73,6 +73,98 @@ impl<I: InboxStore> InboxStore for DieAfterCommit<I> {
     }
 }
 
+/// An inbox whose store "goes away" on a schedule: every `every`-th
+/// operation (begin, claim or commit) fails with a retryable
+/// [`StoreError::Unavailable`], as a database restart or a pool timeout
+/// would. Every second failing commit fails *after* the inner commit
+/// succeeded (the connection dropped while the COMMIT's reply was in
+/// flight), so a runner must find out from the inbox that it was applied.
+pub struct FlakyInbox<I> {
+    inner: I,
+    operations: AtomicUsize,
+    failed_commits: AtomicUsize,
+    every: usize,
+    /// Failures injected so far.
+    pub injected: Arc<AtomicUsize>,
+}
+
+impl<I> FlakyInbox<I> {
+    /// Wraps `inner`; `every` must be at least 2 or nothing would succeed.
+    pub fn new(inner: I, every: usize) -> Self {
+        assert!(
+            every >= 2,
+            "a FlakyInbox that fails every operation never commits"
+        );
+        Self {
+            inner,
+            operations: AtomicUsize::new(0),
+            failed_commits: AtomicUsize::new(0),
+            every,
+            injected: Arc::default(),
+        }
+    }
+
+    fn fails_now(&self) -> bool {
+        let failing = (self.operations.fetch_add(1, Ordering::SeqCst) + 1) % self.every == 0;
+        if failing {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+        }
+        failing
+    }
+
+    fn unavailable(what: &str) -> StoreError {
+        StoreError::Unavailable(format!("injected: {what} lost the connection").into())
+    }
+}
+
+#[async_trait]
+impl<I: InboxStore> InboxStore for FlakyInbox<I> {
+    type Transaction = I::Transaction;
+
+    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
+        if self.fails_now() {
+            return Err(Self::unavailable("begin"));
+        }
+        self.inner.begin().await
+    }
+
+    async fn claim(
+        &self,
+        tx: &mut Self::Transaction,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        if self.fails_now() {
+            return Err(Self::unavailable("claim"));
+        }
+        self.inner.claim(tx, consumer, event_id).await
+    }
+
+    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        if !self.fails_now() {
+            return self.inner.commit(tx).await;
+        }
+        if self.failed_commits.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+            self.inner.rollback(tx).await?;
+        } else {
+            self.inner.commit(tx).await?;
+        }
+        Err(Self::unavailable("commit"))
+    }
+
+    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
+        self.inner.rollback(tx).await
+    }
+
+    async fn purge_older_than(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.purge_older_than(older_than, batch_size).await
+    }
+}
+
 /// Checks a consumer's committed effects, `(partition key, event id)` in
 /// commit order, against the events enqueued: every event applied exactly
 /// once, and each key's events in enqueue order.

@@ -17,7 +17,9 @@ use crate::event::{EventId, NewEvent, StoredEvent};
 use crate::memory::{Fault, MockPublisher, RecordingPublisher};
 use crate::policy::{FixedRandom, PoisonPolicy, RetryPolicy};
 use crate::publisher::{ErrorClass, Publisher};
-use crate::relay::{FailedAlert, FailureCause, OutagePolicy, Relay, RelayConfig, RelayReport};
+use crate::relay::{
+    FailedAlert, FailureCause, OutagePolicy, Relay, RelayConfig, RelayError, RelayReport,
+};
 use crate::store::{AttemptKind, EventState, OutboxAdmin, OutboxStore, RelayId};
 
 /// How long any single wait in this suite may take before the test fails.
@@ -80,7 +82,7 @@ impl Alerts {
 
 pub(crate) struct Running {
     shutdown: CancellationToken,
-    handle: tokio::task::JoinHandle<RelayReport>,
+    handle: tokio::task::JoinHandle<Result<RelayReport, RelayError>>,
 }
 
 impl Running {
@@ -89,6 +91,7 @@ impl Running {
         within("relay shutdown", self.handle)
             .await
             .expect("relay task")
+            .expect("the relay stops only when asked")
     }
 
     /// Kills the relay task where it stands: no settlement, no release.
@@ -516,7 +519,7 @@ pub async fn shutdown_drains_the_batch_in_flight<F: StoreFactory>(factory: &F) {
     let call = within("the publish", handle.next_call()).await;
     relay.shutdown.cancel();
     call.succeed_all();
-    let report = within("drain", relay.handle).await.unwrap();
+    let report = within("drain", relay.handle).await.unwrap().unwrap();
     assert!(report.drained);
     assert_eq!(report.published, 1);
     assert!(matches!(
@@ -554,4 +557,33 @@ pub async fn shutdown_drain_timeout_releases_leases<F: StoreFactory>(factory: &F
     next.stop().await;
     let ids: HashSet<_> = publisher.delivered_ids().into_iter().collect();
     assert!(ids.contains(&e.event_id));
+}
+
+/// A relay over a store that cannot work (tables never migrated, the wrong
+/// database, a role without rights) stops by itself with the store's error,
+/// non-retryable and mentioning `expect`, instead of logging a warning
+/// forever. Not a factory test: the caller builds the broken store.
+pub async fn stops_on_a_store_that_cannot_work<S>(store: Arc<S>, expect: &str)
+where
+    S: OutboxStore + 'static,
+{
+    let publisher = Arc::new(RecordingPublisher::new());
+    let relay = Relay::new(store, publisher.clone(), config("cannot-work")).expect("valid config");
+    // Never cancelled: only the relay itself can end this.
+    let outcome = within(
+        "the relay to stop by itself",
+        relay.run(CancellationToken::new()),
+    )
+    .await;
+    let stopped = outcome.expect_err("a relay that cannot work must not look alive");
+    assert!(!stopped.error.is_retryable(), "{stopped}");
+    assert!(
+        stopped.to_string().contains(expect),
+        "the error says why: {stopped} (expected it to mention {expect:?})"
+    );
+    assert_eq!(
+        stopped.report.store_errors, 1,
+        "stopped at the first such error"
+    );
+    assert!(publisher.delivered().is_empty());
 }
