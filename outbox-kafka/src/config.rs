@@ -89,6 +89,13 @@ impl KafkaPublisherConfig {
             .set(
                 "request.timeout.ms",
                 self.delivery_timeout.as_millis().max(1000).to_string(),
+            )
+            // A topic missing from the metadata fails as UnknownTopic (a
+            // configuration outage) well before the delivery times out, not
+            // as an anonymous timeout counted against each event.
+            .set(
+                "topic.metadata.propagation.max.ms",
+                (self.delivery_timeout.as_millis() / 2).max(500).to_string(),
             );
         for (key, value) in &self.librdkafka {
             config.set(key, value);

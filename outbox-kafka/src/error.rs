@@ -15,12 +15,23 @@ pub(crate) fn classify(error: &KafkaError, brokers_down: bool) -> ErrorClass {
             | C::InvalidMessage
             | C::InvalidRecord
             | C::MessageBatchTooLarge
-            | C::UnknownTopicOrPartition
-            | C::UnknownTopic
-            | C::TopicAuthorizationFailed
-            | C::InvalidTopic
             | C::UnsupportedForMessageFormat,
         ) => ErrorClass::Permanent,
+        // Configuration, not the event (DESIGN.md §6): every event of the
+        // destination fails alike until someone creates the topic, grants
+        // the right or fixes the name, so the relay pauses and burns no
+        // attempts instead of dead-lettering the backlog one by one.
+        Some(
+            C::UnknownTopicOrPartition
+            | C::UnknownTopic
+            | C::UnknownPartition
+            | C::TopicAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed
+            | C::SaslAuthenticationFailed
+            | C::Authentication
+            | C::InvalidTopic,
+        ) => ErrorClass::Outage,
         Some(C::AllBrokersDown | C::BrokerTransportFailure | C::Resolve) => ErrorClass::Outage,
         // The producer instance is unusable (it is replaced); the event is fine.
         Some(code) if producer_is_broken(code) => ErrorClass::Outage,
@@ -58,10 +69,18 @@ mod tests {
             classify(&produce(C::MessageSizeTooLarge), false),
             ErrorClass::Permanent
         );
-        assert_eq!(
-            classify(&produce(C::UnknownTopicOrPartition), false),
-            ErrorClass::Permanent
-        );
+        for configuration in [
+            C::UnknownTopicOrPartition,
+            C::UnknownTopic,
+            C::TopicAuthorizationFailed,
+            C::InvalidTopic,
+        ] {
+            assert_eq!(
+                classify(&produce(configuration), false),
+                ErrorClass::Outage,
+                "{configuration:?} is the destination's configuration, not the event"
+            );
+        }
         assert_eq!(
             classify(&produce(C::InvalidRecord), false),
             ErrorClass::Permanent

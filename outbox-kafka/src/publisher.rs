@@ -74,6 +74,13 @@ impl KafkaPublisher {
         }
     }
 
+    /// Whether every broker was reported down during the last delivery
+    /// window (a timeout then is the outage's, not the event's).
+    fn brokers_down(&self) -> bool {
+        self.health
+            .down_within(self.config.delivery_timeout * 2 + Duration::from_secs(1))
+    }
+
     /// The topic `event_type` goes to.
     pub fn topic_for(&self, event_type: &str) -> String {
         self.router.topic_for(event_type)
@@ -85,7 +92,7 @@ impl KafkaPublisher {
         if error.rdkafka_error_code().is_some_and(producer_is_broken) {
             *broken = true;
         }
-        PublishError::new(classify(error, self.health.all_down()), error.to_string())
+        PublishError::new(classify(error, self.brokers_down()), error.to_string())
     }
 }
 
@@ -128,17 +135,14 @@ impl Publisher for KafkaPublisher {
             let outcome = match queued {
                 Err(e) => Err(self.failure(&e, &mut broken)),
                 Ok(delivery) => match tokio::time::timeout_at(deadline, delivery).await {
-                    Ok(Ok(Ok(_))) => {
-                        self.health.delivered();
-                        Ok(())
-                    }
+                    Ok(Ok(Ok(_))) => Ok(()),
                     Ok(Ok(Err((e, _)))) => Err(self.failure(&e, &mut broken)),
                     Ok(Err(_cancelled)) => Err(PublishError::new(
                         ErrorClass::Transient,
                         "producer dropped the delivery report",
                     )),
                     Err(_elapsed) => {
-                        let class = if self.health.all_down() {
+                        let class = if self.brokers_down() {
                             ErrorClass::Outage
                         } else {
                             ErrorClass::Transient

@@ -371,3 +371,96 @@ async fn a_rejected_event_goes_to_the_dead_letter_topic() {
         .unwrap();
     assert_eq!(report.dead_lettered, 1, "{report:?}");
 }
+
+/// Counts outcomes classed as outages, passing everything through.
+struct OutageCount {
+    inner: KafkaPublisher,
+    outages: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl Publisher for OutageCount {
+    fn capabilities(&self) -> outbox_core::PublisherCapabilities {
+        self.inner.capabilities()
+    }
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<outbox_core::PublishOutcome> {
+        let outcomes = self.inner.publish(batch).await;
+        if outcomes
+            .iter()
+            .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
+        {
+            self.outages
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        outcomes
+    }
+}
+
+/// A topic that does not exist is the destination's configuration, not the
+/// events' fault: the relay pauses on it as an outage, fails nothing and
+/// burns no attempt, and publishes everything once the topic is created.
+/// (It used to spend three transient attempts per event, then fail each
+/// one as permanent: the whole backlog dead-lettered.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_pauses_the_relay_until_it_exists() {
+    let router = TopicRouter::with_prefix(prefix());
+    let topic = router.topic_for("invoice.paid");
+    // tansu creates topics on demand; a client that asks it not to sees what
+    // a broker with auto-create off answers.
+    let mut config =
+        KafkaPublisherConfig::new(bootstrap()).set("allow.auto.create.topics", "false");
+    config.delivery_timeout = Duration::from_secs(2);
+    let publisher = Arc::new(OutageCount {
+        inner: KafkaPublisher::new(&config, router).unwrap(),
+        outages: Default::default(),
+    });
+    let store = Arc::new(MemoryStore::with_clock(Arc::new(ManualClock::at_epoch())));
+    let events = events_over_keys(30, 3);
+    store.enqueue(&events).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        store.clone(),
+        publisher.clone(),
+        relay_suite::config("missing-topic"),
+    )
+    .unwrap()
+    .spawn(shutdown.clone());
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while publisher.outages.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the missing topic is met as an outage, twice");
+    for e in &events {
+        assert!(
+            outbox_core::OutboxAdmin::history(&*store, e.event_id)
+                .await
+                .unwrap()
+                .is_empty(),
+            "no attempt burned while the topic is missing"
+        );
+    }
+    create_topic(&topic).await;
+    let consumer = reader(&topic);
+    let got = read(&consumer, events.len()).await;
+    assert_eq!(got.len(), events.len());
+    shutdown.cancel();
+    let report = relay.await.unwrap().unwrap();
+    assert_eq!((report.failed, report.retried), (0, 0), "{report:?}");
+    assert!(report.outages >= 2, "{report:?}");
+}
+
+/// A topic name the broker refuses is configuration too: an outage, not a
+/// permanent failure of the event.
+#[tokio::test]
+async fn an_invalid_topic_name_is_an_outage_not_a_failure() {
+    let router = TopicRouter::with_prefix(prefix()).route("invoice.paid", "not a valid topic!");
+    let mut config = KafkaPublisherConfig::new(bootstrap());
+    config.delivery_timeout = Duration::from_secs(2);
+    let publisher = KafkaPublisher::new(&config, router).unwrap();
+    let events = stored(vec![event("a", 1)]);
+    let outcomes = publisher.publish(&[&events[0]]).await;
+    let error = outcomes[0].as_ref().unwrap_err();
+    assert_eq!(error.class, ErrorClass::Outage, "{error}");
+}

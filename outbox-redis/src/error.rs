@@ -22,8 +22,11 @@ fn classify_code(code: &str) -> ErrorClass {
     match code {
         // The server is starting, failing over or has no master.
         "LOADING" | "CLUSTERDOWN" | "MASTERDOWN" | "READONLY" => ErrorClass::Outage,
-        // Out of memory and wrong key type will not fix themselves for this event.
-        "OOM" | "WRONGTYPE" => ErrorClass::Permanent,
+        // Configuration or server state, not the event (DESIGN.md §6): a
+        // stream key holding another type, a full server, a user without
+        // the right fail every event of the destination alike, so the relay
+        // pauses instead of dead-lettering the backlog one by one.
+        "OOM" | "WRONGTYPE" | "NOPERM" | "NOAUTH" | "WRONGPASS" => ErrorClass::Outage,
         "TRYAGAIN" | "BUSY" => ErrorClass::Transient,
         _ => ErrorClass::Transient,
     }
@@ -35,8 +38,9 @@ mod tests {
 
     #[test]
     fn codes_map_to_classes() {
-        assert_eq!(classify_code("OOM"), ErrorClass::Permanent);
-        assert_eq!(classify_code("WRONGTYPE"), ErrorClass::Permanent);
+        assert_eq!(classify_code("OOM"), ErrorClass::Outage);
+        assert_eq!(classify_code("WRONGTYPE"), ErrorClass::Outage);
+        assert_eq!(classify_code("NOPERM"), ErrorClass::Outage);
         assert_eq!(classify_code("LOADING"), ErrorClass::Outage);
         assert_eq!(classify_code("CLUSTERDOWN"), ErrorClass::Outage);
         assert_eq!(classify_code("TRYAGAIN"), ErrorClass::Transient);

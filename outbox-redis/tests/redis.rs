@@ -10,7 +10,10 @@ use async_trait::async_trait;
 use outbox_core::testing::{
     InboxHarness, PublisherHarness, ReceivedEvent, event, inbox_suite, publisher_suite,
 };
-use outbox_core::{ErrorClass, EventId, ManualClock, Publisher, StoreError, StoredEvent};
+use outbox_core::{
+    CancellationToken, ErrorClass, EventId, ManualClock, OutboxWriter, Publisher, Relay,
+    StoreError, StoredEvent,
+};
 use outbox_redis::{RedisInbox, RedisInboxTx, RedisPublisher, StreamEvent, StreamRouter};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
@@ -109,25 +112,89 @@ async fn publisher_empty_batch_is_a_noop() {
     publisher_suite::empty_batch_is_a_noop(&Harness::new().await).await;
 }
 
-#[tokio::test]
-async fn wrong_type_is_permanent_for_that_event_only() {
-    let harness = Harness::new().await;
-    let mut connection = harness.connection.clone();
-    let blocked = harness.publisher.stream_for("invoice.refunded");
-    let _: () = connection.set(&blocked, "not a stream").await.unwrap();
-    let mut refund = event("a", 1);
-    refund.event_type = "invoice.refunded".into();
-    let events = stored(vec![event("a", 0), refund, event("a", 2)]);
-    let refs: Vec<&StoredEvent> = events.iter().collect();
-    let outcomes = harness.publisher.publish(&refs).await;
-    assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{outcomes:?}");
-    let err = outcomes[1].as_ref().unwrap_err();
-    assert_eq!(err.class, ErrorClass::Permanent, "{err}");
-    assert!(err.message.contains("WRONGTYPE"), "{err}");
+/// Passes outcomes through, counting calls that met an outage.
+struct OutageCount {
+    inner: RedisPublisher,
+    outages: std::sync::atomic::AtomicUsize,
 }
 
+#[async_trait]
+impl Publisher for OutageCount {
+    fn capabilities(&self) -> outbox_core::PublisherCapabilities {
+        self.inner.capabilities()
+    }
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<outbox_core::PublishOutcome> {
+        let outcomes = self.inner.publish(batch).await;
+        if outcomes
+            .iter()
+            .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
+        {
+            self.outages
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        outcomes
+    }
+}
+
+/// A stream key that holds another type (someone's string) is the
+/// destination's configuration, not the events' fault: the relay pauses on
+/// it as an outage, fails nothing, burns no attempt, and publishes every
+/// event once the key is fixed. (It used to fail each event as permanent.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_key_of_the_wrong_type_pauses_the_relay_until_fixed() {
+    let harness = Harness::new().await;
+    let mut connection = harness.connection.clone();
+    let stream = harness.publisher.stream_for("invoice.paid");
+    let _: () = connection.set(&stream, "not a stream").await.unwrap();
+    let publisher = Arc::new(OutageCount {
+        inner: harness.publisher.as_ref().clone(),
+        outages: Default::default(),
+    });
+    let store = Arc::new(outbox_core::memory::MemoryStore::new());
+    let events = outbox_core::testing::events_over_keys(20, 2);
+    OutboxWriter::enqueue(&*store, &events).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        store.clone(),
+        publisher.clone(),
+        outbox_core::testing::relay_suite::config("wrong-type"),
+    )
+    .unwrap()
+    .spawn(shutdown.clone());
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while publisher.outages.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the wrong key type is met as an outage, twice");
+    for e in &events {
+        let history = outbox_core::OutboxAdmin::history(&*store, e.event_id)
+            .await
+            .unwrap();
+        assert!(history.is_empty(), "attempt burned: {history:?}");
+    }
+    let _: () = connection.del(&stream).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let len: usize = connection.xlen(&stream).await.unwrap_or(0);
+            if len == events.len() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("every event published once the key is fixed");
+    shutdown.cancel();
+    let report = relay.await.unwrap().unwrap();
+    assert_eq!((report.failed, report.retried), (0, 0), "{report:?}");
+    assert!(report.outages >= 2, "{report:?}");
+}
+
+/// A full server (maxmemory reached) refuses every write alike: an outage.
 #[tokio::test]
-async fn out_of_memory_is_permanent() {
+async fn out_of_memory_is_an_outage() {
     let own = support::OwnRedis::start().await;
     let mut connection = support::connect(&own.url()).await;
     let _: () = redis::cmd("CONFIG")
@@ -141,7 +208,7 @@ async fn out_of_memory_is_permanent() {
     let events = stored(vec![event("a", 1)]);
     let outcomes = publisher.publish(&[&events[0]]).await;
     let err = outcomes[0].as_ref().unwrap_err();
-    assert_eq!(err.class, ErrorClass::Permanent, "{err}");
+    assert_eq!(err.class, ErrorClass::Outage, "{err}");
     assert!(err.message.contains("OOM"), "{err}");
 }
 
