@@ -36,6 +36,10 @@ tail -n 3 /tmp/outbox-billing.log
 step "benchmarks (--quick smoke, debug build)"
 target/debug/outbox-bench all --quick --out target/bench-smoke
 
+# The multi-process fault run at its small size (private servers of its own).
+step "chaos (outbox-chaos run: 5,000 events, relays SIGKILLed, Redis and PostgreSQL restarted)"
+target/debug/outbox-chaos run
+
 # Doc tests before nextest: the run then closes on nextest's summary.
 step "doc tests"
 cargo test --workspace --all-features --doc

@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::memory::MemoryStore;
 use outbox_core::testing::{
-    PublisherHarness, ReceivedEvent, event, events_over_keys, publisher_suite, relay_suite,
+    OutageCounter, PublisherHarness, ReceivedEvent, event, events_over_keys, publisher_suite,
+    relay_suite,
 };
 use outbox_core::{
     CancellationToken, ErrorClass, EventId, ManualClock, OutboxWriter, Publisher, Relay,
@@ -372,30 +373,6 @@ async fn a_rejected_event_goes_to_the_dead_letter_topic() {
     assert_eq!(report.dead_lettered, 1, "{report:?}");
 }
 
-/// Counts outcomes classed as outages, passing everything through.
-struct OutageCount {
-    inner: KafkaPublisher,
-    outages: std::sync::atomic::AtomicUsize,
-}
-
-#[async_trait]
-impl Publisher for OutageCount {
-    fn capabilities(&self) -> outbox_core::PublisherCapabilities {
-        self.inner.capabilities()
-    }
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<outbox_core::PublishOutcome> {
-        let outcomes = self.inner.publish(batch).await;
-        if outcomes
-            .iter()
-            .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
-        {
-            self.outages
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        outcomes
-    }
-}
-
 /// A topic that does not exist is the destination's configuration, not the
 /// events' fault: the relay pauses on it as an outage, fails nothing and
 /// burns no attempt, and publishes everything once the topic is created.
@@ -410,10 +387,9 @@ async fn a_missing_topic_pauses_the_relay_until_it_exists() {
     let mut config =
         KafkaPublisherConfig::new(bootstrap()).set("allow.auto.create.topics", "false");
     config.delivery_timeout = Duration::from_secs(2);
-    let publisher = Arc::new(OutageCount {
-        inner: KafkaPublisher::new(&config, router).unwrap(),
-        outages: Default::default(),
-    });
+    let publisher = Arc::new(OutageCounter::new(
+        KafkaPublisher::new(&config, router).unwrap(),
+    ));
     let store = Arc::new(MemoryStore::with_clock(Arc::new(ManualClock::at_epoch())));
     let events = events_over_keys(30, 3);
     store.enqueue(&events).await.unwrap();
@@ -425,13 +401,9 @@ async fn a_missing_topic_pauses_the_relay_until_it_exists() {
     )
     .unwrap()
     .spawn(shutdown.clone());
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while publisher.outages.load(std::sync::atomic::Ordering::SeqCst) < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the missing topic is met as an outage, twice");
+    tokio::time::timeout(Duration::from_secs(60), publisher.wait_for_outages(2))
+        .await
+        .expect("the missing topic is met as an outage, twice");
     for e in &events {
         assert!(
             outbox_core::OutboxAdmin::history(&*store, e.event_id)

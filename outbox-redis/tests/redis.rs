@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::testing::{
-    InboxHarness, PublisherHarness, ReceivedEvent, event, inbox_suite, publisher_suite,
+    InboxHarness, OutageCounter, PublisherHarness, ReceivedEvent, event, inbox_suite,
+    publisher_suite,
 };
 use outbox_core::{
     CancellationToken, ErrorClass, EventId, ManualClock, OutboxWriter, Publisher, Relay,
@@ -112,30 +113,6 @@ async fn publisher_empty_batch_is_a_noop() {
     publisher_suite::empty_batch_is_a_noop(&Harness::new().await).await;
 }
 
-/// Passes outcomes through, counting calls that met an outage.
-struct OutageCount {
-    inner: RedisPublisher,
-    outages: std::sync::atomic::AtomicUsize,
-}
-
-#[async_trait]
-impl Publisher for OutageCount {
-    fn capabilities(&self) -> outbox_core::PublisherCapabilities {
-        self.inner.capabilities()
-    }
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<outbox_core::PublishOutcome> {
-        let outcomes = self.inner.publish(batch).await;
-        if outcomes
-            .iter()
-            .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
-        {
-            self.outages
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        outcomes
-    }
-}
-
 /// A stream key that holds another type (someone's string) is the
 /// destination's configuration, not the events' fault: the relay pauses on
 /// it as an outage, fails nothing, burns no attempt, and publishes every
@@ -146,10 +123,7 @@ async fn a_stream_key_of_the_wrong_type_pauses_the_relay_until_fixed() {
     let mut connection = harness.connection.clone();
     let stream = harness.publisher.stream_for("invoice.paid");
     let _: () = connection.set(&stream, "not a stream").await.unwrap();
-    let publisher = Arc::new(OutageCount {
-        inner: harness.publisher.as_ref().clone(),
-        outages: Default::default(),
-    });
+    let publisher = Arc::new(OutageCounter::new(harness.publisher.as_ref().clone()));
     let store = Arc::new(outbox_core::memory::MemoryStore::new());
     let events = outbox_core::testing::events_over_keys(20, 2);
     OutboxWriter::enqueue(&*store, &events).await.unwrap();
@@ -161,13 +135,9 @@ async fn a_stream_key_of_the_wrong_type_pauses_the_relay_until_fixed() {
     )
     .unwrap()
     .spawn(shutdown.clone());
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while publisher.outages.load(std::sync::atomic::Ordering::SeqCst) < 2 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the wrong key type is met as an outage, twice");
+    tokio::time::timeout(Duration::from_secs(30), publisher.wait_for_outages(2))
+        .await
+        .expect("the wrong key type is met as an outage, twice");
     for e in &events {
         let history = outbox_core::OutboxAdmin::history(&*store, e.event_id)
             .await

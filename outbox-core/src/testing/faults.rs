@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
-use crate::event::{EventId, NewEvent};
+use crate::event::{EventId, NewEvent, StoredEvent};
 use crate::inbox::InboxStore;
+use crate::publisher::{ErrorClass, PublishOutcome, Publisher, PublisherCapabilities};
 
 /// An inbox whose `die_at`-th commit succeeds and then never returns: a
 /// consumer that dies after its effect committed and before it acknowledged
@@ -162,6 +163,54 @@ impl<I: InboxStore> InboxStore for FlakyInbox<I> {
         batch_size: usize,
     ) -> Result<u64, StoreError> {
         self.inner.purge_older_than(older_than, batch_size).await
+    }
+}
+
+/// Passes a publisher's outcomes through and counts the calls in which an
+/// outcome was an outage: lets a test wait until a relay has met an outage
+/// (a missing topic, a wrong-typed stream key) before it fixes the cause.
+pub struct OutageCounter<P> {
+    inner: P,
+    outages: AtomicUsize,
+}
+
+impl<P> OutageCounter<P> {
+    /// Wraps `inner`.
+    pub fn new(inner: P) -> Self {
+        Self {
+            inner,
+            outages: AtomicUsize::new(0),
+        }
+    }
+
+    /// Calls that met an outage so far.
+    pub fn outages(&self) -> usize {
+        self.outages.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at least `n` calls met an outage.
+    pub async fn wait_for_outages(&self, n: usize) {
+        while self.outages() < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl<P: Publisher> Publisher for OutageCounter<P> {
+    fn capabilities(&self) -> PublisherCapabilities {
+        self.inner.capabilities()
+    }
+
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let outcomes = self.inner.publish(batch).await;
+        if outcomes
+            .iter()
+            .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
+        {
+            self.outages.fetch_add(1, Ordering::SeqCst);
+        }
+        outcomes
     }
 }
 

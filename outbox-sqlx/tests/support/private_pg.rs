@@ -132,6 +132,36 @@ impl PrivatePg {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
 
+    /// Restarts the server as an operator would (`pg_ctl restart -m fast`):
+    /// every connection is terminated (57P01) and refused until it is back.
+    pub fn restart_fast(&self) {
+        let data = self.dir.join("data").display().to_string();
+        let log = self.dir.join("log").display().to_string();
+        run(
+            &bin_dir().join("pg_ctl"),
+            &["-D", &data, "-l", &log, "-m", "fast", "-w", "restart"],
+        );
+    }
+
+    /// Stops the server (`pg_ctl stop -m fast`); [`Self::resume`] starts it.
+    pub fn stop(&self) {
+        let data = self.dir.join("data").display().to_string();
+        run(
+            &bin_dir().join("pg_ctl"),
+            &["-D", &data, "-m", "fast", "-w", "stop"],
+        );
+    }
+
+    /// Starts a stopped server again on the same port and data.
+    pub fn resume(&self) {
+        let data = self.dir.join("data").display().to_string();
+        let log = self.dir.join("log").display().to_string();
+        run(
+            &bin_dir().join("pg_ctl"),
+            &["-D", &data, "-l", &log, "-w", "start"],
+        );
+    }
+
     /// Runs `psql -c sql` on `database`, failing the test on error.
     pub fn psql(&self, database: &str, sql: &str) -> String {
         let output = Command::new("psql")

@@ -1,0 +1,124 @@
+//! The processes the run kills: a relay (PostgreSQL outbox → Redis Streams)
+//! and a consumer (Redis Streams → PostgreSQL inbox and effect).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::relay::OutagePolicy;
+use outbox_core::store::RelayId;
+use outbox_core::{CancellationToken, Relay, RelayConfig};
+use outbox_redis::{
+    ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher, StreamEvent, StreamRouter,
+};
+use outbox_sqlx::StoreConfig;
+use outbox_sqlx::postgres::PgStore;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Postgres, Transaction};
+
+use crate::Error;
+
+/// The stream every event goes to (the default router's name for the type).
+pub(crate) const STREAM: &str = "outbox:invoice.paid";
+/// The consumer group, and the inbox's consumer name.
+pub(crate) const GROUP: &str = "chaos";
+/// The effects table the consumer writes in its inbox transaction.
+pub(crate) const EFFECTS: &str = "chaos_effects";
+
+fn pool(url: &str) -> Result<sqlx::PgPool, Error> {
+    Ok(
+        outbox_sqlx::guard_cancelled_transactions(PgPoolOptions::new())
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy(url)?,
+    )
+}
+
+/// A connection manager, waiting for Redis if it is down right now.
+async fn redis(url: &str) -> Result<ConnectionManager, Error> {
+    let client = redis::Client::open(url)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Duration::from_secs(1))
+        .set_response_timeout(Duration::from_secs(2))
+        .set_number_of_retries(2);
+    loop {
+        match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
+            Ok(connection) => return Ok(connection),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Cancelled on SIGTERM: the process drains and exits.
+fn on_sigterm() -> Result<CancellationToken, Error> {
+    let token = CancellationToken::new();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        term.recv().await;
+        cancel.cancel();
+    });
+    Ok(token)
+}
+
+/// One relay until SIGTERM (or SIGKILL, which is the point).
+pub(crate) async fn relay(pg: &str, redis_url: &str, name: &str) -> Result<(), Error> {
+    let store = Arc::new(PgStore::new(pool(pg)?, StoreConfig::default()));
+    let publisher = Arc::new(RedisPublisher::new(
+        redis(redis_url).await?,
+        StreamRouter::default(),
+    ));
+    // Short leases so a killed relay's events come back within the run.
+    let config = RelayConfig {
+        relay_id: RelayId::new(name),
+        batch_size: 100,
+        lease_duration: Duration::from_secs(3),
+        publish_timeout: Duration::from_secs(1),
+        poll_interval: Duration::from_millis(50),
+        heartbeat_interval: Duration::from_secs(1),
+        outage: OutagePolicy {
+            initial_pause: Duration::from_millis(200),
+            max_pause: Duration::from_secs(2),
+        },
+        ..RelayConfig::default()
+    };
+    Relay::new(store, publisher, config)?
+        .run(on_sigterm()?)
+        .await?;
+    Ok(())
+}
+
+/// Records `(key, event id)` in the inbox transaction.
+struct RecordEffect;
+
+#[async_trait]
+impl Handler<Transaction<'static, Postgres>, StreamEvent> for RecordEffect {
+    async fn handle(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        event: &StreamEvent,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&format!(
+            "INSERT INTO {EFFECTS} (partition_key, event_id) VALUES ($1, $2)"
+        ))
+        .bind(&event.partition_key)
+        .bind(event.event_id.as_uuid())
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| HandlerError::Retry(e.to_string()))?;
+        Ok(())
+    }
+}
+
+/// One consumer until SIGTERM (or SIGKILL).
+pub(crate) async fn consume(pg: &str, redis_url: &str, name: &str) -> Result<(), Error> {
+    let store = PgStore::new(pool(pg)?, StoreConfig::default());
+    let mut config = ConsumerConfig::new(GROUP, name, vec![STREAM.into()]);
+    config.block = Duration::from_millis(200);
+    let consumer =
+        RedisConsumer::new(redis(redis_url).await?, config, store.inbox(), RecordEffect)?;
+    let report = consumer.run(on_sigterm()?).await?;
+    eprintln!("consumer {name}: {report:?}");
+    Ok(())
+}

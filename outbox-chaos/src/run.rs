@@ -1,0 +1,435 @@
+//! The orchestrator: servers, producer, relay and consumer processes, the
+//! fault schedule, and the final accounting.
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_core::policy::{RandomSource, SplitMix64};
+use outbox_core::store::OutboxAdmin;
+use outbox_core::{EventId, NewEvent, OutboxWriter};
+use outbox_sqlx::StoreConfig;
+use outbox_sqlx::postgres::PgStore;
+use redis::AsyncCommands;
+use sqlx::Row;
+
+use crate::Error;
+use crate::cluster::{PrivatePg, PrivateRedis};
+use crate::roles::{EFFECTS, GROUP, STREAM};
+
+/// How big a run is, and how long its outages last.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    events: usize,
+    keys: usize,
+    relays: usize,
+    redis_outage: Duration,
+    database_down: Duration,
+    produce_rate: f64,
+}
+
+impl Settings {
+    /// `--events N`, `--redis-outage-secs S`, `--database-down-secs S`,
+    /// `--full` (50,000 events, 10 s broker outage, 15 s database down).
+    pub(crate) fn from_args(args: &[String]) -> Self {
+        let mut settings = Self {
+            events: 5_000,
+            keys: 200,
+            relays: 4,
+            redis_outage: Duration::from_secs(4),
+            database_down: Duration::from_secs(5),
+            produce_rate: 250.0,
+        };
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let mut value = || -> u64 {
+                args.next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("{arg} needs a number"))
+            };
+            match arg.as_str() {
+                "--events" => settings.events = value() as usize,
+                "--redis-outage-secs" => settings.redis_outage = Duration::from_secs(value()),
+                "--database-down-secs" => settings.database_down = Duration::from_secs(value()),
+                "--full" => {
+                    settings.events = 50_000;
+                    settings.redis_outage = Duration::from_secs(10);
+                    settings.database_down = Duration::from_secs(15);
+                    settings.produce_rate = 1_000.0;
+                }
+                other => panic!("unknown argument {other}"),
+            }
+        }
+        settings
+    }
+}
+
+/// A child process of this binary in one role, restartable.
+struct Role {
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Role {
+    fn start(args: Vec<String>) -> Self {
+        let mut role = Self { args, child: None };
+        role.spawn();
+        role
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(std::env::current_exe().expect("own path"))
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn a role process");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, then a new process in the same role (same name).
+    fn kill_and_restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What the producer committed, per key in order.
+#[derive(Default)]
+struct Committed {
+    by_key: HashMap<String, Vec<EventId>>,
+    total: usize,
+}
+
+pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
+    let started = Instant::now();
+    let pg = PrivatePg::start(&["max_connections = 100"]);
+    pg.psql("postgres", "CREATE DATABASE chaos");
+    let url = pg.url("chaos");
+    let mut redis = PrivateRedis::start();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&url)
+        .await?;
+    let store = Arc::new(PgStore::new(pool.clone(), StoreConfig::default()));
+    store.migrate().await?;
+    sqlx::query(&format!(
+        "CREATE TABLE {EFFECTS} (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL, event_id UUID NOT NULL)"
+    ))
+    .execute(&pool)
+    .await?;
+    println!(
+        "# outbox-chaos: {} events over {} keys, {} relays SIGKILLed every 1-3 s, Redis down {:?}, PostgreSQL restarted fast and down {:?}, consumer killed once, Redis blip",
+        settings.events,
+        settings.keys,
+        settings.relays,
+        settings.redis_outage,
+        settings.database_down
+    );
+
+    let role =
+        |kind: &str, name: String| Role::start(vec![kind.into(), url.clone(), redis.url(), name]);
+    let relays: Arc<Mutex<Vec<Role>>> = Arc::new(Mutex::new(
+        (0..settings.relays)
+            .map(|i| role("relay", format!("relay-{i}")))
+            .collect(),
+    ));
+    let mut consumer = role("consume", "c1".into());
+
+    let committed = Arc::new(Mutex::new(Committed::default()));
+    let producer = tokio::spawn(produce(store.clone(), settings.clone(), committed.clone()));
+    let faults_done = outbox_core::CancellationToken::new();
+    let killer = tokio::spawn(kill_relays(relays.clone(), faults_done.clone()));
+
+    // The fault schedule.
+    let step = Duration::from_secs(3);
+    tokio::time::sleep(step).await;
+    println!(
+        "  .. {:>5.1} s  Redis stopped for {:?}",
+        started.elapsed().as_secs_f64(),
+        settings.redis_outage
+    );
+    redis.kill();
+    tokio::time::sleep(settings.redis_outage).await;
+    redis.spawn();
+    tokio::time::sleep(step).await;
+    println!(
+        "  .. {:>5.1} s  PostgreSQL restarted (pg_ctl restart -m fast)",
+        started.elapsed().as_secs_f64()
+    );
+    pg.restart_fast();
+    tokio::time::sleep(step).await;
+    println!(
+        "  .. {:>5.1} s  consumer SIGKILLed, restarted under the same name",
+        started.elapsed().as_secs_f64()
+    );
+    consumer.kill_and_restart();
+    tokio::time::sleep(step).await;
+    println!(
+        "  .. {:>5.1} s  Redis blip (0.5 s)",
+        started.elapsed().as_secs_f64()
+    );
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.spawn();
+    tokio::time::sleep(step).await;
+    println!(
+        "  .. {:>5.1} s  PostgreSQL down for {:?}",
+        started.elapsed().as_secs_f64(),
+        settings.database_down
+    );
+    pg.stop();
+    tokio::time::sleep(settings.database_down).await;
+    pg.resume();
+    producer.await??;
+    faults_done.cancel();
+    let kills = killer.await?;
+    let last_fault = Instant::now();
+    println!(
+        "  .. {:>5.1} s  producer done; faults over ({kills} relay kills)",
+        started.elapsed().as_secs_f64()
+    );
+
+    // Drain: every committed event applied, or give up.
+    let total = committed.lock().expect("committed").total;
+    let drained = tokio::time::timeout(Duration::from_secs(180), async {
+        loop {
+            let applied: i64 =
+                sqlx::query_scalar(&format!("SELECT count(DISTINCT event_id) FROM {EFFECTS}"))
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap_or(0);
+            if applied as usize >= total {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    let drain_time = last_fault.elapsed();
+    // Let in-flight duplicates land before counting them.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    relays
+        .lock()
+        .expect("relays")
+        .iter_mut()
+        .for_each(Role::kill);
+    consumer.kill();
+
+    let committed = std::mem::take(&mut *committed.lock().expect("committed"));
+    let report = account(&pool, &store, &mut redis, &committed).await?;
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!("| events committed | {} |", committed.total);
+    println!(
+        "| published (distinct at the broker) | {} |",
+        report.published_distinct
+    );
+    println!(
+        "| duplicates at the broker | {} |",
+        report.broker_duplicates
+    );
+    println!("| applied once | {} |", report.applied_distinct);
+    println!("| applied twice or more | {} |", report.applied_twice);
+    println!("| lost (committed, never applied) | {} |", report.lost);
+    println!(
+        "| per-key order violations at the handler | {} |",
+        report.order_violations
+    );
+    println!("| failed or parked | {} |", report.failed_or_parked);
+    println!("| relay processes SIGKILLed | {kills} |");
+    println!(
+        "| drain time after the last fault and the last commit | {:.1} s{} |",
+        drain_time.as_secs_f64(),
+        if drained.is_err() { " (gave up)" } else { "" }
+    );
+    println!("| whole run | {:.1} s |", started.elapsed().as_secs_f64());
+    let clean = report.lost == 0
+        && report.applied_twice == 0
+        && report.order_violations == 0
+        && report.failed_or_parked == 0
+        && drained.is_ok();
+    if clean {
+        println!("\nchaos: nothing lost, nothing applied twice, every key in order");
+        Ok(())
+    } else {
+        Err("chaos: a promise was broken (see the table)".into())
+    }
+}
+
+/// Enqueues `events` over `keys` in transactions of 10 at `produce_rate`,
+/// retrying a batch through database outages (same ids: a commit whose
+/// reply was lost comes back as already there).
+async fn produce(
+    store: Arc<PgStore>,
+    settings: Settings,
+    committed: Arc<Mutex<Committed>>,
+) -> Result<(), Error> {
+    let started = Instant::now();
+    let mut seq = vec![0u64; settings.keys];
+    let mut n = 0usize;
+    while n < settings.events {
+        let batch: Vec<NewEvent> = (n..(n + 10).min(settings.events))
+            .map(|i| {
+                let key = i % settings.keys;
+                seq[key] += 1;
+                NewEvent::builder("invoice.paid", "invoice", format!("inv-{i}"))
+                    .event_id(EventId::random())
+                    .partition_key(format!("k{key}"))
+                    .payload(&serde_json::json!({ "key": key, "seq": seq[key] }))
+                    .build()
+                    .expect("a valid event")
+            })
+            .collect();
+        loop {
+            match OutboxWriter::enqueue(&*store, &batch).await {
+                Ok(_) => break,
+                Err(error) if error.is_retryable() => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        {
+            let mut committed = committed.lock().expect("committed");
+            for event in &batch {
+                committed
+                    .by_key
+                    .entry(event.partition_key.clone())
+                    .or_default()
+                    .push(event.event_id);
+            }
+            committed.total += batch.len();
+        }
+        n += batch.len();
+        let due = started + Duration::from_secs_f64(n as f64 / settings.produce_rate);
+        tokio::time::sleep_until(due.into()).await;
+    }
+    Ok(())
+}
+
+/// SIGKILLs a random relay every 1–3 s and starts it again; returns the kills.
+async fn kill_relays(relays: Arc<Mutex<Vec<Role>>>, done: outbox_core::CancellationToken) -> u64 {
+    let random = SplitMix64::from_entropy();
+    let mut kills = 0;
+    loop {
+        let pause = Duration::from_secs_f64(1.0 + 2.0 * random.next_unit());
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = done.cancelled() => return kills,
+        }
+        let mut relays = relays.lock().expect("relays");
+        let victim = (random.next_unit() * relays.len() as f64) as usize % relays.len();
+        relays[victim].kill_and_restart();
+        kills += 1;
+    }
+}
+
+struct Accounting {
+    published_distinct: usize,
+    broker_duplicates: usize,
+    applied_distinct: usize,
+    applied_twice: usize,
+    lost: usize,
+    order_violations: usize,
+    failed_or_parked: u64,
+}
+
+async fn account(
+    pool: &sqlx::PgPool,
+    store: &PgStore,
+    redis: &mut PrivateRedis,
+    committed: &Committed,
+) -> Result<Accounting, Error> {
+    // The broker: every entry of the stream.
+    let client = redis::Client::open(redis.url())?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let mut seen = HashSet::new();
+    let mut entries = 0usize;
+    let mut from = "-".to_owned();
+    loop {
+        let reply: redis::streams::StreamRangeReply =
+            connection.xrange_count(STREAM, &from, "+", 5_000).await?;
+        let fresh: Vec<_> = reply.ids.into_iter().filter(|e| e.id != from).collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for entry in &fresh {
+            entries += 1;
+            if let Some(id) = entry.get::<String>("event_id") {
+                seen.insert(id);
+            }
+        }
+        from = fresh.last().expect("non-empty").id.clone();
+    }
+    let _ = GROUP;
+
+    // The handler: effects in commit order.
+    let rows = sqlx::query(&format!(
+        "SELECT partition_key, event_id FROM {EFFECTS} ORDER BY seq"
+    ))
+    .fetch_all(pool)
+    .await?;
+    let mut applied: HashMap<String, Vec<uuid::Uuid>> = HashMap::new();
+    let mut distinct = HashSet::new();
+    for row in &rows {
+        let key: String = row.get(0);
+        let id: uuid::Uuid = row.get(1);
+        distinct.insert(id);
+        applied.entry(key).or_default().push(id);
+    }
+    let mut lost = 0;
+    let mut violations = 0;
+    for (key, sent) in &committed.by_key {
+        let position: HashMap<uuid::Uuid, usize> = sent
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id.as_uuid(), i))
+            .collect();
+        lost += sent
+            .iter()
+            .filter(|id| !distinct.contains(id.as_uuid()))
+            .count();
+        let mut highest: Option<usize> = None;
+        for id in applied.get(key).into_iter().flatten() {
+            let Some(&at) = position.get(id) else {
+                continue;
+            };
+            if highest.is_some_and(|h| at < h) {
+                violations += 1;
+            }
+            highest = Some(highest.map_or(at, |h| h.max(at)));
+        }
+    }
+    let failed_or_parked = store
+        .stats()
+        .await?
+        .iter()
+        .map(|s| s.failed + s.parked)
+        .sum();
+    Ok(Accounting {
+        published_distinct: seen.len(),
+        broker_duplicates: entries - seen.len(),
+        applied_distinct: distinct.len(),
+        applied_twice: rows.len() - distinct.len(),
+        lost,
+        order_violations: violations,
+        failed_or_parked,
+    })
+}
