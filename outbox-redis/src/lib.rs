@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod connection;
 pub mod consumer;
 mod error;
 pub mod fields;
@@ -9,6 +10,7 @@ mod inbox;
 mod publisher;
 
 pub use config::{StreamRouter, Trim};
+pub use connection::{ConnectionSettings, LazyConnection};
 pub use consumer::{
     ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, RedisConsumer,
 };

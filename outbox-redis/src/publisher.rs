@@ -10,6 +10,7 @@ use redis::Value;
 use redis::aio::{ConnectionLike, ConnectionManager};
 
 use crate::config::{StreamRouter, Trim};
+use crate::connection::{ConnectionSettings, LazyConnection};
 use crate::error::classify;
 use crate::fields::entry_fields;
 
@@ -21,7 +22,7 @@ use crate::fields::entry_fields;
 /// one publisher in order and a stream appends in arrival order.
 #[derive(Clone)]
 pub struct RedisPublisher {
-    connection: ConnectionManager,
+    connection: LazyConnection,
     router: StreamRouter,
     trims: HashMap<String, Trim>,
     max_batch: usize,
@@ -38,6 +39,27 @@ impl std::fmt::Debug for RedisPublisher {
 impl RedisPublisher {
     /// A publisher on `connection` (reconnects by itself) routing with `router`.
     pub fn new(connection: ConnectionManager, router: StreamRouter) -> Self {
+        Self::on(LazyConnection::ready(connection), router)
+    }
+
+    /// A publisher for the server at `url`, built without connecting (a
+    /// relay can start while Redis is down: every publish is an outage until
+    /// a connection succeeds), with the default connect and response
+    /// timeouts ([`ConnectionSettings`]). A malformed URL fails here.
+    pub fn from_url(url: &str, router: StreamRouter) -> Result<Self, redis::RedisError> {
+        Self::from_url_with(url, router, ConnectionSettings::default())
+    }
+
+    /// [`Self::from_url`] with explicit connection settings.
+    pub fn from_url_with(
+        url: &str,
+        router: StreamRouter,
+        settings: ConnectionSettings,
+    ) -> Result<Self, redis::RedisError> {
+        Ok(Self::on(LazyConnection::open(url, settings)?, router))
+    }
+
+    fn on(connection: LazyConnection, router: StreamRouter) -> Self {
         Self {
             connection,
             router,
@@ -100,7 +122,23 @@ impl Publisher for RedisPublisher {
         for event in batch {
             pipe.add_command(self.xadd(event));
         }
-        let mut connection = self.connection.clone();
+        let mut connection = match self.connection.get().await {
+            Ok(connection) => connection,
+            // No connection at all (refused, timed out, a bad database
+            // index or password): nothing this batch did; the destination
+            // is unusable until someone or something fixes it.
+            Err(e) => {
+                return batch
+                    .iter()
+                    .map(|_| {
+                        Err(PublishError::new(
+                            outbox_core::ErrorClass::Outage,
+                            format!("cannot connect to Redis: {e}"),
+                        ))
+                    })
+                    .collect();
+            }
+        };
         match connection.req_packed_commands(&pipe, 0, batch.len()).await {
             Ok(replies) if replies.len() == batch.len() => replies
                 .into_iter()

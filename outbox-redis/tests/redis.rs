@@ -467,3 +467,55 @@ async fn approximate_trimming_caps_the_stream() {
     let len: usize = connection.xlen(&stream).await.unwrap();
     assert!((100..1000).contains(&len), "stream length {len}");
 }
+
+/// A publisher built while Redis is down: construction needs no server,
+/// publishing reports an outage (promptly, within the connect timeout)
+/// until Redis is back, then publishes.
+#[tokio::test]
+async fn a_publisher_built_while_redis_is_down_reports_outages_until_it_is_back() {
+    let mut own = support::OwnRedis::start().await;
+    own.stop().await;
+    let publisher = RedisPublisher::from_url(&own.url(), StreamRouter::with_prefix("lazy:"))
+        .expect("built without a server");
+    let events = stored(vec![event("a", 1)]);
+    let started = std::time::Instant::now();
+    let outcomes = publisher.publish(&[&events[0]]).await;
+    let error = outcomes[0].as_ref().unwrap_err();
+    assert_eq!(error.class, ErrorClass::Outage, "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "refused within the connect timeout, took {:?}",
+        started.elapsed()
+    );
+    own.restart().await;
+    let outcomes = publisher.publish(&[&events[0]]).await;
+    assert!(outcomes[0].is_ok(), "{outcomes:?}");
+}
+
+/// A database index the server does not have is configuration: an outage,
+/// reported at once rather than after minutes of waiting.
+#[tokio::test]
+async fn a_bad_database_index_is_an_outage_reported_at_once() {
+    let publisher = RedisPublisher::from_url(
+        &format!("{}/9999", support::REDIS_URL),
+        StreamRouter::with_prefix(support::prefix()),
+    )
+    .expect("the URL parses");
+    let events = stored(vec![event("a", 1)]);
+    let started = std::time::Instant::now();
+    let outcomes = publisher.publish(&[&events[0]]).await;
+    let error = outcomes[0].as_ref().unwrap_err();
+    assert_eq!(error.class, ErrorClass::Outage, "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A malformed URL fails when the publisher is built, with the parse error.
+#[test]
+fn a_malformed_url_is_refused_when_the_publisher_is_built() {
+    let built = RedisPublisher::from_url("redis://127.0.0.1:notaport", StreamRouter::default());
+    assert!(built.is_err());
+}
