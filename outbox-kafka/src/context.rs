@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-/// Remembers when librdkafka last reported "all brokers down". A delivery
-/// that times out within `window` of that report is an outage. A success in
+/// Remembers when librdkafka last reported "all brokers down" or a lost
+/// broker connection. A delivery that times out within `window` of that
+/// report is an outage. A success in
 /// between does not clear it: reports arrive out of order around a cut (a
 /// delivery acknowledged just before it, processed just after), and
 /// clearing on them turned the cut's timeouts into burned attempts.
@@ -47,7 +48,13 @@ impl BrokerHealth {
 
 impl ClientContext for BrokerHealth {
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+        // A lost connection counts too: a cut connection can come back
+        // before librdkafka ever says "all brokers down", while the
+        // messages it carried still time out.
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure)
+        ) {
             self.report_down();
         }
         tracing::warn!(%error, %reason, "librdkafka");

@@ -130,25 +130,28 @@ impl Publisher for KafkaPublisher {
         let deadline =
             tokio::time::Instant::now() + self.config.delivery_timeout + Duration::from_millis(500);
         let mut outcomes = Vec::with_capacity(batch.len());
+        let mut timed_out = Vec::new();
         let mut broken = false;
         for queued in queued {
             let outcome = match queued {
                 Err(e) => Err(self.failure(&e, &mut broken)),
                 Ok(delivery) => match tokio::time::timeout_at(deadline, delivery).await {
                     Ok(Ok(Ok(_))) => Ok(()),
-                    Ok(Ok(Err((e, _)))) => Err(self.failure(&e, &mut broken)),
+                    Ok(Ok(Err((e, _)))) => {
+                        let failure = self.failure(&e, &mut broken);
+                        if failure.class == ErrorClass::Transient && is_timeout(&e) {
+                            timed_out.push(outcomes.len());
+                        }
+                        Err(failure)
+                    }
                     Ok(Err(_cancelled)) => Err(PublishError::new(
                         ErrorClass::Transient,
                         "producer dropped the delivery report",
                     )),
                     Err(_elapsed) => {
-                        let class = if self.brokers_down() {
-                            ErrorClass::Outage
-                        } else {
-                            ErrorClass::Transient
-                        };
+                        timed_out.push(outcomes.len());
                         Err(PublishError::new(
-                            class,
+                            ErrorClass::Transient,
                             "no delivery report within the delivery timeout",
                         ))
                     }
@@ -156,9 +159,43 @@ impl Publisher for KafkaPublisher {
             };
             outcomes.push(outcome);
         }
+        // A timeout is the event's only if the broker answers now: librdkafka
+        // reports "all brokers down" late (or not at all when a proxy or a
+        // firewall cuts the connections), and a cut must burn no attempts.
+        if !timed_out.is_empty() && (self.brokers_down() || !reachable(&producer).await) {
+            for i in timed_out {
+                outcomes[i] = Err(PublishError::new(
+                    ErrorClass::Outage,
+                    "no delivery report within the delivery timeout, and no broker answers",
+                ));
+            }
+        }
         if broken || producer.client().fatal_error().is_some() {
             self.replace(&producer);
         }
         outcomes
     }
+}
+
+/// librdkafka gave up waiting: the broker may be gone rather than slow.
+fn is_timeout(error: &KafkaError) -> bool {
+    use rdkafka::error::RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(C::MessageTimedOut | C::RequestTimedOut)
+    )
+}
+
+/// Whether a broker answers a metadata request within 300 ms (on a
+/// blocking thread: librdkafka's call blocks).
+async fn reachable(producer: &Arc<FutureProducer<BrokerHealth>>) -> bool {
+    let producer = producer.clone();
+    tokio::task::spawn_blocking(move || {
+        producer
+            .client()
+            .fetch_metadata(None, Duration::from_millis(300))
+            .is_ok()
+    })
+    .await
+    .unwrap_or(false)
 }

@@ -592,4 +592,62 @@ mod outage {
         let all: Vec<NewEvent> = events.into_iter().chain([sentinel]).collect();
         assert_exactly_once_in_key_order(&setup.effects().await, &all);
     }
+
+    /// Repeated cuts while two relays publish a steady stream: five cuts of
+    /// 3 s, 2 s apart. Delivery reports that land around each cut (a success
+    /// processed after "all brokers down") must not turn the cut's timeouts
+    /// into transient failures: no attempt is burned, nothing fails, every
+    /// event is published.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn repeated_cuts_burn_no_attempts() {
+        let (_broker, proxy) = broker_behind_proxy().await;
+        let bootstrap = proxy.address.to_string();
+        let setup = super::setup_on(&bootstrap).await;
+        let mut config = KafkaPublisherConfig::new(&bootstrap);
+        config.delivery_timeout = Duration::from_secs(2);
+        let publisher = Arc::new(KafkaPublisher::new(&config, setup.router.clone()).unwrap());
+        let (shutdown, handles) = relays(&setup, publisher, 2);
+        let mut all: Vec<NewEvent> = Vec::new();
+        for cut in 0..5usize {
+            let wave: Vec<NewEvent> = (0..40)
+                .map(|n| event(&format!("k{}", n % 8), cut * 100 + n))
+                .collect();
+            OutboxWriter::enqueue(&*setup.store, &wave).await.unwrap();
+            all.extend(wave);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            proxy.cut();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            proxy.restore();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        within("every event published", async {
+            loop {
+                let stats = setup.store.stats().await.unwrap();
+                if stats.iter().all(|s| s.claimable == 0 && s.in_flight == 0) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        shutdown.cancel();
+        let mut report = outbox_core::RelayReport::default();
+        for handle in handles {
+            let r = within("relay shutdown", handle).await.unwrap().unwrap();
+            report.published += r.published;
+            report.retried += r.retried;
+            report.failed += r.failed;
+            report.outages += r.outages;
+        }
+        let mut burned = Vec::new();
+        for e in &all {
+            burned.extend(setup.store.history(e.event_id).await.unwrap());
+        }
+        assert!(burned.is_empty(), "attempts burned: {burned:?}");
+        assert_eq!((report.retried, report.failed), (0, 0), "{report:?}");
+        assert!(
+            report.outages >= 5,
+            "every cut was met as an outage: {report:?}"
+        );
+    }
 }

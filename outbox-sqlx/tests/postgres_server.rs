@@ -181,12 +181,16 @@ async fn a_logical_replica_after_cutover_publishes_every_pending_event() {
     );
     let caught_up = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
+            // Every table's initial copy finished (each table is copied by
+            // its own worker: the events and the cursor can be there while
+            // the claim order is still on its way), and the rows are in.
             let rows = replica.psql(
                 "app",
                 "SELECT (SELECT count(*) FROM outbox_events) || ',' || \
-                 (SELECT count(*) FROM outbox_cursor WHERE position > 0)",
+                 (SELECT count(*) FROM outbox_cursor WHERE position > 0) || ',' || \
+                 (SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r')",
             );
-            if rows == "25,1" {
+            if rows == "25,1,0" {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
