@@ -438,20 +438,35 @@ where
     /// hands out are neither handled nor stored (the next owner reads them).
     /// Returns the partitions whose last offset was confirmed.
     async fn commit_at_shutdown(&self) -> u64 {
-        let positions = match self.stored_positions() {
-            Ok(positions) if positions.count() > 0 => positions,
-            Ok(_) => {
-                tracing::info!("consumer stopped; no offsets to commit");
-                return 0;
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot read the stored offsets at shutdown");
-                return 0;
-            }
-        };
+        if self.stored.is_empty() {
+            tracing::info!("consumer stopped; no offsets to commit");
+            return 0;
+        }
         let deadline = tokio::time::Instant::now() + SHUTDOWN_COMMIT_LIMIT;
+        // A cut can cost this member its partitions until the group settles
+        // again; wait that long (bounded) before deciding they went elsewhere.
+        let rejoin_by = tokio::time::Instant::now() + SHUTDOWN_COMMIT_LIMIT / 3;
         let mut attempt = 0u32;
         while tokio::time::Instant::now() < deadline {
+            let positions = match self.stored_positions() {
+                Ok(positions) => positions,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot read the assignment yet");
+                    TopicPartitionList::new()
+                }
+            };
+            if positions.count() == 0 {
+                if tokio::time::Instant::now() >= rejoin_by {
+                    tracing::info!(
+                        "consumer stopped; its partitions are no longer assigned to it, nothing to commit"
+                    );
+                    return 0;
+                }
+                // Serves the rebalance; a message handed out is not stored.
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(300), self.consumer.recv()).await;
+                continue;
+            }
             attempt += 1;
             if let Err(error) = self.consumer.commit(&positions, CommitMode::Async) {
                 tracing::warn!(%error, attempt, "committing the last offsets failed; retrying");

@@ -162,7 +162,12 @@ impl Publisher for KafkaPublisher {
         // A timeout is the event's only if the broker answers now: librdkafka
         // reports "all brokers down" late (or not at all when a proxy or a
         // firewall cuts the connections), and a cut must burn no attempts.
-        if !timed_out.is_empty() && (self.brokers_down() || !reachable(&producer).await) {
+        // Nothing in the call delivered and something timed out: the broker
+        // took none of it, which is the broker's state, not these events'.
+        let none_delivered = outcomes.iter().all(Result::is_err);
+        if !timed_out.is_empty()
+            && (none_delivered || self.brokers_down() || !reachable(&producer).await)
+        {
             for i in timed_out {
                 outcomes[i] = Err(PublishError::new(
                     ErrorClass::Outage,
