@@ -436,3 +436,104 @@ async fn an_invalid_topic_name_is_an_outage_not_a_failure() {
     let error = outcomes[0].as_ref().unwrap_err();
     assert_eq!(error.class, ErrorClass::Outage, "{error}");
 }
+
+/// A message whose header is not UTF-8 (written by another producer) cannot
+/// be decoded: it goes to the dead-letter topic with the decode error, the
+/// handler never sees it, and the consumer moves on to the next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_that_is_not_utf8_is_dead_lettered_and_the_rest_flows() {
+    use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
+    use outbox_kafka::{Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent};
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    struct Applies(Arc<std::sync::Mutex<Vec<EventId>>>);
+    #[async_trait]
+    impl Handler<MemoryInboxTx, KafkaEvent> for Applies {
+        async fn handle(
+            &self,
+            _: &mut MemoryInboxTx,
+            event: &KafkaEvent,
+        ) -> Result<(), HandlerError> {
+            self.0.lock().unwrap().push(event.event_id);
+            Ok(())
+        }
+    }
+
+    let harness = Harness::new().await;
+    let topic = harness.publisher.topic_for("invoice.paid");
+    create_topic(&format!("{topic}.dlq")).await;
+    let foreign: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    let bad_id = EventId::random().to_string();
+    let not_utf8: &[u8] = &[0xff, 0xfe, 0x00];
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "event_id",
+            value: Some(bad_id.as_bytes()),
+        })
+        .insert(Header {
+            key: "event_type",
+            value: Some("invoice.paid".as_bytes()),
+        })
+        .insert(Header {
+            key: "note",
+            value: Some(not_utf8),
+        });
+    foreign
+        .send(
+            FutureRecord::to(&topic)
+                .key("a")
+                .payload("{}")
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let good = stored(vec![event("a", 1)]);
+    assert!(harness.publisher.publish(&[&good[0]]).await[0].is_ok());
+
+    let config =
+        KafkaConsumerConfig::new(bootstrap(), format!("utf8-{topic}"), vec![topic.clone()]);
+    let applied: Arc<std::sync::Mutex<Vec<EventId>>> = Arc::default();
+    let consumer =
+        KafkaConsumer::new(config, MemoryInbox::new(), Applies(applied.clone())).unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(consumer.run(stop.clone()));
+    let dead_reader = reader(&format!("{topic}.dlq"));
+    let message = tokio::time::timeout(Duration::from_secs(30), dead_reader.recv())
+        .await
+        .expect("a dead letter")
+        .unwrap();
+    let error = message
+        .headers()
+        .and_then(|h| {
+            h.iter()
+                .find(|h| h.key == "dlq.error")
+                .and_then(|h| h.value)
+        })
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .expect("dlq.error header");
+    assert!(
+        error.contains("note"),
+        "the error names the header: {error}"
+    );
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !applied.lock().unwrap().contains(&good[0].event_id) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the message after the bad one is applied");
+    stop.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((report.dead_lettered, report.applied), (1, 1), "{report:?}");
+    assert_eq!(applied.lock().unwrap().as_slice(), &[good[0].event_id]);
+}
