@@ -16,7 +16,7 @@ use sqlx::Row;
 
 use crate::Error;
 use crate::cluster::{PrivatePg, PrivateRedis};
-use crate::roles::{EFFECTS, GROUP, STREAM};
+use crate::roles::{EFFECTS, STREAM};
 
 /// How big a run is, and how long its outages last.
 #[derive(Clone, Debug)]
@@ -378,7 +378,6 @@ async fn account(
         }
         from = fresh.last().expect("non-empty").id.clone();
     }
-    let _ = GROUP;
 
     // The handler: effects in commit order.
     let rows = sqlx::query(&format!(
