@@ -148,12 +148,17 @@ pub const KEYS: usize = 10_000;
 /// The `i`-th event of a generated backlog: an invoice paid, about 120
 /// bytes of JSON, keyed by one of [`KEYS`] subscriptions.
 pub fn event(round: usize, i: usize) -> NewEvent {
+    event_for_key(round, i, i % KEYS)
+}
+
+/// Like [`event`], for subscription `key`.
+pub fn event_for_key(round: usize, i: usize, key: usize) -> NewEvent {
     NewEvent::builder("invoice.paid", "invoice", format!("inv-{round}-{i}"))
         .event_id(outbox_core::EventId::random())
-        .partition_key(format!("sub-{}", i % KEYS))
+        .partition_key(format!("sub-{key}"))
         .payload(&serde_json::json!({
             "invoice_id": format!("inv-{round}-{i}"),
-            "subscription_id": format!("sub-{}", i % KEYS),
+            "subscription_id": format!("sub-{key}"),
             "amount_cents": 1000 + (i % 9000),
             "currency": "EUR",
         }))
@@ -167,10 +172,17 @@ pub const FILL_CHUNK: usize = 5_000;
 /// Fills the PostgreSQL outbox with `n` pending events through the real
 /// enqueue path, then refreshes the planner's statistics.
 pub async fn pg_fill(store: &PgStore, round: usize, n: usize) -> Result<(), Error> {
+    pg_fill_with(store, n, |i| event(round, i)).await
+}
+
+/// Like [`pg_fill`], with the `i`-th event from `event`.
+pub async fn pg_fill_with(
+    store: &PgStore,
+    n: usize,
+    event: impl Fn(usize) -> NewEvent,
+) -> Result<(), Error> {
     for start in (0..n).step_by(FILL_CHUNK) {
-        let events: Vec<NewEvent> = (start..(start + FILL_CHUNK).min(n))
-            .map(|i| event(round, i))
-            .collect();
+        let events: Vec<NewEvent> = (start..(start + FILL_CHUNK).min(n)).map(&event).collect();
         let mut tx = store.pool().begin().await?;
         store.enqueue(&mut tx, &events).await?;
         tx.commit().await?;

@@ -253,6 +253,55 @@ async fn shipped_migration_is_the_default_rendering() {
     );
 }
 
+/// Tables made before the per-key due index existed get it from
+/// `migrate()` (a `CREATE TABLE IF NOT EXISTS` would leave them as they
+/// were, and the claim names the index).
+#[tokio::test]
+async fn migrate_adds_the_due_index_to_older_tables() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    // The store's own DDL names its events table: the first CREATE TABLE
+    // after the version table.
+    let schema = store.schema_sql();
+    let events = schema
+        .split("CREATE TABLE IF NOT EXISTS ")
+        .nth(2)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("events table in the schema")
+        .to_owned();
+    assert!(events.ends_with(".outbox_events"), "{events}");
+    let count_index = format!(
+        "SELECT COUNT(*) FROM information_schema.statistics
+         WHERE CONCAT(table_schema, '.', table_name) = '{events}' AND index_name = 'outbox_events_key_due'"
+    );
+    sqlx::query(&format!(
+        "ALTER TABLE {events} DROP INDEX outbox_events_key_due"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let left: i64 = sqlx::query_scalar(&count_index)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    store.migrate().await.unwrap();
+    let added: i64 = sqlx::query_scalar(&count_index)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(added > 0, "migrate() did not add outbox_events_key_due");
+    store.migrate().await.expect("migrate() is idempotent");
+    // The claim names the index: it works again.
+    OutboxWriter::enqueue(&store, &[event("a", 1)])
+        .await
+        .expect("enqueue after migrate");
+    let batch = store
+        .claim_batch(&store_suite::request("relay", 10))
+        .await
+        .expect("claim after migrate");
+    assert_eq!(batch.events.len(), 1);
+}
+
 /// A relay that cannot work stops by itself with the store's error
 /// (DESIGN.md §6) instead of logging a warning forever.
 mod fails_fast {

@@ -7,6 +7,7 @@ pub mod claim;
 pub mod dialects;
 pub mod drain;
 pub mod enqueue;
+pub mod keys;
 pub mod latency;
 
 use std::collections::BTreeMap;

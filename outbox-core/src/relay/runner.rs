@@ -119,6 +119,7 @@ where
                     break;
                 }
                 self.heartbeat_if_due(&mut last_heartbeat).await;
+                let was_prefetched = next.is_some();
                 let claimed = match next.take() {
                     Some(claimed) => claimed,
                     None => match self.claim().await {
@@ -143,7 +144,14 @@ where
                 report.failed +=
                     (claimed.batch.crash_looped.len() + claimed.batch.unreadable.len()) as u64;
                 if claimed.batch.events.is_empty() {
-                    self.idle(&shutdown).await;
+                    // A claim made while the previous batch was in flight
+                    // finds nothing when every key with pending events was
+                    // in that batch (few keys, one hot key): that is work
+                    // behind our own leases, not an idle store. Claim again
+                    // now that the batch is settled.
+                    if !was_prefetched {
+                        self.idle(&shutdown).await;
+                    }
                     continue;
                 }
                 let full = claimed.batch.events.len() >= self.ctx.config.batch_size;

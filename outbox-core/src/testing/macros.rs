@@ -63,6 +63,7 @@ macro_rules! relay_conformance_tests {
     ($factory:expr) => {
         $crate::__conformance_tests!(relay_suite, $factory;
             per_key_order_with_four_relays,
+            few_keys_drain_without_idle_waits,
             outage_burns_no_attempts,
             crash_after_publish_before_ack_is_absorbed_by_the_inbox,
             lease_expiry_mid_publish_fences_the_stale_ack,

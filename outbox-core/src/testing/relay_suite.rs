@@ -13,14 +13,18 @@ use super::fixtures::{event, events_over_keys};
 use super::store_suite::LEASE;
 use super::{MemoryInboxHarness, StoreFactory, enqueue_all, inbox_suite};
 use crate::clock::ManualClock;
+use crate::error::StoreError;
 use crate::event::{EventId, NewEvent, StoredEvent};
 use crate::memory::{Fault, MockPublisher, RecordingPublisher};
 use crate::policy::{FixedRandom, PoisonPolicy, RetryPolicy};
-use crate::publisher::{ErrorClass, Publisher};
+use crate::publisher::{ErrorClass, Publisher, PublisherCapabilities};
 use crate::relay::{
     FailedAlert, FailureCause, OutagePolicy, Relay, RelayConfig, RelayError, RelayReport,
 };
-use crate::store::{AttemptKind, EventState, OutboxAdmin, OutboxStore, RelayId};
+use crate::store::{
+    AttemptKind, ClaimRequest, ClaimedBatch, EventState, Lease, Nack, OutboxAdmin, OutboxStore,
+    RelayId, Release, SettleReport,
+};
 
 /// How long any single wait in this suite may take before the test fails.
 pub const DEADLINE: Duration = Duration::from_secs(60);
@@ -203,6 +207,92 @@ pub async fn per_key_order_with_four_relays<F: StoreFactory>(factory: &F) {
             (0, 0, 0, 0),
             "{s:?}"
         );
+    }
+}
+
+/// A backlog on one key, then on three, drains without a single idle wait:
+/// the claim made while a batch is in flight finds every key with pending
+/// events leased by that batch, which is work behind the relay's own
+/// leases, not an idle store. The poll interval is an hour, so one idle
+/// wait fails the test.
+pub async fn few_keys_drain_without_idle_waits<F: StoreFactory>(factory: &F) {
+    for keys in [1, 3] {
+        let store = factory.create(ManualClock::at_epoch()).await;
+        let relay_config = RelayConfig {
+            poll_interval: Duration::from_secs(3600),
+            ..config(&format!("relay-few-keys-{keys}"))
+        };
+        let batches = 3;
+        let events = events_over_keys(relay_config.batch_size * batches, keys);
+        enqueue_all(&*store, &events).await;
+        let claims = Arc::new(ClaimCounter::new(store.clone()));
+        // One call per batch: the publisher keeps key order within a call.
+        let (mock, handle) = MockPublisher::pair();
+        let mock = mock.with_capabilities(PublisherCapabilities {
+            max_batch: relay_config.batch_size,
+            preserves_key_order: true,
+        });
+        let relay = start(claims.clone(), Arc::new(mock), relay_config, None);
+        let mut delivered = Vec::new();
+        for batch in 1..=batches {
+            let call = within("the next batch, with no idle wait", handle.next_call()).await;
+            // The claim made while this batch is in flight has returned
+            // (empty: every key is in this batch) before the batch settles.
+            within("the claim beside the batch", claims.wait_for(2 * batch)).await;
+            delivered.extend(call.events.iter().cloned());
+            call.succeed_all();
+        }
+        let report = relay.stop().await;
+        assert_eq!(report.published, events.len() as u64);
+        assert_eq!(
+            by_key(&delivered),
+            expected_by_key(&events),
+            "per-key order"
+        );
+    }
+}
+
+/// A store that counts the claims it has answered.
+struct ClaimCounter<S> {
+    inner: Arc<S>,
+    answered: tokio::sync::watch::Sender<usize>,
+}
+
+impl<S> ClaimCounter<S> {
+    fn new(inner: Arc<S>) -> Self {
+        Self {
+            inner,
+            answered: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    async fn wait_for(&self, n: usize) {
+        let mut answered = self.answered.subscribe();
+        answered
+            .wait_for(|&answered| answered >= n)
+            .await
+            .expect("the counter outlives the wait");
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: OutboxStore> OutboxStore for ClaimCounter<S> {
+    async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
+        let batch = self.inner.claim_batch(request).await;
+        self.answered.send_modify(|n| *n += 1);
+        batch
+    }
+    async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
+        self.inner.ack(leases).await
+    }
+    async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
+        self.inner.nack(nacks).await
+    }
+    async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
+        self.inner.release(releases).await
+    }
+    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+        self.inner.heartbeat(relay).await
     }
 }
 

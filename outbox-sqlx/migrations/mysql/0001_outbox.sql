@@ -49,6 +49,10 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     -- ranges (0, 1) and never the published rows.
     KEY outbox_events_live (status, sequence),
     KEY outbox_events_key (partition_key, status, sequence),
+    -- A key's rows not due yet (delayed, backing off): the claim's per-key
+    -- check finds them without reading the key's due backlog. migrate()
+    -- adds it to tables created before it existed.
+    KEY outbox_events_key_due (partition_key, status, available_at),
     -- The crash-loop sweep before every claim reads only rows claimed
     -- without an outcome, not the whole live backlog.
     KEY outbox_events_unfinished (status, unfinished_claims),

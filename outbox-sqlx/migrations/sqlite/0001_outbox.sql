@@ -48,6 +48,14 @@ CREATE INDEX IF NOT EXISTS outbox_events_live
     ON outbox_events (COALESCE(ord, sequence), sequence) WHERE status IN (0, 1);
 CREATE INDEX IF NOT EXISTS outbox_events_key_live
     ON outbox_events (partition_key, COALESCE(ord, sequence), sequence) WHERE status IN (0, 1) OR blocks_key;
+-- The claim's per-key check: a key's rows in flight, pending (by due
+-- time, so rows not due yet are a short range) and blocking.
+CREATE INDEX IF NOT EXISTS outbox_events_key_in_flight
+    ON outbox_events (partition_key) WHERE status = 1;
+CREATE INDEX IF NOT EXISTS outbox_events_key_due
+    ON outbox_events (partition_key, available_at) WHERE status = 0;
+CREATE INDEX IF NOT EXISTS outbox_events_key_blocking
+    ON outbox_events (partition_key) WHERE blocks_key;
 -- Rows blamed for crashes: the crash-loop sweep reads only these.
 CREATE INDEX IF NOT EXISTS outbox_events_unfinished
     ON outbox_events (unfinished_claims) WHERE status = 0 AND unfinished_claims > 0;

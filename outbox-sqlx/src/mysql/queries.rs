@@ -73,17 +73,34 @@ impl Queries {
         let keys = format!("{}{}_keys", names.qualifier(), names.prefix());
         let claim_lock = format!("{}{}_claim_lock", names.qualifier(), names.prefix());
         let clock = format!("{}{}_clock", names.qualifier(), names.prefix());
+        // Claims read pending rows in sequence order from the live index,
+        // never the primary key (that would walk every published row).
+        let live = format!("{}_events_live", names.prefix());
+        let by_key = format!("{}_events_key", names.prefix());
+        let by_key_due = format!("{}_events_key_due", names.prefix());
         // An earlier row of the key that holds it back: in flight, pending
-        // and not due, or failed and blocking (unless `c` replaces it).
+        // and not due, or failed and blocking (unless `c` replaces it). Each
+        // kind is its own probe reading one index entry or a few: a key's
+        // first row in flight; its latest due time, and only if that is
+        // ahead, its rows not due yet; its failed rows. One probe over all
+        // kinds reads the key's whole backlog for every candidate,
+        // quadratic in a key's backlog. (A correlated probe gets `ref`
+        // access only, never a range past the key: hence ORDER BY … LIMIT 1
+        // rather than a range condition.) Binds `now` twice.
         let held_back = format!(
-            "EXISTS (
-                SELECT 1 FROM {events} p
-                WHERE p.partition_key = c.partition_key AND p.status IN (0, 1, 3)
-                  AND p.sequence < c.sequence
-                  AND (p.status = 1
-                       OR (p.status = 0 AND p.available_at > ?)
-                       OR (p.status = 3 AND p.blocks_key
-                           AND (p.superseded_by IS NULL OR p.superseded_by <> c.event_id))))"
+            "(COALESCE((SELECT p.sequence FROM {events} p USE INDEX ({by_key})
+                        WHERE p.partition_key = c.partition_key AND p.status = 1
+                        ORDER BY p.sequence LIMIT 1) < c.sequence, FALSE)
+              OR (COALESCE((SELECT p.available_at FROM {events} p USE INDEX ({by_key_due})
+                            WHERE p.partition_key = c.partition_key AND p.status = 0
+                            ORDER BY p.available_at DESC LIMIT 1) > ?, FALSE)
+                  AND EXISTS (SELECT 1 FROM {events} p USE INDEX ({by_key_due})
+                              WHERE p.partition_key = c.partition_key AND p.status = 0
+                                AND p.available_at > ? AND p.sequence < c.sequence))
+              OR EXISTS (SELECT 1 FROM {events} p USE INDEX ({by_key})
+                         WHERE p.partition_key = c.partition_key AND p.status = 3
+                           AND p.sequence < c.sequence AND p.blocks_key
+                           AND (p.superseded_by IS NULL OR p.superseded_by <> c.event_id)))"
         );
         let candidates = |ordered: bool| {
             let order = if ordered {
@@ -92,7 +109,7 @@ impl Queries {
                 String::new()
             };
             format!(
-                "SELECT c.sequence, c.partition_key, c.suspect FROM {events} c
+                "SELECT c.sequence, c.partition_key, c.suspect FROM {events} c USE INDEX ({live})
                  WHERE {CLAIMABLE} {order}
                  ORDER BY c.sequence LIMIT ?"
             )

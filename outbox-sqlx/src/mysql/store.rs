@@ -168,6 +168,41 @@ impl MySqlStore {
                 .await
                 .store()?;
         }
+        self.add_missing_indexes(&mut conn).await
+    }
+
+    /// Indexes added to schema version 2 after its first release: `CREATE
+    /// TABLE IF NOT EXISTS` leaves tables made before them as they were, and
+    /// MySQL has no `CREATE INDEX IF NOT EXISTS`.
+    async fn add_missing_indexes(&self, conn: &mut MySqlConnection) -> Result<(), StoreError> {
+        let tables = &self.config.tables;
+        let events = tables.events();
+        let (database, table) = match events.split_once('.') {
+            Some((d, t)) => (Some(d.to_owned()), t.to_owned()),
+            None => (None, events.clone()),
+        };
+        let index = format!("{}_events_key_due", tables.prefix());
+        let present: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.statistics
+             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND index_name = ?",
+        )
+        .bind(database)
+        .bind(table)
+        .bind(&index)
+        .fetch_one(&mut *conn)
+        .await
+        .store()?;
+        if present == 0 {
+            sqlx::Executor::execute(
+                &mut *conn,
+                format!(
+                    "ALTER TABLE {events} ADD KEY {index} (partition_key, status, available_at)"
+                )
+                .as_str(),
+            )
+            .await
+            .store()?;
+        }
         Ok(())
     }
 
@@ -375,7 +410,7 @@ impl OutboxStore for MySqlStore {
         };
         let mut candidates = sqlx::query(query).bind(now);
         if ordered {
-            candidates = candidates.bind(now);
+            candidates = candidates.bind(now).bind(now);
         }
         let candidates: Vec<(i64, String, bool)> = candidates
             .bind(request.limit.min(i64::MAX as usize) as i64)

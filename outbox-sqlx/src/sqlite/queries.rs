@@ -60,16 +60,24 @@ impl Queries {
             "(COALESCE(p.ord, p.sequence), p.sequence) < (COALESCE(c.ord, c.sequence), c.sequence)";
         // Candidates in claim order: pending and due, and (per key) no
         // earlier row of the key holds it back (in flight, not yet due, or
-        // failed and blocking).
+        // blocking). One probe per kind, each on a partial index holding
+        // only the key's rows of that kind: one probe over all kinds reads
+        // the key's whole backlog for every candidate, quadratic in a key's
+        // backlog.
         let claim = |ordered: bool| {
             let key_order = if ordered {
                 format!(
                     "AND NOT EXISTS (
                         SELECT 1 FROM {events} p
-                        WHERE p.partition_key = c.partition_key
-                          AND (p.status IN (0, 1) OR p.blocks_key)
-                          AND {earlier}
-                          AND NOT (p.status = 0 AND p.available_at <= ?1))"
+                        WHERE p.partition_key = c.partition_key AND p.status = 1 AND {earlier})
+                     AND NOT EXISTS (
+                        SELECT 1 FROM {events} p
+                        WHERE p.partition_key = c.partition_key AND p.status = 0
+                          AND p.available_at > ?1 AND {earlier})
+                     AND NOT EXISTS (
+                        SELECT 1 FROM {events} p
+                        WHERE p.partition_key = c.partition_key AND p.blocks_key
+                          AND NOT (p.status = 0 AND p.available_at <= ?1) AND {earlier})"
                 )
             } else {
                 String::new()
