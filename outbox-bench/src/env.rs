@@ -128,11 +128,27 @@ pub async fn mysql_store(max_connections: u32) -> Result<MySqlStore, Error> {
 
 /// The outbox on a fresh SQLite file under `dir`.
 pub async fn sqlite_store(dir: &std::path::Path) -> Result<SqliteStore, Error> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // A file of its own per call: a closed pool's connection threads may
+    // still be closing their handles, and the last close of a database
+    // deletes its `-wal` by path, so reusing the path would delete the new
+    // store's log under it (SQLite "disk I/O error", short read). Files of
+    // two calls ago are long closed and removed.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
     std::fs::create_dir_all(dir)?;
-    let path = dir.join("bench.sqlite");
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    let file = |n: usize| dir.join(format!("bench-{}-{n}.sqlite", std::process::id()));
+    if call == 0 {
+        for entry in std::fs::read_dir(dir)? {
+            let _ = std::fs::remove_file(entry?.path());
+        }
     }
+    if let Some(old) = call.checked_sub(2) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", file(old).display()));
+        }
+    }
+    let path = file(call);
     let store = SqliteStore::open(&path.display().to_string(), config()?).await?;
     store.migrate().await?;
     Ok(store)

@@ -40,16 +40,31 @@ where
 {
     let shutdown = CancellationToken::new();
     let started = Instant::now();
+    let ended = Arc::new(tokio::sync::Notify::new());
     let handles: Vec<_> = (0..relays)
         .map(|i| {
             let config = RelayConfig {
                 relay_id: outbox_core::store::RelayId::new(format!("bench-{i}")),
                 ..config.clone()
             };
-            Relay::new(store.clone(), publisher.clone(), config).map(|r| r.spawn(shutdown.clone()))
+            let relay = Relay::new(store.clone(), publisher.clone(), config)?;
+            let (shutdown, ended) = (shutdown.clone(), ended.clone());
+            Ok(tokio::spawn(async move {
+                let result = relay.run(shutdown).await;
+                ended.notify_one();
+                result
+            }))
         })
-        .collect::<Result<_, _>>()?;
-    let reached = tokio::time::timeout(DRAIN_LIMIT, publisher.wait_for(expected)).await;
+        .collect::<Result<_, Error>>()?;
+    // A relay that stops by itself (a store error retrying cannot cure)
+    // ends the wait at once instead of after the drain limit.
+    let reached = tokio::time::timeout(DRAIN_LIMIT, async {
+        tokio::select! {
+            _ = publisher.wait_for(expected) => {}
+            _ = ended.notified() => {}
+        }
+    })
+    .await;
     shutdown.cancel();
     let mut total = RelayReport::default();
     for handle in handles {

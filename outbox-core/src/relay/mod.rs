@@ -4,6 +4,7 @@ mod alert;
 mod batch;
 mod config;
 pub mod metrics;
+mod prefetch;
 mod report;
 mod runner;
 mod wake_up;

@@ -12,6 +12,7 @@ use super::alert::{AlertHook, FailedAlert, FailureCause, LogAlert};
 use super::batch::{BatchEnd, BatchWork};
 use super::config::{ConfigError, RelayConfig};
 use super::metrics;
+use super::prefetch::PrefetchGate;
 use super::report::{RelayError, RelayReport};
 use super::wake_up::{PollOnly, WakeUp};
 use crate::error::StoreError;
@@ -113,6 +114,7 @@ where
             let mut next: Option<Claimed> = None;
             let mut consecutive_outages = 0u32;
             let mut consecutive_store_errors = 0u32;
+            let mut prefetch_gate = PrefetchGate::new(self.ctx.config.prefetch);
             let mut last_heartbeat: Option<Instant> = None;
             loop {
                 if shutdown.is_cancelled() {
@@ -143,6 +145,9 @@ where
                 self.alert_crash_loops(&claimed.batch);
                 report.failed +=
                     (claimed.batch.crash_looped.len() + claimed.batch.unreadable.len()) as u64;
+                if was_prefetched {
+                    prefetch_gate.prefetched(!claimed.batch.events.is_empty());
+                }
                 if claimed.batch.events.is_empty() {
                     // A claim made while the previous batch was in flight
                     // finds nothing when every key with pending events was
@@ -155,7 +160,7 @@ where
                     continue;
                 }
                 let full = claimed.batch.events.len() >= self.ctx.config.batch_size;
-                let prefetch = full && self.ctx.config.prefetch;
+                let prefetch = prefetch_gate.should_prefetch(full);
                 let mut work = BatchWork::new(claimed.batch.events, claimed.started, self.ctx.config.lease_duration);
                 let (end, prefetched, drained) = {
                     let ctx = &self.ctx;
