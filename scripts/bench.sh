@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The full benchmark set (release build, 3 interleaved rounds per scenario),
-# about 12 minutes on 2 cores. Results: target/bench/results.jsonl and PNGs.
+# about 25 minutes on 2 cores. Results: target/bench/results.jsonl and PNGs.
 #   scripts/bench.sh            the full set
 #   scripts/bench.sh --quick    the smoke sizes (what .ci/run runs, in debug)
 set -euo pipefail
