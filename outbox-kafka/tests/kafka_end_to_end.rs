@@ -328,19 +328,14 @@ async fn a_consumer_crash_before_the_offset_commit_is_absorbed() {
 mod outage {
     use std::net::SocketAddr;
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
+    use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
     use std::time::Duration;
 
-    use async_trait::async_trait;
     use outbox_core::store::OutboxAdmin;
-    use outbox_core::testing::event;
-    use outbox_core::{
-        CancellationToken, ErrorClass, NewEvent, OutboxWriter, PublishOutcome, Publisher,
-        PublisherCapabilities, StoredEvent,
-    };
+    use outbox_core::testing::{OutageCounter, event};
+    use outbox_core::{CancellationToken, NewEvent, OutboxWriter};
     use outbox_kafka::{KafkaPublisher, KafkaPublisherConfig};
     use tokio::net::{TcpListener, TcpStream};
-    use tokio::sync::Notify;
 
     use super::*;
 
@@ -435,30 +430,6 @@ mod outage {
         (child, Proxy::start(upstream, proxy_listener).await)
     }
 
-    struct OutageWatch {
-        inner: KafkaPublisher,
-        outages: AtomicUsize,
-        seen: Notify,
-    }
-
-    #[async_trait]
-    impl Publisher for OutageWatch {
-        fn capabilities(&self) -> PublisherCapabilities {
-            self.inner.capabilities()
-        }
-        async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-            let outcomes = self.inner.publish(batch).await;
-            if outcomes
-                .iter()
-                .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
-            {
-                self.outages.fetch_add(1, AtomicOrdering::SeqCst);
-                self.seen.notify_waiters();
-            }
-            outcomes
-        }
-    }
-
     /// (c) The broker is unreachable for several seconds mid-run: the relay
     /// pauses on the outage, burns no attempts, and everything is delivered
     /// in order once the connection returns.
@@ -469,11 +440,9 @@ mod outage {
         let setup = super::setup_on(&bootstrap).await;
         let mut config = KafkaPublisherConfig::new(&bootstrap);
         config.delivery_timeout = Duration::from_secs(2);
-        let watch = Arc::new(OutageWatch {
-            inner: KafkaPublisher::new(&config, setup.router.clone()).unwrap(),
-            outages: AtomicUsize::new(0),
-            seen: Notify::new(),
-        });
+        let watch = Arc::new(OutageCounter::new(
+            KafkaPublisher::new(&config, setup.router.clone()).unwrap(),
+        ));
         let (shutdown, handles) = relays(&setup, watch.clone(), 1);
         let before: Vec<NewEvent> = (0..20).map(|n| event(&format!("k{}", n % 4), n)).collect();
         OutboxWriter::enqueue(&*setup.store, &before).await.unwrap();
@@ -488,17 +457,10 @@ mod outage {
         proxy.cut();
         let during: Vec<NewEvent> = (20..40).map(|n| event(&format!("k{}", n % 4), n)).collect();
         OutboxWriter::enqueue(&*setup.store, &during).await.unwrap();
-        within("the relay to meet the outage twice", async {
-            loop {
-                let seen = watch.seen.notified();
-                tokio::pin!(seen);
-                seen.as_mut().enable();
-                if watch.outages.load(AtomicOrdering::SeqCst) >= 2 {
-                    break;
-                }
-                seen.await;
-            }
-        })
+        within(
+            "the relay to meet the outage twice",
+            watch.wait_for_outages(2),
+        )
         .await;
         proxy.restore();
         setup.wait_for_effects(40).await;

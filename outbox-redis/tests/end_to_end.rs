@@ -12,12 +12,12 @@ use outbox_core::memory::RecordingPublisher;
 use outbox_core::relay::OutagePolicy;
 use outbox_core::store::{OutboxAdmin, RelayId};
 use outbox_core::testing::{
-    DieAfterCommit, FlakyInbox, assert_exactly_once_in_key_order, event, events_over_keys,
-    relay_suite,
+    DieAfterCommit, FlakyInbox, OutageCounter, assert_exactly_once_in_key_order, event,
+    events_over_keys, relay_suite,
 };
 use outbox_core::{
-    CancellationToken, ErrorClass, EventId, NewEvent, OutboxWriter, PublishOutcome, Publisher,
-    PublisherCapabilities, Relay, RelayError, RelayReport, RetryPolicy, StoredEvent,
+    CancellationToken, EventId, NewEvent, OutboxWriter, Publisher, Relay, RelayError, RelayReport,
+    RetryPolicy,
 };
 use outbox_redis::{
     ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, RedisConsumer,
@@ -259,31 +259,6 @@ async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
     assert_exactly_once_in_key_order(&db.effects().await, &events);
 }
 
-/// Counts outage outcomes so a test can wait for the relay to hit the outage.
-struct OutageWatch<P> {
-    inner: P,
-    outages: AtomicUsize,
-    seen: Notify,
-}
-
-#[async_trait]
-impl<P: Publisher> Publisher for OutageWatch<P> {
-    fn capabilities(&self) -> PublisherCapabilities {
-        self.inner.capabilities()
-    }
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        let outcomes = self.inner.publish(batch).await;
-        if outcomes
-            .iter()
-            .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
-        {
-            self.outages.fetch_add(1, AtomicOrdering::SeqCst);
-            self.seen.notify_waiters();
-        }
-        outcomes
-    }
-}
-
 /// The Redis server restarts mid-run: the relay pauses on the outage, burns
 /// no attempts, and delivers everything once the server is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -291,14 +266,10 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
     let db = database().await;
     let prefix = support::prefix();
     let mut own = support::OwnRedis::start().await;
-    let watch = Arc::new(OutageWatch {
-        inner: RedisPublisher::new(
-            support::connect(&own.url()).await,
-            StreamRouter::with_prefix(&prefix),
-        ),
-        outages: AtomicUsize::new(0),
-        seen: Notify::new(),
-    });
+    let watch = Arc::new(OutageCounter::new(RedisPublisher::new(
+        support::connect(&own.url()).await,
+        StreamRouter::with_prefix(&prefix),
+    )));
     let (shutdown, relays) = spawn_relays(&db, watch.clone(), 1);
     let stop = CancellationToken::new();
     let consumer = RedisConsumer::new(
@@ -319,17 +290,10 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
     own.stop().await;
     let during: Vec<NewEvent> = (30..60).map(|n| event(&format!("k{}", n % 3), n)).collect();
     OutboxWriter::enqueue(&*db.store, &during).await.unwrap();
-    within("the relay to meet the outage twice", async {
-        loop {
-            let seen = watch.seen.notified();
-            tokio::pin!(seen);
-            seen.as_mut().enable();
-            if watch.outages.load(AtomicOrdering::SeqCst) >= 2 {
-                break;
-            }
-            seen.await;
-        }
-    })
+    within(
+        "the relay to meet the outage twice",
+        watch.wait_for_outages(2),
+    )
     .await;
     own.restart().await;
     db.wait_for_effects(60).await;

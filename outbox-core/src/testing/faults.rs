@@ -171,7 +171,7 @@ impl<I: InboxStore> InboxStore for FlakyInbox<I> {
 /// (a missing topic, a wrong-typed stream key) before it fixes the cause.
 pub struct OutageCounter<P> {
     inner: P,
-    outages: AtomicUsize,
+    outages: tokio::sync::watch::Sender<usize>,
 }
 
 impl<P> OutageCounter<P> {
@@ -179,20 +179,23 @@ impl<P> OutageCounter<P> {
     pub fn new(inner: P) -> Self {
         Self {
             inner,
-            outages: AtomicUsize::new(0),
+            outages: tokio::sync::watch::Sender::new(0),
         }
     }
 
     /// Calls that met an outage so far.
     pub fn outages(&self) -> usize {
-        self.outages.load(Ordering::SeqCst)
+        *self.outages.borrow()
     }
 
-    /// Waits until at least `n` calls met an outage.
+    /// Waits until at least `n` calls met an outage (woken by the call
+    /// that meets it, not by polling).
     pub async fn wait_for_outages(&self, n: usize) {
-        while self.outages() < n {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        self.outages
+            .subscribe()
+            .wait_for(|&outages| outages >= n)
+            .await
+            .expect("the counter outlives the wait");
     }
 }
 
@@ -208,7 +211,7 @@ impl<P: Publisher> Publisher for OutageCounter<P> {
             .iter()
             .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
         {
-            self.outages.fetch_add(1, Ordering::SeqCst);
+            self.outages.send_modify(|outages| *outages += 1);
         }
         outcomes
     }
