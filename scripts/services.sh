@@ -51,3 +51,6 @@ command -v redis-server >/dev/null || { echo "error: redis-server not installed"
 
 # Kafka-protocol broker (installed and started by the project; see scripts/kafka.sh)
 "$(dirname "$0")/kafka.sh"
+
+# SNS/SQS emulator (installed and started by the project; see scripts/sns.sh)
+"$(dirname "$0")/sns.sh"

@@ -8,6 +8,7 @@
 //! | `sqlx-postgres`, `sqlx-mysql`, `sqlx-sqlite` | [`sqlx`] (`outbox-sqlx`) |
 //! | `redis` | [`redis`] (`outbox-redis`) |
 //! | `kafka` | [`kafka`] (`outbox-kafka`) |
+//! | `sns` | [`sns`] (`outbox-sns`): SNS publisher, SQS consumer runner |
 //! | `testing` | conformance suites for custom backends |
 #![forbid(unsafe_code)]
 
@@ -28,3 +29,7 @@ pub use outbox_redis as redis;
 /// Kafka publisher (rdkafka).
 #[cfg(feature = "kafka")]
 pub use outbox_kafka as kafka;
+
+/// Amazon SNS publisher (standard and FIFO topics) and SQS consumer runner.
+#[cfg(feature = "sns")]
+pub use outbox_sns as sns;
