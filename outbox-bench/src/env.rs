@@ -44,6 +44,30 @@ pub fn kafka_bootstrap() -> String {
     var("OUTBOX_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
 }
 
+/// The SNS/SQS emulator (`OUTBOX_SNS_ENDPOINT`, as the tests).
+pub fn sns_endpoint() -> String {
+    var("OUTBOX_SNS_ENDPOINT", "http://127.0.0.1:4566")
+}
+
+/// An AWS SDK config for the emulator: static test credentials, one region,
+/// the SDK's default retries.
+pub fn sns_config() -> aws_types::SdkConfig {
+    use aws_credential_types::Credentials;
+    use aws_credential_types::provider::SharedCredentialsProvider;
+    aws_types::SdkConfig::builder()
+        .endpoint_url(sns_endpoint())
+        .region(aws_types::region::Region::new("us-east-1"))
+        .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+            "bench",
+            "bench",
+            None,
+            None,
+            "outbox-bench",
+        )))
+        .behavior_version(aws_sdk_sns::config::BehaviorVersion::latest())
+        .build()
+}
+
 /// A pool on the bench database, created if missing.
 pub async fn pg_pool(max_connections: u32) -> Result<PgPool, Error> {
     let admin = PgPoolOptions::new()

@@ -1,7 +1,6 @@
 //! The SQS consumer runner against the emulator (`scripts/sns.sh`): SNS
 //! topic → subscribed queue → inbox, raw and enveloped, with SQS and inbox
-//! faults injected mid-batch, slow handlers and dead letters; and the whole
-//! path from a PostgreSQL outbox to a PostgreSQL inbox.
+//! faults injected mid-batch, slow handlers and dead letters.
 
 mod support;
 
@@ -11,21 +10,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
-use outbox_core::store::RelayId;
-use outbox_core::testing::{
-    FlakyInbox, assert_exactly_once_in_key_order, event, events_over_keys, relay_suite,
-};
-use outbox_core::{
-    CancellationToken, EventId, NewEvent, OutboxWriter, Publisher, Relay, StoredEvent,
-};
+use outbox_core::testing::{FlakyInbox, assert_exactly_once_in_key_order, event, events_over_keys};
+use outbox_core::{CancellationToken, EventId, NewEvent, Publisher, StoredEvent};
 use outbox_sns::{
     ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, SnsPublisher,
     SqsConsumer, SqsEvent, TopicRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, PgStore};
-use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Postgres, Transaction};
 use support::proxy::{FaultProxy, Reply};
 use support::{Aws, sdk_config, stored, unique};
 
@@ -523,84 +513,4 @@ fn settings_that_cannot_work_are_refused() {
             "{label}"
         );
     }
-}
-
-/// The consumer's effect in PostgreSQL: a row in the inbox transaction.
-struct RecordEffect {
-    log: EffectLog,
-}
-
-#[async_trait]
-impl Handler<Transaction<'static, Postgres>, SqsEvent> for RecordEffect {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        event: &SqsEvent,
-    ) -> Result<(), HandlerError> {
-        self.log
-            .record(tx, &event.partition_key, event.event_id)
-            .await
-            .map_err(|e| HandlerError::Retry(e.to_string()))
-    }
-}
-
-/// PostgreSQL outbox → two relays → SNS FIFO topic → SQS FIFO queue →
-/// consumer → PostgreSQL inbox: 300 events over 10 keys, each applied once,
-/// each key in enqueue order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_outbox_to_postgres_inbox_through_a_fifo_topic() {
-    let url = std::env::var("OUTBOX_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
-    let pool = guard_cancelled_transactions(PgPoolOptions::new())
-        .max_connections(8)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {url}: {e}"));
-    let schema = format!("sns_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let log = EffectLog::create(&pool, &schema).await.unwrap();
-    let store = Arc::new(PgStore::new(
-        pool.clone(),
-        StoreConfig::with_tables(TableNames::default().in_schema(&schema).unwrap()),
-    ));
-    store.migrate().await.unwrap();
-    let events = events_over_keys(300, 10);
-    OutboxWriter::enqueue(&*store, &events).await.unwrap();
-
-    let setup = setup(true, true).await;
-    let publisher = Arc::new(setup.publisher.clone());
-    let shutdown = CancellationToken::new();
-    let relays: Vec<_> = (0..2)
-        .map(|r| {
-            let mut config = relay_suite::config(&format!("sns-relay-{r}"));
-            config.relay_id = RelayId::new(format!("sns-relay-{r}"));
-            Relay::new(store.clone(), publisher.clone(), config)
-                .unwrap()
-                .spawn(shutdown.clone())
-        })
-        .collect();
-    let (token, handle) = spawn(
-        SqsConsumer::new(
-            &setup.aws.config,
-            setup.config("billing"),
-            store.inbox(),
-            RecordEffect { log: log.clone() },
-        )
-        .unwrap(),
-    );
-    log.wait_for(300, Duration::from_secs(120)).await;
-    shutdown.cancel();
-    let mut published = 0;
-    for relay in relays {
-        let report = within("relay shutdown", relay).await.unwrap().unwrap();
-        assert_eq!(report.failed, 0, "{report:?}");
-        published += report.published;
-    }
-    let consumed = stop(token, handle).await;
-    assert_eq!(published, 300);
-    assert_eq!(consumed.applied, 300, "{consumed:?}");
-    assert_exactly_once_in_key_order(&log.read().await.unwrap(), &events);
 }

@@ -1,13 +1,17 @@
-//! The PostgreSQL drain again, to Kafka (loopback tansu) and Redis Streams
-//! instead of the no-op publisher: events/s and the ratio to the no-op drain
-//! of the same round.
+//! The PostgreSQL drain again, to Kafka (loopback tansu), Redis Streams and
+//! SNS (the moto emulator, with one SQS queue subscribed) instead of the
+//! no-op publisher: events/s and the ratio to the no-op drain of the same
+//! round. SNS figures are the emulator's (a Python server doing the fan-out
+//! inside each request), not AWS's; its backlog is smaller.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_sdk_sqs::types::QueueAttributeName;
 use outbox_core::{Ordering, Publisher};
 use outbox_kafka::{KafkaPublisher, KafkaPublisherConfig, TopicRouter};
 use outbox_redis::{RedisPublisher, StreamRouter};
+use outbox_sns::{SnsPublisher, TopicRouter as SnsRouter};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -27,6 +31,7 @@ const BATCH: usize = 1_000;
 /// Runs the scenario.
 pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     let n = scale.pick(50_000, 2_000);
+    let n_sns = scale.pick(5_000, 300);
     let pool = env::pg_pool(8).await?;
     let store = Arc::new(env::pg_store(&pool).await?);
     let redis = redis::Client::open(env::redis_url())?
@@ -34,11 +39,13 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         .await
         .map_err(|e| format!("Redis unreachable at {}: {e}", env::redis_url()))?;
     let mut rounds = Rounds::default();
+    let mut sns_queue: Option<String> = None;
     for round in 0..scale.rounds {
-        for contender in ["noop", "kafka", "redis"] {
+        for contender in ["noop", "kafka", "redis", "sns"] {
             if !scale.includes(contender) {
                 continue;
             }
+            let n = if contender == "sns" { n_sns } else { n };
             env::pg_reset(&pool).await?;
             env::pg_fill(&store, round, n).await?;
             let tag = format!("bench{}r{round}", std::process::id());
@@ -53,13 +60,16 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                         router,
                     )?)
                 }
+                "sns" => Box::new(sns_destination(&tag, &mut sns_queue).await?),
                 _ => Box::new(RedisPublisher::new(
                     redis.clone(),
                     StreamRouter::with_prefix(format!("{tag}:")),
                 )),
             };
-            let counting = Arc::new(CountingPublisher::wrapping(publisher, BATCH));
-            let config = relay_run::config(BATCH, Ordering::PerKey);
+            // The publisher's own batch limit where it has one below ours.
+            let batch = BATCH.min(publisher.capabilities().max_batch);
+            let counting = Arc::new(CountingPublisher::wrapping(publisher, batch));
+            let config = relay_run::config(batch, Ordering::PerKey);
             let elapsed = relay_run::drain(store.clone(), counting, config, 1, n as u64).await?;
             if contender == "redis" {
                 let stream = format!("{tag}:invoice.paid");
@@ -76,6 +86,14 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     return Err(format!("redis stream holds {len} of {n} entries").into());
                 }
             }
+            if let Some(queue_url) = sns_queue.take() {
+                let depth = queue_depth(&queue_url).await?;
+                if depth < n as u64 {
+                    return Err(
+                        format!("the SNS-subscribed queue holds {depth} of {n} messages").into(),
+                    );
+                }
+            }
             rounds.add(contender, "events/s", rate(n as u64, elapsed), true);
             progress(format!(
                 "round {round} {contender}: {:.0} events/s",
@@ -85,7 +103,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     }
     rounds.finish(NAME, report);
     let noop = report.median(NAME, "noop", "events/s").unwrap_or(f64::NAN);
-    for broker in ["kafka", "redis"] {
+    for broker in ["kafka", "redis", "sns"] {
         let ratio = report.median(NAME, broker, "events/s").unwrap_or(f64::NAN) / noop;
         // Reported, no bound in the issue: the share of the no-op drain kept.
         report.target(TargetCheck::reported(
@@ -122,4 +140,72 @@ async fn create_topic(topic: &str) -> Result<(), Error> {
         result.map_err(|(t, e)| format!("creating topic {t}: {e}"))?;
     }
     Ok(())
+}
+
+/// A topic named after `tag` with one raw SQS queue subscribed (its URL
+/// goes to `queue`), and a publisher to it.
+async fn sns_destination(tag: &str, queue: &mut Option<String>) -> Result<SnsPublisher, Error> {
+    let config = env::sns_config();
+    let sns = aws_sdk_sns::Client::new(&config);
+    let sqs = aws_sdk_sqs::Client::new(&config);
+    let unreachable = |e: String| {
+        format!(
+            "SNS/SQS emulator unreachable at {} (scripts/sns.sh starts it): {e}",
+            env::sns_endpoint()
+        )
+    };
+    let topic = sns
+        .create_topic()
+        .name(tag)
+        .send()
+        .await
+        .map_err(|e| unreachable(format!("{e:?}")))?
+        .topic_arn
+        .ok_or("CreateTopic returned no ARN")?;
+    let queue_url = sqs
+        .create_queue()
+        .queue_name(format!("{tag}-q"))
+        .send()
+        .await
+        .map_err(|e| unreachable(format!("{e:?}")))?
+        .queue_url
+        .ok_or("CreateQueue returned no URL")?;
+    let queue_arn = sqs
+        .get_queue_attributes()
+        .queue_url(&queue_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?
+        .attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+        .ok_or("no queue ARN")?;
+    sns.subscribe()
+        .topic_arn(&topic)
+        .protocol("sqs")
+        .endpoint(queue_arn)
+        .attributes("RawMessageDelivery", "true")
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    *queue = Some(queue_url);
+    Ok(SnsPublisher::new(&config, SnsRouter::to(topic)))
+}
+
+/// Messages waiting in `queue_url`.
+async fn queue_depth(queue_url: &str) -> Result<u64, Error> {
+    let sqs = aws_sdk_sqs::Client::new(&env::sns_config());
+    let depth = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?
+        .attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::ApproximateNumberOfMessages))
+        .ok_or("no queue depth")?;
+    Ok(depth
+        .parse()
+        .map_err(|e| format!("queue depth {depth}: {e}"))?)
 }

@@ -70,7 +70,11 @@ pub struct Subscribed {
 
 impl Aws {
     pub async fn connect() -> Self {
-        let config = sdk_config(&endpoint());
+        Self::connect_to(&endpoint()).await
+    }
+
+    pub async fn connect_to(endpoint: &str) -> Self {
+        let config = sdk_config(endpoint);
         let aws = Self {
             sns: aws_sdk_sns::Client::new(&config),
             sqs: aws_sdk_sqs::Client::new(&config),
@@ -78,8 +82,7 @@ impl Aws {
         };
         if let Err(e) = aws.sns.list_topics().send().await {
             panic!(
-                "SNS/SQS emulator unreachable at {}: {e:?} (start it with scripts/sns.sh)",
-                endpoint()
+                "SNS/SQS emulator unreachable at {endpoint}: {e:?} (start it with scripts/sns.sh)"
             );
         }
         aws
@@ -239,4 +242,61 @@ pub fn stored(events: Vec<outbox_core::NewEvent>) -> Vec<StoredEvent> {
             attempts: 0,
         })
         .collect()
+}
+
+/// A moto server of the test's own on a spare port, to stop and start.
+/// It keeps nothing across a restart: the test recreates what it needs.
+pub struct OwnEmulator {
+    pub port: u16,
+    child: Option<tokio::process::Child>,
+}
+
+impl OwnEmulator {
+    pub async fn start() -> Self {
+        let port = {
+            let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            socket.local_addr().unwrap().port()
+        };
+        let mut own = Self { port, child: None };
+        own.spawn().await;
+        own
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let path_file = concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/moto-path");
+        let binary = std::fs::read_to_string(path_file)
+            .unwrap_or_else(|e| panic!("{path_file}: {e} (run scripts/sns.sh)"));
+        let child = tokio::process::Command::new(binary.trim())
+            .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("moto_server starts");
+        self.child = Some(child);
+        let probe = aws_sdk_sns::Client::new(&sdk_config(&self.endpoint()));
+        for _ in 0..200 {
+            if probe.list_topics().send().await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("moto_server did not start on port {}", self.port);
+    }
+
+    /// Kills the server (as a crash would).
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.unwrap();
+        }
+    }
+
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        self.spawn().await;
+    }
 }

@@ -1,0 +1,420 @@
+//! PostgreSQL outbox → relays → SNS topic → SQS queue → consumer runner →
+//! PostgreSQL inbox, against the emulator (`scripts/sns.sh`), with relays
+//! killed after publishing and the emulator itself stopped mid-run.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::store::{EventState, OutboxAdmin, RelayId};
+use outbox_core::testing::{
+    OutageCounter, assert_exactly_once_in_key_order, events_over_keys, relay_suite,
+};
+use outbox_core::{
+    CancellationToken, EventId, ManualClock, OutboxWriter, PublishOutcome, Publisher,
+    PublisherCapabilities, Relay, RelayError, RelayReport, StoredEvent,
+};
+use outbox_sns::{
+    ConsumerConfig, ConsumerReport, Handler, HandlerError, SnsPublisher, SqsConsumer, SqsEvent,
+    TopicRouter,
+};
+use outbox_sqlx::postgres::{EffectLog, PgStore};
+use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Postgres, Transaction};
+use support::{Aws, OwnEmulator, Subscribed, unique};
+use tokio::sync::Notify;
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// The consumer's effect: a row in the same transaction as the inbox claim.
+struct RecordEffect {
+    log: EffectLog,
+}
+
+#[async_trait]
+impl Handler<Transaction<'static, Postgres>, SqsEvent> for RecordEffect {
+    async fn handle(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        event: &SqsEvent,
+    ) -> Result<(), HandlerError> {
+        self.log
+            .record(tx, &event.partition_key, event.event_id)
+            .await
+            .map_err(|e| HandlerError::Retry(e.to_string()))
+    }
+}
+
+struct Setup {
+    store: Arc<PgStore>,
+    clock: ManualClock,
+    log: EffectLog,
+    aws: Aws,
+    subscribed: Subscribed,
+    dead_letter_url: String,
+}
+
+/// A PostgreSQL outbox and inbox in a schema of their own (on a manual
+/// clock, so a test can expire a dead relay's lease), and a topic with a
+/// queue subscribed (FIFO when `fifo`; raw or enveloped).
+async fn setup(fifo: bool, raw: bool) -> Setup {
+    let url = std::env::var("OUTBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
+    let pool = guard_cancelled_transactions(PgPoolOptions::new())
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {url}: {e}"));
+    let schema = format!("sns_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let log = EffectLog::create(&pool, &schema).await.unwrap();
+    let clock = ManualClock::at_epoch();
+    let store = PgStore::new(
+        pool.clone(),
+        StoreConfig::with_tables(TableNames::default().in_schema(&schema).unwrap())
+            .with_clock(Arc::new(clock.clone())),
+    );
+    store.migrate().await.unwrap();
+    let aws = Aws::connect().await;
+    let subscribed = aws.topic_with_queue("e2e", fifo, raw).await;
+    let suffix = if fifo { ".fifo" } else { "" };
+    let dead_letter_url = aws
+        .create_queue(&format!("{}{suffix}", unique("e2e-dlq")))
+        .await;
+    Setup {
+        store: Arc::new(store),
+        clock,
+        log,
+        aws,
+        subscribed,
+        dead_letter_url,
+    }
+}
+
+impl Setup {
+    fn publisher(&self) -> SnsPublisher {
+        SnsPublisher::new(
+            &self.aws.config,
+            TopicRouter::to(&self.subscribed.topic_arn),
+        )
+    }
+
+    fn relays(
+        &self,
+        publisher: Arc<impl Publisher + 'static>,
+        n: usize,
+    ) -> (
+        CancellationToken,
+        Vec<tokio::task::JoinHandle<Result<RelayReport, RelayError>>>,
+    ) {
+        let shutdown = CancellationToken::new();
+        let handles = (0..n)
+            .map(|r| {
+                let mut config = relay_suite::config(&format!("sns-relay-{r}"));
+                config.relay_id = RelayId::new(format!("sns-relay-{r}-{}", unique("id")));
+                Relay::new(self.store.clone(), publisher.clone(), config)
+                    .unwrap()
+                    .spawn(shutdown.clone())
+            })
+            .collect();
+        (shutdown, handles)
+    }
+
+    fn consumer(&self) -> SqsConsumer<outbox_sqlx::postgres::PgInbox, RecordEffect> {
+        let mut config =
+            ConsumerConfig::new(&self.subscribed.queue_url, "billing", &self.dead_letter_url);
+        config.wait_time = Duration::from_secs(1);
+        SqsConsumer::new(
+            &self.aws.config,
+            config,
+            self.store.inbox(),
+            RecordEffect {
+                log: self.log.clone(),
+            },
+        )
+        .unwrap()
+    }
+
+    async fn effects(&self) -> Vec<(String, EventId)> {
+        self.log.read().await.unwrap()
+    }
+}
+
+async fn stop_relays(
+    shutdown: CancellationToken,
+    handles: Vec<tokio::task::JoinHandle<Result<RelayReport, RelayError>>>,
+) -> RelayReport {
+    shutdown.cancel();
+    let mut total = RelayReport::default();
+    for handle in handles {
+        let r = within("relay shutdown", handle).await.unwrap().unwrap();
+        total.published += r.published;
+        total.retried += r.retried;
+        total.failed += r.failed;
+        total.outages += r.outages;
+    }
+    total
+}
+
+async fn run_consumer_until(setup: &Setup, effects: usize) -> ConsumerReport {
+    let stop = CancellationToken::new();
+    let consumer = tokio::spawn(setup.consumer().run(stop.clone()));
+    setup.log.wait_for(effects, DEADLINE).await;
+    stop.cancel();
+    within("consumer shutdown", consumer)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Four relays → FIFO topic → FIFO queue → consumer: 400 events over 20
+/// keys, each applied once, each key in enqueue order at the handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_relays_through_a_fifo_topic_apply_once_in_key_order() {
+    let setup = setup(true, true).await;
+    let events = events_over_keys(400, 20);
+    OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
+    let (shutdown, relays) = setup.relays(Arc::new(setup.publisher()), 4);
+    let consumed = run_consumer_until(&setup, 400).await;
+    let report = stop_relays(shutdown, relays).await;
+    assert_eq!((report.published, report.failed), (400, 0), "{report:?}");
+    assert_eq!(consumed.applied, 400, "{consumed:?}");
+    assert_exactly_once_in_key_order(&setup.effects().await, &events);
+}
+
+/// The same through a standard topic and an enveloped subscription: order
+/// is not promised there, so the test checks exactly-once only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_relays_through_a_standard_topic_apply_each_event_once() {
+    let setup = setup(false, false).await;
+    let events = events_over_keys(400, 20);
+    OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
+    let (shutdown, relays) = setup.relays(Arc::new(setup.publisher()), 4);
+    let consumed = run_consumer_until(&setup, 400).await;
+    let report = stop_relays(shutdown, relays).await;
+    assert_eq!((report.published, report.failed), (400, 0), "{report:?}");
+    let effects = setup.effects().await;
+    let applied: HashSet<EventId> = effects.iter().map(|(_, id)| *id).collect();
+    assert_eq!(applied.len(), effects.len(), "an event was applied twice");
+    let sent: HashSet<EventId> = events.iter().map(|e| e.event_id).collect();
+    assert_eq!(applied, sent, "{consumed:?}");
+}
+
+/// Publishes, then never returns for one event: a relay that dies after
+/// publishing and before acknowledging.
+struct DieAfterPublishing {
+    inner: SnsPublisher,
+    victim: EventId,
+    died: Arc<Notify>,
+}
+
+#[async_trait]
+impl Publisher for DieAfterPublishing {
+    fn capabilities(&self) -> PublisherCapabilities {
+        self.inner.capabilities()
+    }
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let outcomes = self.inner.publish(batch).await;
+        if batch.iter().any(|e| e.event_id == self.victim) {
+            self.died.notify_one();
+            std::future::pending::<()>().await;
+        }
+        outcomes
+    }
+}
+
+/// A relay killed after publishing one event and before acknowledging it;
+/// its lease expires and another relay publishes the event (and the rest
+/// of its batch) again. The consumer starts at once, or, when
+/// `consume_after_republish`, only once everything is published. Returns
+/// the consumer's report.
+async fn kill_a_relay_after_publish(
+    setup: &Setup,
+    consume_after_republish: bool,
+) -> ConsumerReport {
+    let events = events_over_keys(20, 4);
+    OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
+    let died = Arc::new(Notify::new());
+    let doomed = Arc::new(DieAfterPublishing {
+        inner: setup.publisher(),
+        victim: events[5].event_id,
+        died: died.clone(),
+    });
+    let (_doomed_shutdown, doomed_relays) = setup.relays(doomed, 1);
+    within("the relay's death", died.notified()).await;
+    for handle in doomed_relays {
+        handle.abort();
+        let _ = handle.await;
+    }
+    assert!(matches!(
+        setup.store.event_state(events[5].event_id).await.unwrap(),
+        Some(EventState::InFlight { .. })
+    ));
+    setup
+        .clock
+        .advance(relay_suite::config("x").lease_duration + Duration::from_secs(1));
+    let (shutdown, relays) = setup.relays(Arc::new(setup.publisher()), 1);
+    if consume_after_republish {
+        within("every event published", async {
+            for e in &events {
+                while !matches!(
+                    setup.store.event_state(e.event_id).await.unwrap(),
+                    Some(EventState::Published { .. })
+                ) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        })
+        .await;
+    }
+    let report = run_consumer_until(setup, 20).await;
+    let relayed = stop_relays(shutdown, relays).await;
+    assert!(
+        relayed.published >= 15,
+        "the victim is published again: {relayed:?}"
+    );
+    assert_exactly_once_in_key_order(&setup.effects().await, &events);
+    report
+}
+
+/// On a FIFO topic a republished event carries the same deduplication id
+/// (its event id). Republished while the first copy is still queued, it is
+/// dropped before the queue: the consumer receives each event once, 0
+/// duplicates. Absorbed by FIFO deduplication, not by the inbox. (AWS
+/// drops it for five minutes whether or not the first copy was consumed;
+/// the emulator only while it is still queued — see the next test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_after_publish_is_absorbed_by_fifo_deduplication() {
+    let setup = setup(true, true).await;
+    let report = kill_a_relay_after_publish(&setup, true).await;
+    assert_eq!(
+        report.duplicates, 0,
+        "deduplication dropped the republish: {report:?}"
+    );
+    assert_eq!(report.received, 20, "{report:?}");
+}
+
+/// The same with the consumer running while the event is republished: the
+/// first copy was already consumed and deleted, the emulator delivers the
+/// second, and the inbox absorbs it (each event still applied once, in key
+/// order). On AWS, deduplication would have dropped it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_republish_after_the_first_copy_was_consumed_is_absorbed_by_the_inbox() {
+    let setup = setup(true, true).await;
+    let report = kill_a_relay_after_publish(&setup, false).await;
+    assert_eq!(report.applied, 20, "{report:?}");
+}
+
+/// On a standard topic the republished event reaches the queue twice and
+/// the inbox absorbs it. Absorbed by the inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_after_publish_is_absorbed_by_the_inbox_on_a_standard_topic() {
+    let setup = setup(false, true).await;
+    let report = kill_a_relay_after_publish(&setup, true).await;
+    assert!(
+        report.duplicates >= 1,
+        "the inbox absorbed the republish: {report:?}"
+    );
+}
+
+/// Holds publishes back while the test changes the world under the relay:
+/// taking the write lock waits for publishes in flight and blocks new ones.
+struct Gate<P> {
+    inner: P,
+    lock: tokio::sync::RwLock<()>,
+}
+
+#[async_trait]
+impl<P: Publisher> Publisher for Gate<P> {
+    fn capabilities(&self) -> PublisherCapabilities {
+        self.inner.capabilities()
+    }
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let _open = self.lock.read().await;
+        self.inner.publish(batch).await
+    }
+}
+
+/// The emulator killed mid-run: the relay meets outages, burns no attempt
+/// and fails nothing; once the emulator is back (the topic and queue made
+/// again: it keeps nothing) every event not yet published is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_emulator_stopped_mid_run_is_an_outage_and_nothing_is_lost() {
+    let setup = setup(false, true).await;
+    let mut emulator = OwnEmulator::start().await;
+    let aws = Aws::connect_to(&emulator.endpoint()).await;
+    let topic_name = unique("own-topic");
+    let queue_name = unique("own-queue");
+    let make_topic_and_queue = || async {
+        let topic = aws.create_topic(&topic_name).await;
+        let queue = aws.create_queue(&queue_name).await;
+        aws.subscribe(&topic, &queue, true).await;
+        (topic, queue)
+    };
+    let (topic, queue) = make_topic_and_queue().await;
+    let events = events_over_keys(200, 10);
+    OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
+    let publisher = Arc::new(Gate {
+        inner: OutageCounter::new(SnsPublisher::new(&aws.config, TopicRouter::to(&topic))),
+        lock: tokio::sync::RwLock::new(()),
+    });
+    let (shutdown, relays) = setup.relays(publisher.clone(), 1);
+
+    within("the first events published", async {
+        while aws.depth(&queue).await < 40 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let mut seen: Vec<EventId> = {
+        let _held = publisher.lock.write().await;
+        let waiting = aws.depth(&queue).await;
+        let before = aws.drain(&queue, waiting).await;
+        emulator.stop().await;
+        before
+            .iter()
+            .map(|m| SqsEvent::decode(m).unwrap().event_id)
+            .collect()
+    };
+    assert!(seen.len() < events.len(), "the kill came mid-run");
+    let outages_before = publisher.inner.outages();
+    within(
+        "two outages while the emulator is down",
+        publisher.inner.wait_for_outages(outages_before + 2),
+    )
+    .await;
+    {
+        let _held = publisher.lock.write().await;
+        emulator.restart().await;
+        let (again, _) = make_topic_and_queue().await;
+        assert_eq!(again, topic, "the same name gives the same ARN");
+    }
+    let rest = aws.drain(&queue, events.len() - seen.len()).await;
+    seen.extend(rest.iter().map(|m| SqsEvent::decode(m).unwrap().event_id));
+    let report = stop_relays(shutdown, relays).await;
+    let unique_seen: HashSet<EventId> = seen.iter().copied().collect();
+    assert_eq!(unique_seen.len(), seen.len(), "nothing published twice");
+    let sent: HashSet<EventId> = events.iter().map(|e| e.event_id).collect();
+    assert_eq!(unique_seen, sent, "every event delivered");
+    assert_eq!((report.failed, report.retried), (0, 0), "{report:?}");
+    assert!(report.outages >= 2, "{report:?}");
+    for e in &events {
+        let history = OutboxAdmin::history(&*setup.store, e.event_id)
+            .await
+            .unwrap();
+        assert!(history.is_empty(), "no attempt burned: {history:?}");
+    }
+}
