@@ -259,15 +259,7 @@ async fn shipped_migration_is_the_default_rendering() {
 #[tokio::test]
 async fn migrate_adds_the_due_index_to_older_tables() {
     let store = store_on(ManualClock::at_epoch()).await;
-    // The store's own DDL names its events table: the first CREATE TABLE
-    // after the version table.
-    let schema = store.schema_sql();
-    let events = schema
-        .split("CREATE TABLE IF NOT EXISTS ")
-        .nth(2)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("events table in the schema")
-        .to_owned();
+    let events = store.config().tables.events();
     assert!(events.ends_with(".outbox_events"), "{events}");
     let count_index = format!(
         "SELECT COUNT(*) FROM information_schema.statistics
@@ -337,5 +329,107 @@ mod fails_fast {
             .connect_lazy_with(options);
         let store = MySqlStore::new(pool, StoreConfig::default());
         stops_on_a_store_that_cannot_work(Arc::new(store), "Unknown database").await;
+    }
+}
+
+/// MariaDB out of reach: not a configuration mistake but an outage, which
+/// the relay waits out; and a URL that cannot work, refused up front.
+mod unreachable {
+    use std::time::Duration;
+
+    use outbox_core::memory::RecordingPublisher;
+    use outbox_core::testing::{events_over_keys, relay_suite};
+    use outbox_core::{CancellationToken, Relay};
+    use sqlx::mysql::MySqlConnectOptions;
+    use std::str::FromStr;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// A free loopback port, nothing listening on it yet.
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// Forwards every connection to `port` on to the shared MariaDB: from
+    /// now on the address the relay was given is reachable.
+    async fn forward(port: u16) -> tokio::task::JoinHandle<()> {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect("127.0.0.1:3306").await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        })
+    }
+
+    /// A relay started while MariaDB cannot be reached keeps running
+    /// (store errors, waited out with backoff; it does not stop as it does
+    /// on missing tables), and drains the backlog once MariaDB is reachable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_relay_started_while_mariadb_is_unreachable_drains_once_it_is_reachable() {
+        let clock = ManualClock::at_epoch();
+        let reachable = store_on(clock.clone()).await;
+        let events = events_over_keys(20, 4);
+        OutboxWriter::enqueue(&reachable, &events).await.unwrap();
+        let database = reachable.config().tables.schema().unwrap().to_owned();
+
+        let port = free_port();
+        let options = MySqlConnectOptions::from_str(&format!("mysql://root@127.0.0.1:{port}"))
+            .unwrap()
+            .database(&database);
+        let pool = MySqlPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(500))
+            .connect_lazy_with(options);
+        let store = MySqlStore::new(pool, reachable.config().clone());
+        let publisher = Arc::new(RecordingPublisher::new());
+        let shutdown = CancellationToken::new();
+        let mut relay = Relay::new(
+            Arc::new(store),
+            publisher.clone(),
+            relay_suite::config("unreachable-mariadb"),
+        )
+        .unwrap()
+        .spawn(shutdown.clone());
+
+        let early = tokio::time::timeout(Duration::from_secs(3), &mut relay).await;
+        assert!(
+            early.is_err(),
+            "the relay stopped while MariaDB was unreachable: {early:?}"
+        );
+        assert!(publisher.delivered().is_empty());
+
+        let _forwarder = forward(port).await;
+        tokio::time::timeout(Duration::from_secs(60), publisher.wait_for_deliveries(20))
+            .await
+            .expect("the backlog drained once MariaDB was reachable");
+        shutdown.cancel();
+        let report = relay.await.unwrap().unwrap();
+        assert!(report.store_errors >= 1, "{report:?}");
+        assert_eq!((report.published, report.failed), (20, 0), "{report:?}");
+    }
+
+    /// A URL that cannot work is refused when the pool is built, before
+    /// any store or relay exists.
+    #[tokio::test]
+    async fn a_malformed_url_is_refused_when_the_pool_is_built() {
+        for url in [
+            "mysql://root@127.0.0.1:notaport/db",
+            "mysql://root@127.0.0.1:3306:3306/db",
+            "not a url",
+        ] {
+            let built = MySqlPoolOptions::new().connect_lazy(url);
+            assert!(built.is_err(), "{url} was accepted");
+        }
     }
 }

@@ -77,6 +77,11 @@ impl MySqlStore {
         &self.pool
     }
 
+    /// The settings.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
     /// The schema DDL for these table names (what [`MySqlStore::migrate`] runs).
     pub fn schema_sql(&self) -> String {
         self.config.tables.render(SCHEMA)

@@ -101,6 +101,11 @@ impl SqliteStore {
         &self.pool
     }
 
+    /// The settings.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
     /// The schema DDL for these table names (what [`SqliteStore::migrate`] runs).
     pub fn schema_sql(&self) -> String {
         self.config.tables.render(SCHEMA)
