@@ -103,3 +103,69 @@ impl KafkaPublisherConfig {
         config
     }
 }
+
+/// Checks a `bootstrap.servers` list: comma-separated `host[:port]`
+/// entries (a `scheme://` prefix and `[ipv6]` hosts allowed, as librdkafka
+/// takes them), no spaces, ports 1 to 65535. librdkafka accepts any text
+/// and retries a bad address forever, logging; refused here, the mistake
+/// is seen when the client is built.
+pub(crate) fn check_bootstrap_servers(list: &str) -> Result<(), String> {
+    if list.trim().is_empty() {
+        return Err("bootstrap_servers must not be empty".into());
+    }
+    for entry in list.split(',') {
+        let bad = |why: &str| Err(format!("bootstrap server `{entry}`: {why}"));
+        let address = entry.rsplit_once("://").map_or(entry, |(_, rest)| rest);
+        if address.is_empty() || address.chars().any(char::is_whitespace) {
+            return bad("expected host:port without spaces");
+        }
+        let port = match address.strip_prefix('[') {
+            Some(bracketed) => match bracketed.split_once(']') {
+                Some((host, rest)) if !host.is_empty() => rest.strip_prefix(':'),
+                _ => return bad("an IPv6 host must be written [addr]:port"),
+            },
+            None => match address.split_once(':') {
+                Some(("", _)) => return bad("the host is empty"),
+                Some((_, port)) => Some(port),
+                None => None,
+            },
+        };
+        if let Some(port) = port {
+            match port.parse::<u16>() {
+                Ok(p) if p > 0 => {}
+                _ => return bad("the port must be a number from 1 to 65535"),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_bootstrap_servers;
+
+    #[test]
+    fn bootstrap_lists_are_checked() {
+        for good in [
+            "127.0.0.1:19092",
+            "broker-1:9092,broker-2:9092",
+            "broker",
+            "SSL://broker:9093",
+            "[::1]:9092",
+        ] {
+            assert!(check_bootstrap_servers(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "127.0.0.1:notaport",
+            "broker:0",
+            "broker:70000",
+            "broker one:9092",
+            "a:1,,b:2",
+            ":9092",
+            "[::1:9092",
+        ] {
+            assert!(check_bootstrap_servers(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -144,9 +144,8 @@ impl KafkaConsumerConfig {
     /// Checks the settings can work (the consumer's constructor calls it).
     pub fn validate(&self) -> Result<(), ConsumerError> {
         let fail = |m: &str| Err(ConsumerError::Config(m.to_owned()));
-        if self.bootstrap_servers.is_empty() {
-            return fail("bootstrap_servers must not be empty");
-        }
+        crate::config::check_bootstrap_servers(&self.bootstrap_servers)
+            .map_err(ConsumerError::Config)?;
         if self.group_id.is_empty() {
             return fail("group_id must not be empty");
         }

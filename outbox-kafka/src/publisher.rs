@@ -41,6 +41,8 @@ impl std::fmt::Debug for KafkaPublisher {
 impl KafkaPublisher {
     /// A publisher with `config`, routing with `router`.
     pub fn new(config: &KafkaPublisherConfig, router: TopicRouter) -> Result<Self, KafkaError> {
+        crate::config::check_bootstrap_servers(&config.bootstrap_servers)
+            .map_err(KafkaError::ClientCreation)?;
         let health = BrokerHealth::default();
         let producer = config.client_config().create_with_context(health.clone())?;
         Ok(Self {

@@ -537,3 +537,46 @@ async fn a_header_that_is_not_utf8_is_dead_lettered_and_the_rest_flows() {
     assert_eq!((report.dead_lettered, report.applied), (1, 1), "{report:?}");
     assert_eq!(applied.lock().unwrap().as_slice(), &[good[0].event_id]);
 }
+
+/// A bootstrap list librdkafka would accept and then retry forever (a port
+/// that is not a number, a space, an empty entry) is refused when the
+/// publisher or the consumer is built.
+#[test]
+fn a_malformed_bootstrap_list_is_refused_when_clients_are_built() {
+    use outbox_core::memory::MemoryInbox;
+    use outbox_kafka::{
+        ConsumerError, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent,
+    };
+
+    struct Nothing;
+    #[async_trait]
+    impl outbox_kafka::Handler<outbox_core::memory::MemoryInboxTx, KafkaEvent> for Nothing {
+        async fn handle(
+            &self,
+            _tx: &mut outbox_core::memory::MemoryInboxTx,
+            _event: &KafkaEvent,
+        ) -> Result<(), HandlerError> {
+            Ok(())
+        }
+    }
+
+    for bootstrap in ["127.0.0.1:notaport", "broker one:9092", "a:1,,b:2"] {
+        let publisher = KafkaPublisher::new(
+            &KafkaPublisherConfig::new(bootstrap),
+            TopicRouter::with_prefix("t."),
+        );
+        let error = publisher
+            .err()
+            .unwrap_or_else(|| panic!("{bootstrap} accepted"));
+        assert!(error.to_string().contains("bootstrap server"), "{error}");
+        let consumer = KafkaConsumer::new(
+            KafkaConsumerConfig::new(bootstrap, "group", vec!["t".into()]),
+            MemoryInbox::new(),
+            Nothing,
+        );
+        assert!(
+            matches!(consumer, Err(ConsumerError::Config(ref m)) if m.contains("bootstrap server")),
+            "{bootstrap}"
+        );
+    }
+}

@@ -487,6 +487,58 @@ mod outage {
         assert_exactly_once_in_key_order(&setup.effects().await, &all);
     }
 
+    /// A consumer started while the broker cannot be reached does not stop:
+    /// it waits (librdkafka reconnects) and applies every event, once and in
+    /// key order, once the broker is reachable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_consumer_started_while_the_broker_is_unreachable_consumes_once_it_is_back() {
+        let (_broker, proxy) = broker_behind_proxy().await;
+        let bootstrap = proxy.address.to_string();
+        let setup = super::setup_on(&bootstrap).await;
+        let events = events_over_keys(30, 3);
+        OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
+        let publisher = Arc::new(
+            KafkaPublisher::new(&KafkaPublisherConfig::new(&bootstrap), setup.router.clone())
+                .unwrap(),
+        );
+        let (shutdown, handles) = relays(&setup, publisher, 1);
+        within("every event published", async {
+            for e in &events {
+                while !matches!(
+                    setup.store.event_state(e.event_id).await.unwrap(),
+                    Some(EventState::Published { .. })
+                ) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        })
+        .await;
+        stop(shutdown, handles).await;
+
+        proxy.cut();
+        let consumer_stop = CancellationToken::new();
+        let mut consumer = tokio::spawn(
+            setup
+                .consumer_on(&bootstrap, setup.store.inbox())
+                .run(consumer_stop.clone()),
+        );
+        let early = tokio::time::timeout(Duration::from_secs(3), &mut consumer).await;
+        assert!(
+            early.is_err(),
+            "the consumer stopped while the broker was unreachable: {early:?}"
+        );
+        assert!(setup.effects().await.is_empty());
+        proxy.restore();
+        setup.wait_for_effects(30).await;
+        consumer_stop.cancel();
+        let report = within("consumer shutdown", consumer)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(report.applied, 30, "{report:?}");
+        assert_exactly_once_in_key_order(&setup.effects().await, &events);
+    }
+
     /// Offsets survive broker cuts: the consumer reads through three cuts,
     /// then shuts down gracefully; it commits the last offset of every
     /// partition it owns, so the next consumer of the group gets only the
