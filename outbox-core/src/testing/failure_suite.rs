@@ -142,6 +142,89 @@ where
     );
 }
 
+/// A host clock whose offset from store time the test changes mid-run.
+#[derive(Clone, Debug)]
+struct SteppingClock {
+    base: ManualClock,
+    offset: Arc<std::sync::Mutex<chrono::Duration>>,
+}
+
+impl SteppingClock {
+    fn step(&self, by: chrono::Duration) {
+        *self.offset.lock().expect("offset lock") += by;
+    }
+}
+
+impl Clock for SteppingClock {
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        self.base.now() + *self.offset.lock().expect("offset lock")
+    }
+}
+
+/// A relay or producer host whose clock steps back an hour mid-run (an NTP
+/// correction, a VM restored from a snapshot) changes nothing: the lease it
+/// holds keeps its store-time length and its ack lands, an event it
+/// enqueues after the step is due at once, a delay it asks for after the
+/// step counts from store time. (The relay keeps no wall-clock time of its
+/// own: its waits are tokio's monotonic timers.)
+pub async fn a_host_clock_stepping_back_changes_nothing<F>(factory: &F)
+where
+    F: StoreFactory,
+    F::Store: FaultSeams,
+{
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let host = SteppingClock {
+        base: clock.clone(),
+        offset: Arc::default(),
+    };
+    let handle = store.with_host_clock(Arc::new(host.clone()));
+
+    let before = event("a", 1);
+    enqueue_all(&*handle, std::slice::from_ref(&before)).await;
+    let held = claim(&*handle, "relay-stepping").await;
+    assert_eq!(ids(&held), vec![before.event_id]);
+    host.step(chrono::Duration::hours(-1));
+    clock.advance(LEASE - Duration::from_secs(1));
+    assert!(
+        claim(&*store, "relay-other").await.is_empty(),
+        "the lease lives its full store-time length after the step"
+    );
+    handle
+        .ack(&[held[0].lease.clone()])
+        .await
+        .expect("the ack after the step lands");
+    assert!(matches!(
+        state(&*store, before.event_id).await,
+        EventState::Published { .. }
+    ));
+
+    let after = event("b", 1);
+    enqueue_all(&*handle, std::slice::from_ref(&after)).await;
+    let due = claim(&*store, "relay-other").await;
+    assert_eq!(
+        ids(&due),
+        vec![after.event_id],
+        "an event enqueued after the step is due at once, not in an hour"
+    );
+    store.ack(&[due[0].lease.clone()]).await.expect("ack");
+
+    let mut delayed = event("c", 1);
+    delayed.available_at = Some(add_duration(host.now(), Duration::from_secs(60)));
+    enqueue_all(&*handle, std::slice::from_ref(&delayed)).await;
+    host.step(chrono::Duration::hours(-1));
+    assert!(
+        claim(&*handle, "relay-stepping").await.is_empty(),
+        "a 60 s delay is not due at once"
+    );
+    clock.advance(Duration::from_secs(61));
+    assert_eq!(
+        ids(&claim(&*handle, "relay-stepping").await),
+        vec![delayed.event_id],
+        "due after 60 s of store time, however far the host clock stepped"
+    );
+}
+
 /// A row the store cannot decode (another tool wrote it) fails on its own
 /// with a typed reason in its history; its neighbours are published, the
 /// claim never rolls back or leaves anything leased because of it, and every

@@ -49,6 +49,7 @@ macro_rules! failure_conformance_tests {
     ($factory:expr) => {
         $crate::__conformance_tests!(failure_suite, $factory;
             leases_and_delays_follow_store_time,
+            a_host_clock_stepping_back_changes_nothing,
             unreadable_rows_fail_alone,
             crashes_are_blamed_on_the_event_that_caused_them,
             concurrent_duplicate_ids_are_reported,
