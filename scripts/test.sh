@@ -37,8 +37,9 @@ step "benchmarks (--quick smoke, debug build)"
 target/debug/outbox-bench all --quick --out target/bench-smoke
 
 # The multi-process fault run at its small size (private servers of its own).
-step "chaos (outbox-chaos run: 5,000 events, relays SIGKILLed, Redis and PostgreSQL restarted)"
+step "chaos (outbox-chaos run, Redis then Kafka: 5,000 events each, relays SIGKILLed, broker and PostgreSQL stopped)"
 target/debug/outbox-chaos run
+target/debug/outbox-chaos run --kafka
 
 # Doc tests before nextest: the run then closes on nextest's summary.
 step "doc tests"

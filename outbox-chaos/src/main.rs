@@ -2,17 +2,19 @@
 //! the repository.
 //!
 //! ```text
-//! outbox-chaos run [--events N] [--redis-outage-secs S]   the orchestrator
-//! outbox-chaos relay   PG_URL REDIS_URL NAME              one relay process
-//! outbox-chaos consume PG_URL REDIS_URL NAME              one consumer process
+//! outbox-chaos run [--full] [--kafka] [--events N] [--broker-outage-secs S]
+//!                                                    the orchestrator
+//! outbox-chaos relay   PG_URL BROKER_URL NAME        one relay process
+//! outbox-chaos consume PG_URL BROKER_URL NAME        one consumer process
 //! ```
 //!
 //! `run` starts a private PostgreSQL cluster (`initdb` + `pg_ctl` on a spare
-//! loopback port) and a private `redis-server` with AOF, runs a producer
+//! loopback port) and a private broker (`redis-server` with AOF, or with
+//! `--kafka` a tansu broker behind a proxy the run can cut), runs a producer
 //! over 200 keys, four relay processes it SIGKILLs and restarts every 1–3 s,
 //! and one consumer process feeding a PostgreSQL inbox; meanwhile it stops
-//! Redis, restarts PostgreSQL fast, kills the consumer once (restarting it
-//! under the same name) and blips Redis. At the end it prints a table and
+//! the broker, restarts PostgreSQL fast, kills the consumer once (restarting
+//! it under the same name) and blips the broker. At the end it prints a table and
 //! exits non-zero on any loss, double application or per-key order
 //! violation at the handler.
 
@@ -42,7 +44,7 @@ fn main() -> std::process::ExitCode {
         Some("consume") if args.len() == 4 => {
             runtime.block_on(roles::consume(&args[1], &args[2], &args[3]))
         }
-        _ => Err("usage: outbox-chaos run [--events N] [--redis-outage-secs S] | relay PG REDIS NAME | consume PG REDIS NAME".into()),
+        _ => Err("usage: outbox-chaos run [--full] [--kafka] [--events N] [--broker-outage-secs S] [--database-down-secs S] | relay PG BROKER NAME | consume PG BROKER NAME".into()),
     };
     match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
-//! The processes the run kills: a relay (PostgreSQL outbox → Redis Streams)
-//! and a consumer (Redis Streams → PostgreSQL inbox and effect).
+//! The processes the run kills: a relay (PostgreSQL outbox → Redis Streams
+//! or Kafka) and a consumer (the broker → PostgreSQL inbox and effect). The
+//! broker is named by its URL: `redis://host:port` or `kafka://host:port`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,10 @@ use async_trait::async_trait;
 use outbox_core::relay::OutagePolicy;
 use outbox_core::store::RelayId;
 use outbox_core::{CancellationToken, Relay, RelayConfig};
+use outbox_kafka::{
+    KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher, KafkaPublisherConfig,
+    TopicRouter,
+};
 use outbox_redis::{
     ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher, StreamEvent, StreamRouter,
 };
@@ -21,6 +26,12 @@ use crate::Error;
 
 /// The stream every event goes to (the default router's name for the type).
 pub(crate) const STREAM: &str = "outbox:invoice.paid";
+/// Kafka topics are `{prefix}{event_type}`.
+pub(crate) const KAFKA_PREFIX: &str = "chaos.";
+/// The topic every event goes to on Kafka.
+pub(crate) const KAFKA_TOPIC: &str = "chaos.invoice.paid";
+/// Partitions of the Kafka topic.
+pub(crate) const KAFKA_PARTITIONS: i32 = 4;
 /// The consumer group, and the inbox's consumer name.
 pub(crate) const GROUP: &str = "chaos";
 /// The effects table the consumer writes in its inbox transaction.
@@ -63,14 +74,10 @@ fn on_sigterm() -> Result<CancellationToken, Error> {
 }
 
 /// One relay until SIGTERM (or SIGKILL, which is the point).
-pub(crate) async fn relay(pg: &str, redis_url: &str, name: &str) -> Result<(), Error> {
+pub(crate) async fn relay(pg: &str, broker: &str, name: &str) -> Result<(), Error> {
     let store = Arc::new(PgStore::new(pool(pg)?, StoreConfig::default()));
-    let publisher = Arc::new(RedisPublisher::new(
-        redis(redis_url).await?,
-        StreamRouter::default(),
-    ));
     // Short leases so a killed relay's events come back within the run.
-    let config = RelayConfig {
+    let mut config = RelayConfig {
         relay_id: RelayId::new(name),
         batch_size: 100,
         lease_duration: Duration::from_secs(3),
@@ -83,14 +90,55 @@ pub(crate) async fn relay(pg: &str, redis_url: &str, name: &str) -> Result<(), E
         },
         ..RelayConfig::default()
     };
-    Relay::new(store, publisher, config)?
-        .run(on_sigterm()?)
-        .await?;
+    match broker.strip_prefix("kafka://") {
+        Some(bootstrap) => {
+            // A delivery is bounded by its timeout, inside the relay's
+            // publish timeout, inside the lease.
+            let mut kafka = KafkaPublisherConfig::new(bootstrap);
+            kafka.delivery_timeout = Duration::from_secs(2);
+            config.publish_timeout = Duration::from_secs(3);
+            config.lease_duration = Duration::from_secs(6);
+            let publisher = Arc::new(KafkaPublisher::new(
+                &kafka,
+                TopicRouter::with_prefix(KAFKA_PREFIX),
+            )?);
+            Relay::new(store, publisher, config)?
+                .run(on_sigterm()?)
+                .await?;
+        }
+        None => {
+            let publisher = Arc::new(RedisPublisher::new(
+                redis(broker).await?,
+                StreamRouter::default(),
+            ));
+            Relay::new(store, publisher, config)?
+                .run(on_sigterm()?)
+                .await?;
+        }
+    }
     Ok(())
 }
 
 /// Records `(key, event id)` in the inbox transaction.
 struct RecordEffect;
+
+impl RecordEffect {
+    async fn record(
+        tx: &mut Transaction<'static, Postgres>,
+        partition_key: &str,
+        event_id: outbox_core::EventId,
+    ) -> Result<(), HandlerError> {
+        sqlx::query(&format!(
+            "INSERT INTO {EFFECTS} (partition_key, event_id) VALUES ($1, $2)"
+        ))
+        .bind(partition_key)
+        .bind(event_id.as_uuid())
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| HandlerError::Retry(e.to_string()))?;
+        Ok(())
+    }
+}
 
 #[async_trait]
 impl Handler<Transaction<'static, Postgres>, StreamEvent> for RecordEffect {
@@ -99,21 +147,38 @@ impl Handler<Transaction<'static, Postgres>, StreamEvent> for RecordEffect {
         tx: &mut Transaction<'static, Postgres>,
         event: &StreamEvent,
     ) -> Result<(), HandlerError> {
-        sqlx::query(&format!(
-            "INSERT INTO {EFFECTS} (partition_key, event_id) VALUES ($1, $2)"
-        ))
-        .bind(&event.partition_key)
-        .bind(event.event_id.as_uuid())
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| HandlerError::Retry(e.to_string()))?;
-        Ok(())
+        Self::record(tx, &event.partition_key, event.event_id).await
+    }
+}
+
+#[async_trait]
+impl Handler<Transaction<'static, Postgres>, KafkaEvent> for RecordEffect {
+    async fn handle(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        event: &KafkaEvent,
+    ) -> Result<(), HandlerError> {
+        Self::record(tx, &event.partition_key, event.event_id).await
     }
 }
 
 /// One consumer until SIGTERM (or SIGKILL).
-pub(crate) async fn consume(pg: &str, redis_url: &str, name: &str) -> Result<(), Error> {
+pub(crate) async fn consume(pg: &str, broker: &str, name: &str) -> Result<(), Error> {
     let store = PgStore::new(pool(pg)?, StoreConfig::default());
+    if let Some(bootstrap) = broker.strip_prefix("kafka://") {
+        let mut config = KafkaConsumerConfig::new(bootstrap, GROUP, vec![KAFKA_TOPIC.into()]);
+        // A killed member's partitions move on after the session timeout.
+        config.librdkafka.extend([
+            ("session.timeout.ms".to_owned(), "6000".to_owned()),
+            ("heartbeat.interval.ms".to_owned(), "500".to_owned()),
+            ("client.id".to_owned(), name.to_owned()),
+        ]);
+        let consumer = KafkaConsumer::new(config, store.inbox(), RecordEffect)?;
+        let report = consumer.run(on_sigterm()?).await?;
+        eprintln!("consumer {name}: {report:?}");
+        return Ok(());
+    }
+    let redis_url = broker;
     let mut config = ConsumerConfig::new(GROUP, name, vec![STREAM.into()]);
     config.block = Duration::from_millis(200);
     let consumer =

@@ -15,8 +15,8 @@ use redis::AsyncCommands;
 use sqlx::Row;
 
 use crate::Error;
-use crate::cluster::{PrivatePg, PrivateRedis};
-use crate::roles::{EFFECTS, STREAM};
+use crate::cluster::{PrivateKafka, PrivatePg, PrivateRedis};
+use crate::roles::{EFFECTS, KAFKA_PARTITIONS, KAFKA_TOPIC, STREAM};
 
 /// How big a run is, and how long its outages last.
 #[derive(Clone, Debug)]
@@ -24,19 +24,23 @@ pub(crate) struct Settings {
     events: usize,
     keys: usize,
     relays: usize,
+    kafka: bool,
     redis_outage: Duration,
     database_down: Duration,
     produce_rate: f64,
 }
 
 impl Settings {
-    /// `--events N`, `--redis-outage-secs S`, `--database-down-secs S`,
-    /// `--full` (50,000 events, 10 s broker outage, 15 s database down).
+    /// `--events N`, `--redis-outage-secs S` (or `--broker-outage-secs`),
+    /// `--database-down-secs S`, `--kafka` (Kafka as the broker instead of
+    /// Redis), `--full` (50,000 events, 10 s broker outage, 15 s database
+    /// down).
     pub(crate) fn from_args(args: &[String]) -> Self {
         let mut settings = Self {
             events: 5_000,
             keys: 200,
             relays: 4,
+            kafka: false,
             redis_outage: Duration::from_secs(4),
             database_down: Duration::from_secs(5),
             produce_rate: 250.0,
@@ -50,7 +54,10 @@ impl Settings {
             };
             match arg.as_str() {
                 "--events" => settings.events = value() as usize,
-                "--redis-outage-secs" => settings.redis_outage = Duration::from_secs(value()),
+                "--redis-outage-secs" | "--broker-outage-secs" => {
+                    settings.redis_outage = Duration::from_secs(value())
+                }
+                "--kafka" => settings.kafka = true,
                 "--database-down-secs" => settings.database_down = Duration::from_secs(value()),
                 "--full" => {
                     settings.events = 50_000;
@@ -108,6 +115,80 @@ impl Drop for Role {
     }
 }
 
+/// The run's broker: a private redis-server (stopped = killed, its AOF
+/// keeps what it acknowledged) or a private tansu behind a cuttable proxy
+/// (stopped = every connection cut and refused).
+enum Broker {
+    Redis(PrivateRedis),
+    Kafka(PrivateKafka),
+}
+
+impl Broker {
+    async fn start(kafka: bool) -> Result<Self, Error> {
+        if !kafka {
+            return Ok(Self::Redis(PrivateRedis::start()));
+        }
+        let broker = PrivateKafka::start().await;
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", broker.bootstrap())
+                .create()?;
+        let topic = rdkafka::admin::NewTopic::new(
+            KAFKA_TOPIC,
+            KAFKA_PARTITIONS,
+            rdkafka::admin::TopicReplication::Fixed(1),
+        );
+        for result in admin
+            .create_topics(
+                &[topic],
+                &rdkafka::admin::AdminOptions::new()
+                    .operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await?
+        {
+            result.map_err(|(topic, e)| format!("creating {topic}: {e}"))?;
+        }
+        Ok(Self::Kafka(broker))
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "Redis",
+            Self::Kafka(_) => "Kafka",
+        }
+    }
+
+    /// What the role processes are given.
+    fn url(&self) -> String {
+        match self {
+            Self::Redis(redis) => redis.url(),
+            Self::Kafka(kafka) => format!("kafka://{}", kafka.bootstrap()),
+        }
+    }
+
+    fn stop(&mut self) {
+        match self {
+            Self::Redis(redis) => redis.kill(),
+            Self::Kafka(kafka) => kafka.stop(),
+        }
+    }
+
+    fn resume(&mut self) {
+        match self {
+            Self::Redis(redis) => redis.spawn(),
+            Self::Kafka(kafka) => kafka.resume(),
+        }
+    }
+
+    /// Every message the broker holds: (distinct event ids, messages).
+    async fn census(&mut self) -> Result<(usize, usize), Error> {
+        match self {
+            Self::Redis(redis) => redis_census(redis).await,
+            Self::Kafka(kafka) => kafka_census(kafka).await,
+        }
+    }
+}
+
 /// What the producer committed, per key in order.
 #[derive(Default)]
 struct Committed {
@@ -120,7 +201,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     let pg = PrivatePg::start(&["max_connections = 100"]);
     pg.psql("postgres", "CREATE DATABASE chaos");
     let url = pg.url("chaos");
-    let mut redis = PrivateRedis::start();
+    let mut broker = Broker::start(settings.kafka).await?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(5))
@@ -133,8 +214,9 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     ))
     .execute(&pool)
     .await?;
+    let broker_name = broker.name();
     println!(
-        "# outbox-chaos: {} events over {} keys, {} relays SIGKILLed every 1-3 s, Redis down {:?}, PostgreSQL restarted fast and down {:?}, consumer killed once, Redis blip",
+        "# outbox-chaos: {} events over {} keys, {} relays SIGKILLed every 1-3 s, {broker_name} down {:?}, PostgreSQL restarted fast and down {:?}, consumer killed once, {broker_name} blip",
         settings.events,
         settings.keys,
         settings.relays,
@@ -142,8 +224,10 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         settings.database_down
     );
 
-    let role =
-        |kind: &str, name: String| Role::start(vec![kind.into(), url.clone(), redis.url(), name]);
+    let broker_url = broker.url();
+    let role = |kind: &str, name: String| {
+        Role::start(vec![kind.into(), url.clone(), broker_url.clone(), name])
+    };
     let relays: Arc<Mutex<Vec<Role>>> = Arc::new(Mutex::new(
         (0..settings.relays)
             .map(|i| role("relay", format!("relay-{i}")))
@@ -160,13 +244,14 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     let step = Duration::from_secs(3);
     tokio::time::sleep(step).await;
     println!(
-        "  .. {:>5.1} s  Redis stopped for {:?}",
+        "  .. {:>5.1} s  {} stopped for {:?}",
         started.elapsed().as_secs_f64(),
+        broker.name(),
         settings.redis_outage
     );
-    redis.kill();
+    broker.stop();
     tokio::time::sleep(settings.redis_outage).await;
-    redis.spawn();
+    broker.resume();
     tokio::time::sleep(step).await;
     println!(
         "  .. {:>5.1} s  PostgreSQL restarted (pg_ctl restart -m fast)",
@@ -181,12 +266,13 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     consumer.kill_and_restart();
     tokio::time::sleep(step).await;
     println!(
-        "  .. {:>5.1} s  Redis blip (0.5 s)",
-        started.elapsed().as_secs_f64()
+        "  .. {:>5.1} s  {} blip (0.5 s)",
+        started.elapsed().as_secs_f64(),
+        broker.name()
     );
-    redis.kill();
+    broker.stop();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    redis.spawn();
+    broker.resume();
     tokio::time::sleep(step).await;
     println!(
         "  .. {:>5.1} s  PostgreSQL down for {:?}",
@@ -232,7 +318,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     consumer.kill();
 
     let committed = std::mem::take(&mut *committed.lock().expect("committed"));
-    let report = account(&pool, &store, &mut redis, &committed).await?;
+    let report = account(&pool, &store, &mut broker, &committed).await?;
     println!();
     println!("| measure | value |");
     println!("|---|---|");
@@ -354,30 +440,10 @@ struct Accounting {
 async fn account(
     pool: &sqlx::PgPool,
     store: &PgStore,
-    redis: &mut PrivateRedis,
+    broker: &mut Broker,
     committed: &Committed,
 ) -> Result<Accounting, Error> {
-    // The broker: every entry of the stream.
-    let client = redis::Client::open(redis.url())?;
-    let mut connection = client.get_multiplexed_async_connection().await?;
-    let mut seen = HashSet::new();
-    let mut entries = 0usize;
-    let mut from = "-".to_owned();
-    loop {
-        let reply: redis::streams::StreamRangeReply =
-            connection.xrange_count(STREAM, &from, "+", 5_000).await?;
-        let fresh: Vec<_> = reply.ids.into_iter().filter(|e| e.id != from).collect();
-        if fresh.is_empty() {
-            break;
-        }
-        for entry in &fresh {
-            entries += 1;
-            if let Some(id) = entry.get::<String>("event_id") {
-                seen.insert(id);
-            }
-        }
-        from = fresh.last().expect("non-empty").id.clone();
-    }
+    let (published_distinct, broker_entries) = broker.census().await?;
 
     // The handler: effects in commit order.
     let rows = sqlx::query(&format!(
@@ -423,12 +489,79 @@ async fn account(
         .map(|s| s.failed + s.parked)
         .sum();
     Ok(Accounting {
-        published_distinct: seen.len(),
-        broker_duplicates: entries - seen.len(),
+        published_distinct,
+        broker_duplicates: broker_entries - published_distinct,
         applied_distinct: distinct.len(),
         applied_twice: rows.len() - distinct.len(),
         lost,
         order_violations: violations,
         failed_or_parked,
     })
+}
+
+/// Every entry of the stream: (distinct event ids, entries).
+async fn redis_census(redis: &mut PrivateRedis) -> Result<(usize, usize), Error> {
+    let client = redis::Client::open(redis.url())?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let mut seen = HashSet::new();
+    let mut entries = 0usize;
+    let mut from = "-".to_owned();
+    loop {
+        let reply: redis::streams::StreamRangeReply =
+            connection.xrange_count(STREAM, &from, "+", 5_000).await?;
+        let fresh: Vec<_> = reply.ids.into_iter().filter(|e| e.id != from).collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for entry in &fresh {
+            entries += 1;
+            if let Some(id) = entry.get::<String>("event_id") {
+                seen.insert(id);
+            }
+        }
+        from = fresh.last().expect("non-empty").id.clone();
+    }
+
+    Ok((seen.len(), entries))
+}
+
+/// Every message of the topic, read from the beginning of each partition
+/// up to its high watermark: (distinct event ids, messages).
+async fn kafka_census(kafka: &mut PrivateKafka) -> Result<(usize, usize), Error> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .set("group.id", "chaos-census")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let mut remaining = 0i64;
+    for partition in 0..KAFKA_PARTITIONS {
+        assignment.add_partition_offset(KAFKA_TOPIC, partition, rdkafka::Offset::Beginning)?;
+        let (low, high) =
+            consumer.fetch_watermarks(KAFKA_TOPIC, partition, Duration::from_secs(10))?;
+        remaining += high - low;
+    }
+    consumer.assign(&assignment)?;
+    let mut seen = HashSet::new();
+    let mut entries = 0usize;
+    while remaining > 0 {
+        let message = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .map_err(|_| format!("the census stalled with {remaining} messages unread"))??;
+        remaining -= 1;
+        entries += 1;
+        let id = message.headers().and_then(|headers| {
+            headers
+                .iter()
+                .find(|h| h.key == outbox_kafka::headers::names::EVENT_ID)
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        });
+        if let Some(id) = id {
+            seen.insert(id);
+        }
+    }
+    Ok((seen.len(), entries))
 }
