@@ -9,7 +9,9 @@
 # (outbox-sns's README): it never throttles or fails by itself (tests inject
 # those through a proxy), and it keeps everything in memory.
 #
-# Idempotent: reuses the venv and an emulator already listening.
+# Reuses the venv; restarts the emulator on every call, so each test run
+# starts from an empty emulator (moto keeps every topic, queue and message
+# in memory, and grows slower as they pile up over runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,8 +31,14 @@ fi
 # Tests that need an emulator of their own start this binary.
 echo "$PWD/$VENV/bin/moto_server" > .tools/moto-path
 if listening; then
-  echo "    SNS/SQS emulator already listening on 127.0.0.1:$PORT"
-  exit 0
+  # Only a moto server this script started (from any checkout) is stopped;
+  # anything else on the port is left alone and reported.
+  pkill -f "moto_server -H 127.0.0.1 -p $PORT" || true
+  for _ in $(seq 1 50); do listening || break; sleep 0.1; done
+  if listening; then
+    echo "error: 127.0.0.1:$PORT is taken by something other than our moto_server" >&2
+    exit 1
+  fi
 fi
 nohup "$VENV/bin/moto_server" -H 127.0.0.1 -p "$PORT" > "$LOG" 2>&1 &
 for _ in $(seq 1 150); do
