@@ -472,6 +472,15 @@ where
             }
             // Serves the commit (and its callback) for a moment.
             let _ = tokio::time::timeout(Duration::from_millis(300), self.consumer.recv()).await;
+            // The coordinator's answer to a commit, through the callback:
+            // confirmation without another round trip.
+            if confirmed_by_callback(self.consumer.context(), &positions) {
+                tracing::info!(
+                    partitions = positions.count(),
+                    "consumer stopped; last offsets committed (confirmed by the coordinator's reply)"
+                );
+                return positions.count() as u64;
+            }
             // Blocks for at most a second: asks the coordinator what it holds.
             match self
                 .consumer
@@ -566,6 +575,16 @@ async fn dead_letter(
 }
 
 /// Whether the coordinator's `held` offsets reach every one of `wanted`.
+/// Whether successful commit replies cover every offset in `wanted`.
+fn confirmed_by_callback(watch: &CommitWatch, wanted: &TopicPartitionList) -> bool {
+    wanted.elements().iter().all(|w| match w.offset() {
+        Offset::Offset(next) => watch
+            .confirmed(w.topic(), w.partition())
+            .is_some_and(|confirmed| confirmed >= next),
+        _ => false,
+    })
+}
+
 fn holds(held: &TopicPartitionList, wanted: &TopicPartitionList) -> bool {
     wanted.elements().iter().all(|w| {
         held.elements().iter().any(|h| {

@@ -7,6 +7,8 @@ use outbox_core::{ErrorClass, StoreError};
 pub(crate) const PENDING: i16 = 0;
 pub(crate) const IN_FLIGHT: i16 = 1;
 pub(crate) const PUBLISHED: i16 = 2;
+// The PostgreSQL statements spell the code out in their SQL text.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) const FAILED: i16 = 3;
 
 pub(crate) fn attempt_kind_code(kind: AttemptKind) -> &'static str {
