@@ -7,11 +7,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::store::{EventState, OutboxAdmin, RelayId};
 use outbox_core::testing::{
-    DieAfterCommit, assert_exactly_once_in_key_order, events_over_keys, relay_suite,
+    DieAfterCommit, DieAfterPublishing, assert_exactly_once_in_key_order, events_over_keys,
+    relay_suite,
 };
 use outbox_core::{
-    CancellationToken, EventId, InboxStore, ManualClock, OutboxWriter, PublishOutcome, Publisher,
-    PublisherCapabilities, Relay, RelayError, RelayReport, StoredEvent,
+    CancellationToken, EventId, InboxStore, ManualClock, OutboxWriter, Publisher, Relay,
+    RelayError, RelayReport,
 };
 use outbox_kafka::{
     Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
@@ -223,29 +224,6 @@ async fn four_relays_fifty_keys_in_order_at_the_consumer() {
     assert_exactly_once_in_key_order(&setup.effects().await, &events);
 }
 
-/// Publishes through Kafka, then never returns for one event: a relay that
-/// dies after publishing and before acknowledging.
-struct DieAfterPublishing {
-    inner: KafkaPublisher,
-    victim: EventId,
-    died: Arc<Notify>,
-}
-
-#[async_trait]
-impl Publisher for DieAfterPublishing {
-    fn capabilities(&self) -> PublisherCapabilities {
-        self.inner.capabilities()
-    }
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        let outcomes = self.inner.publish(batch).await;
-        if batch.iter().any(|e| e.event_id == self.victim) {
-            self.died.notify_one();
-            std::future::pending::<()>().await;
-        }
-        outcomes
-    }
-}
-
 /// (b) A relay killed after publish and before ack: the event is published
 /// again by another relay, and the consumer's inbox applies it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,11 +232,11 @@ async fn a_relay_killed_after_publish_is_absorbed_by_the_inbox() {
     let events = events_over_keys(20, 4);
     OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
     let died = Arc::new(Notify::new());
-    let doomed = Arc::new(DieAfterPublishing {
-        inner: setup.publisher(),
-        victim: events[5].event_id,
-        died: died.clone(),
-    });
+    let doomed = Arc::new(DieAfterPublishing::new(
+        setup.publisher(),
+        events[5].event_id,
+        died.clone(),
+    ));
     let (doomed_shutdown, doomed_handles) = relays(&setup, doomed, 1);
     within("the relay's death", died.notified()).await;
     for handle in doomed_handles {

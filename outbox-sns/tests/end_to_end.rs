@@ -11,11 +11,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::store::{EventState, OutboxAdmin, RelayId};
 use outbox_core::testing::{
-    OutageCounter, assert_exactly_once_in_key_order, events_over_keys, relay_suite,
+    DieAfterPublishing, OutageCounter, PublishGate, assert_exactly_once_in_key_order,
+    events_over_keys, relay_suite,
 };
 use outbox_core::{
-    CancellationToken, EventId, ManualClock, OutboxWriter, PublishOutcome, Publisher,
-    PublisherCapabilities, Relay, RelayError, RelayReport, StoredEvent,
+    CancellationToken, EventId, ManualClock, OutboxWriter, Publisher, Relay, RelayError,
+    RelayReport,
 };
 use outbox_sns::{
     ConsumerConfig, ConsumerReport, Handler, HandlerError, SnsPublisher, SqsConsumer, SqsEvent,
@@ -213,29 +214,6 @@ async fn four_relays_through_a_standard_topic_apply_each_event_once() {
     assert_eq!(applied, sent, "{consumed:?}");
 }
 
-/// Publishes, then never returns for one event: a relay that dies after
-/// publishing and before acknowledging.
-struct DieAfterPublishing {
-    inner: SnsPublisher,
-    victim: EventId,
-    died: Arc<Notify>,
-}
-
-#[async_trait]
-impl Publisher for DieAfterPublishing {
-    fn capabilities(&self) -> PublisherCapabilities {
-        self.inner.capabilities()
-    }
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        let outcomes = self.inner.publish(batch).await;
-        if batch.iter().any(|e| e.event_id == self.victim) {
-            self.died.notify_one();
-            std::future::pending::<()>().await;
-        }
-        outcomes
-    }
-}
-
 /// A relay killed after publishing one event and before acknowledging it;
 /// its lease expires and another relay publishes the event (and the rest
 /// of its batch) again. The consumer starts at once, or, when
@@ -248,11 +226,11 @@ async fn kill_a_relay_after_publish(
     let events = events_over_keys(20, 4);
     OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
     let died = Arc::new(Notify::new());
-    let doomed = Arc::new(DieAfterPublishing {
-        inner: setup.publisher(),
-        victim: events[5].event_id,
-        died: died.clone(),
-    });
+    let doomed = Arc::new(DieAfterPublishing::new(
+        setup.publisher(),
+        events[5].event_id,
+        died.clone(),
+    ));
     let (_doomed_shutdown, doomed_relays) = setup.relays(doomed, 1);
     within("the relay's death", died.notified()).await;
     for handle in doomed_relays {
@@ -330,24 +308,6 @@ async fn a_relay_killed_after_publish_is_absorbed_by_the_inbox_on_a_standard_top
     );
 }
 
-/// Holds publishes back while the test changes the world under the relay:
-/// taking the write lock waits for publishes in flight and blocks new ones.
-struct Gate<P> {
-    inner: P,
-    lock: tokio::sync::RwLock<()>,
-}
-
-#[async_trait]
-impl<P: Publisher> Publisher for Gate<P> {
-    fn capabilities(&self) -> PublisherCapabilities {
-        self.inner.capabilities()
-    }
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        let _open = self.lock.read().await;
-        self.inner.publish(batch).await
-    }
-}
-
 /// The emulator killed mid-run: the relay meets outages, burns no attempt
 /// and fails nothing; once the emulator is back (the topic and queue made
 /// again: it keeps nothing) every event not yet published is delivered.
@@ -367,10 +327,10 @@ async fn the_emulator_stopped_mid_run_is_an_outage_and_nothing_is_lost() {
     let (topic, queue) = make_topic_and_queue().await;
     let events = events_over_keys(200, 10);
     OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
-    let publisher = Arc::new(Gate {
-        inner: OutageCounter::new(SnsPublisher::new(&aws.config, TopicRouter::to(&topic))),
-        lock: tokio::sync::RwLock::new(()),
-    });
+    let publisher = Arc::new(PublishGate::new(OutageCounter::new(SnsPublisher::new(
+        &aws.config,
+        TopicRouter::to(&topic),
+    ))));
     let (shutdown, relays) = setup.relays(publisher.clone(), 1);
 
     within("the first events published", async {
@@ -380,7 +340,7 @@ async fn the_emulator_stopped_mid_run_is_an_outage_and_nothing_is_lost() {
     })
     .await;
     let mut seen: Vec<EventId> = {
-        let _held = publisher.lock.write().await;
+        let _held = publisher.close().await;
         let waiting = aws.depth(&queue).await;
         let before = aws.drain(&queue, waiting).await;
         emulator.stop().await;
@@ -397,7 +357,7 @@ async fn the_emulator_stopped_mid_run_is_an_outage_and_nothing_is_lost() {
     )
     .await;
     {
-        let _held = publisher.lock.write().await;
+        let _held = publisher.close().await;
         emulator.restart().await;
         let (again, _) = make_topic_and_queue().await;
         assert_eq!(again, topic, "the same name gives the same ARN");

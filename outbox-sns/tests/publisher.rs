@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::memory::MemoryStore;
 use outbox_core::testing::{
-    OutageCounter, PublisherHarness, ReceivedEvent, publisher_suite, relay_suite,
+    OutageCounter, PublishGate, PublisherHarness, ReceivedEvent, publisher_suite, relay_suite,
 };
 use outbox_core::testing::{event, event_with_payload, events_over_keys};
 use outbox_core::{
@@ -337,24 +337,6 @@ async fn unreachable_and_silent_endpoints_are_outages() {
     );
 }
 
-/// Holds publishes back while the test changes the world under the relay:
-/// `close` waits for publishes in flight, then blocks new ones.
-struct Gate<P> {
-    inner: P,
-    lock: tokio::sync::RwLock<()>,
-}
-
-#[async_trait]
-impl<P: Publisher> Publisher for Gate<P> {
-    fn capabilities(&self) -> PublisherCapabilities {
-        self.inner.capabilities()
-    }
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        let _open = self.lock.read().await;
-        self.inner.publish(batch).await
-    }
-}
-
 /// A wrong topic ARN is configuration, not the events' fault: the relay
 /// pauses on it as an outage, fails nothing and burns no attempt, and
 /// publishes every event once the topic exists.
@@ -362,13 +344,10 @@ impl<P: Publisher> Publisher for Gate<P> {
 async fn a_wrong_topic_arn_pauses_the_relay_until_the_topic_exists() {
     let aws = Aws::connect().await;
     let name = support::unique("missing");
-    let publisher = Arc::new(Gate {
-        inner: OutageCounter::new(SnsPublisher::new(
-            &aws.config,
-            TopicRouter::to(Aws::topic_arn(&name)),
-        )),
-        lock: tokio::sync::RwLock::new(()),
-    });
+    let publisher = Arc::new(PublishGate::new(OutageCounter::new(SnsPublisher::new(
+        &aws.config,
+        TopicRouter::to(Aws::topic_arn(&name)),
+    ))));
     let store = Arc::new(MemoryStore::with_clock(Arc::new(ManualClock::at_epoch())));
     let events = events_over_keys(30, 3);
     store.enqueue(&events).await.unwrap();
@@ -393,7 +372,7 @@ async fn a_wrong_topic_arn_pauses_the_relay_until_the_topic_exists() {
         );
     }
     let queue = {
-        let _closed = publisher.lock.write().await;
+        let _closed = publisher.close().await;
         let topic = aws.create_topic(&name).await;
         let queue = aws.create_queue(&support::unique("missing-q")).await;
         aws.subscribe(&topic, &queue, true).await;

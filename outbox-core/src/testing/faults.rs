@@ -217,6 +217,80 @@ impl<P: Publisher> Publisher for OutageCounter<P> {
     }
 }
 
+/// Publishes through `inner`, then never returns from the call that holds
+/// `victim`: a relay that dies after publishing and before acknowledging.
+/// `died` is notified when that call has published; the test then aborts
+/// the relay's task.
+pub struct DieAfterPublishing<P> {
+    inner: P,
+    victim: EventId,
+    died: Arc<Notify>,
+}
+
+impl<P> DieAfterPublishing<P> {
+    /// Wraps `inner`; hangs after publishing `victim`.
+    pub fn new(inner: P, victim: EventId, died: Arc<Notify>) -> Self {
+        Self {
+            inner,
+            victim,
+            died,
+        }
+    }
+}
+
+#[async_trait]
+impl<P: Publisher> Publisher for DieAfterPublishing<P> {
+    fn capabilities(&self) -> PublisherCapabilities {
+        self.inner.capabilities()
+    }
+
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let outcomes = self.inner.publish(batch).await;
+        if batch.iter().any(|e| e.event_id == self.victim) {
+            self.died.notify_one();
+            std::future::pending::<()>().await;
+        }
+        outcomes
+    }
+}
+
+/// Holds publishes back while a test changes the world under a relay
+/// (creates the missing topic, restarts the broker): [`PublishGate::close`]
+/// waits for the publishes in flight and blocks new ones until its guard
+/// is dropped, so no publish straddles the change.
+pub struct PublishGate<P> {
+    /// The wrapped publisher.
+    pub inner: P,
+    lock: tokio::sync::RwLock<()>,
+}
+
+impl<P> PublishGate<P> {
+    /// Wraps `inner`, open.
+    pub fn new(inner: P) -> Self {
+        Self {
+            inner,
+            lock: tokio::sync::RwLock::new(()),
+        }
+    }
+
+    /// Closes the gate until the guard is dropped.
+    pub async fn close(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.lock.write().await
+    }
+}
+
+#[async_trait]
+impl<P: Publisher> Publisher for PublishGate<P> {
+    fn capabilities(&self) -> PublisherCapabilities {
+        self.inner.capabilities()
+    }
+
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let _open = self.lock.read().await;
+        self.inner.publish(batch).await
+    }
+}
+
 /// Checks a consumer's committed effects, `(partition key, event id)` in
 /// commit order, against the events enqueued: every event applied exactly
 /// once, and each key's events in enqueue order.

@@ -24,7 +24,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use faults::{DieAfterCommit, FlakyInbox, OutageCounter, assert_exactly_once_in_key_order};
+pub use faults::{
+    DieAfterCommit, DieAfterPublishing, FlakyInbox, OutageCounter, PublishGate,
+    assert_exactly_once_in_key_order,
+};
 pub use fixtures::{event, event_with_payload, events_over_keys, namespace};
 
 use crate::clock::{Clock, ManualClock};
