@@ -144,20 +144,7 @@ impl PublisherHarness for Harness {
     }
 }
 
-fn stored(events: Vec<outbox_core::NewEvent>) -> Vec<StoredEvent> {
-    let now = chrono::Utc::now();
-    events
-        .into_iter()
-        .enumerate()
-        .map(|(i, event)| StoredEvent {
-            sequence: i as i64 + 1,
-            event,
-            created_at: now,
-            available_at: now,
-            attempts: 0,
-        })
-        .collect()
-}
+use outbox_core::testing::stored;
 
 #[tokio::test]
 async fn publisher_round_trips_every_field() {

@@ -20,20 +20,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use redis::streams::StreamRangeReply;
 
-fn stored(events: Vec<outbox_core::NewEvent>) -> Vec<StoredEvent> {
-    let now = chrono::Utc::now();
-    events
-        .into_iter()
-        .enumerate()
-        .map(|(i, event)| StoredEvent {
-            sequence: i as i64 + 1,
-            event,
-            created_at: now,
-            available_at: now,
-            attempts: 0,
-        })
-        .collect()
-}
+use outbox_core::testing::stored;
 
 /// Reads back what the publisher appended, from the start of each stream.
 struct Harness {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
+use outbox_core::testing::stored;
 use outbox_core::testing::{FlakyInbox, assert_exactly_once_in_key_order, event, events_over_keys};
 use outbox_core::{CancellationToken, EventId, NewEvent, Publisher, StoredEvent};
 use outbox_sns::{
@@ -17,7 +18,7 @@ use outbox_sns::{
     SqsConsumer, SqsEvent, TopicRouter,
 };
 use support::proxy::{FaultProxy, Reply};
-use support::{Aws, sdk_config, stored, unique};
+use support::{Aws, sdk_config, unique};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 

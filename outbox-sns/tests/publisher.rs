@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::memory::MemoryStore;
+use outbox_core::testing::stored;
 use outbox_core::testing::{
     OutageCounter, PublishGate, PublisherHarness, ReceivedEvent, publisher_suite, relay_suite,
 };
@@ -20,7 +21,7 @@ use outbox_core::{
 use outbox_sns::attributes::{MAX_ATTRIBUTES, names};
 use outbox_sns::{SnsPublisher, SqsEvent, TopicRouter};
 use support::proxy::{FaultProxy, Reply};
-use support::{Aws, received, sdk_config, stored};
+use support::{Aws, received, sdk_config};
 use tokio_util::sync::CancellationToken;
 
 struct Harness {

@@ -2,7 +2,7 @@
 
 use uuid::Uuid;
 
-use crate::event::{EventId, NewEvent};
+use crate::event::{EventId, NewEvent, StoredEvent};
 
 /// The namespace the suites derive event ids in.
 pub fn namespace() -> Uuid {
@@ -32,5 +32,23 @@ pub fn event_with_payload(key: &str, n: usize, payload: serde_json::Value) -> Ne
 pub fn events_over_keys(total: usize, keys: usize) -> Vec<NewEvent> {
     (0..total)
         .map(|n| event(&format!("k{}", n % keys), n))
+        .collect()
+}
+
+/// `events` as a store would hand them to a publisher: sequences 1, 2, …,
+/// created and available now, no attempts yet (for publisher tests that
+/// need no store).
+pub fn stored(events: Vec<NewEvent>) -> Vec<StoredEvent> {
+    let now = chrono::Utc::now();
+    events
+        .into_iter()
+        .enumerate()
+        .map(|(i, event)| StoredEvent {
+            sequence: i as i64 + 1,
+            event,
+            created_at: now,
+            available_at: now,
+            attempts: 0,
+        })
         .collect()
 }

@@ -28,7 +28,7 @@ pub use faults::{
     DieAfterCommit, DieAfterPublishing, FlakyInbox, OutageCounter, PublishGate,
     assert_exactly_once_in_key_order,
 };
-pub use fixtures::{event, event_with_payload, events_over_keys, namespace};
+pub use fixtures::{event, event_with_payload, events_over_keys, namespace, stored};
 
 use crate::clock::{Clock, ManualClock};
 use crate::error::StoreError;

@@ -3,22 +3,7 @@
 use super::{PublisherHarness, ReceivedEvent};
 use crate::event::StoredEvent;
 use crate::publisher::Publisher;
-use crate::testing::fixtures::event;
-
-fn stored(events: Vec<crate::NewEvent>) -> Vec<StoredEvent> {
-    let now = chrono::Utc::now();
-    events
-        .into_iter()
-        .enumerate()
-        .map(|(i, event)| StoredEvent {
-            sequence: i as i64 + 1,
-            event,
-            created_at: now,
-            available_at: now,
-            attempts: 0,
-        })
-        .collect()
-}
+use crate::testing::fixtures::{event, stored};
 
 /// Every field a consumer needs survives the trip: id, type, key, payload
 /// bytes, headers (correlation, traceparent, free ones).

@@ -13,7 +13,6 @@ use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use aws_types::SdkConfig;
 use aws_types::region::Region;
 use aws_types::sdk_config::{RetryConfig, TimeoutConfig};
-use outbox_core::StoredEvent;
 use outbox_core::testing::ReceivedEvent;
 use outbox_sns::SqsEvent;
 
@@ -227,21 +226,6 @@ pub fn received(message: &aws_sdk_sqs::types::Message) -> ReceivedEvent {
         payload: event.payload.into_bytes(),
         headers,
     }
-}
-
-pub fn stored(events: Vec<outbox_core::NewEvent>) -> Vec<StoredEvent> {
-    let now = chrono::Utc::now();
-    events
-        .into_iter()
-        .enumerate()
-        .map(|(i, event)| StoredEvent {
-            sequence: i as i64 + 1,
-            event,
-            created_at: now,
-            available_at: now,
-            attempts: 0,
-        })
-        .collect()
 }
 
 /// A moto server of the test's own on a spare port, to stop and start.
