@@ -11,8 +11,9 @@
 use aws_sdk_sns::error::{ProvideErrorMetadata, SdkError};
 use outbox_core::ErrorClass;
 
-/// The class of an AWS error code, with the HTTP status when known.
-pub fn classify_code(code: &str, status: Option<u16>) -> ErrorClass {
+/// The class of an AWS error code (SNS or SQS, with or without the
+/// `Exception` suffix or the `AWS.SimpleQueueService.` prefix).
+pub fn classify_code(code: &str) -> ErrorClass {
     let code = code.strip_prefix("AWS.SimpleQueueService.").unwrap_or(code);
     let code = code.strip_suffix("Exception").unwrap_or(code);
     match code {
@@ -66,12 +67,9 @@ pub fn classify_code(code: &str, status: Option<u16>) -> ErrorClass {
         | "InvalidMessageContents"
         | "InvalidAttributeValue"
         | "InvalidAttributeName" => ErrorClass::Permanent,
-        // 5xx and codes this table does not know: retried with backoff,
-        // never dead-lettered on a guess.
-        _ => {
-            let _ = status;
-            ErrorClass::Transient
-        }
+        // Codes this table does not know, 4xx or 5xx: retried with
+        // backoff, never dead-lettered on a guess.
+        _ => ErrorClass::Transient,
     }
 }
 
@@ -86,9 +84,8 @@ pub fn classify_sdk_error<E: ProvideErrorMetadata>(error: &SdkError<E>) -> Error
         // An answer that could not be read: try again.
         SdkError::ResponseError(_) => ErrorClass::Transient,
         SdkError::ServiceError(service) => {
-            let status = service.raw().status().as_u16();
             match service.err().code() {
-                Some(code) => classify_code(code, Some(status)),
+                Some(code) => classify_code(code),
                 // A bare status: 5xx and unknown 4xx alike are retried.
                 None => ErrorClass::Transient,
             }
@@ -146,8 +143,8 @@ mod tests {
             ("SomethingNew", ErrorClass::Transient),
         ];
         for (code, class) in cases {
-            assert_eq!(classify_code(code, Some(400)), class, "{code}");
+            assert_eq!(classify_code(code), class, "{code}");
         }
-        assert_eq!(classify_code("", Some(503)), ErrorClass::Transient);
+        assert_eq!(classify_code(""), ErrorClass::Transient);
     }
 }

@@ -171,7 +171,7 @@ impl SnsPublisher {
                         .map(|entry| {
                             let id = entry.index.to_string();
                             let outcome = if let Some(f) = failed.iter().find(|f| f.id() == id) {
-                                let class = classify_code(f.code(), None);
+                                let class = classify_code(f.code());
                                 let class = if class == ErrorClass::Permanent && !f.sender_fault() {
                                     ErrorClass::Transient
                                 } else {
