@@ -15,8 +15,9 @@ use redis::AsyncCommands;
 use sqlx::Row;
 
 use crate::Error;
-use crate::cluster::{PrivateKafka, PrivatePg, PrivateRedis};
+use crate::cluster::{PrivatePg, PrivateRedis};
 use crate::roles::{EFFECTS, KAFKA_PARTITIONS, KAFKA_TOPIC, STREAM};
+use outbox_kafka::testing::PrivateBroker as PrivateKafka;
 
 /// How big a run is, and how long its outages last.
 #[derive(Clone, Debug)]
@@ -169,14 +170,14 @@ impl Broker {
     fn stop(&mut self) {
         match self {
             Self::Redis(redis) => redis.kill(),
-            Self::Kafka(kafka) => kafka.stop(),
+            Self::Kafka(kafka) => kafka.cut(),
         }
     }
 
     fn resume(&mut self) {
         match self {
             Self::Redis(redis) => redis.spawn(),
-            Self::Kafka(kafka) => kafka.resume(),
+            Self::Kafka(kafka) => kafka.restore(),
         }
     }
 

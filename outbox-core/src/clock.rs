@@ -61,23 +61,33 @@ impl Clock for ManualClock {
 }
 
 /// Another clock read `by` ahead (or behind, if negative): a host whose
-/// clock is off, for tests that prove nothing depends on it.
+/// clock is off, for tests that prove nothing depends on it. The skew can
+/// be [stepped](SkewedClock::step) mid-run (an NTP correction, a VM restored
+/// from a snapshot); clones share it.
 #[derive(Clone, Debug)]
 pub struct SkewedClock {
     base: Arc<dyn Clock>,
-    by: chrono::Duration,
+    by: Arc<Mutex<chrono::Duration>>,
 }
 
 impl SkewedClock {
     /// `base` read `by` later.
     pub fn new(base: Arc<dyn Clock>, by: chrono::Duration) -> Self {
-        Self { base, by }
+        Self {
+            base,
+            by: Arc::new(Mutex::new(by)),
+        }
+    }
+
+    /// Moves this clock (and its clones) `by` further from its base.
+    pub fn step(&self, by: chrono::Duration) {
+        *self.by.lock().expect("skew lock") += by;
     }
 }
 
 impl Clock for SkewedClock {
     fn now(&self) -> DateTime<Utc> {
-        self.base.now() + self.by
+        self.base.now() + *self.by.lock().expect("skew lock")
     }
 }
 

@@ -7,6 +7,8 @@ mod context;
 mod error;
 pub mod headers;
 mod publisher;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use config::{KafkaPublisherConfig, TopicRouter};
 pub use consumer::{

@@ -10,22 +10,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::memory::RecordingPublisher;
 use outbox_core::relay::OutagePolicy;
-use outbox_core::store::{OutboxAdmin, RelayId};
+use outbox_core::store::OutboxAdmin;
 use outbox_core::testing::{
-    DieAfterCommit, FlakyInbox, OutageCounter, assert_exactly_once_in_key_order, event,
-    events_over_keys, relay_suite,
+    DieAfterCommit, FlakyInbox, OutageCounter, RelayFleet, assert_exactly_once_in_key_order, event,
+    events_over_keys,
 };
-use outbox_core::{
-    CancellationToken, EventId, NewEvent, OutboxWriter, Publisher, Relay, RelayError, RelayReport,
-    RetryPolicy,
-};
+use outbox_core::{CancellationToken, NewEvent, OutboxWriter, RetryPolicy};
 use outbox_redis::{
     ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, RedisConsumer,
     RedisPublisher, StreamEvent, StreamRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, PgStore};
-use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
-use sqlx::postgres::PgPoolOptions;
+use outbox_sqlx::postgres::{EffectLog, EndToEndDb};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 
@@ -37,48 +32,8 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
-struct Db {
-    store: Arc<PgStore>,
-    log: EffectLog,
-}
-
-async fn database() -> Db {
-    let url = std::env::var("OUTBOX_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
-    let pool = match guard_cancelled_transactions(PgPoolOptions::new())
-        .max_connections(12)
-        .connect(&url)
-        .await
-    {
-        Ok(pool) => pool,
-        Err(e) => panic!("PostgreSQL unreachable at {url}: {e}"),
-    };
-    let schema = format!("e2e_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let log = EffectLog::create(&pool, &schema).await.unwrap();
-    let store = PgStore::new(
-        pool.clone(),
-        StoreConfig::with_tables(TableNames::default().in_schema(&schema).unwrap()),
-    );
-    store.migrate().await.unwrap();
-    Db {
-        store: Arc::new(store),
-        log,
-    }
-}
-
-impl Db {
-    /// Effects in commit order: (partition key, event id).
-    async fn effects(&self) -> Vec<(String, EventId)> {
-        self.log.read().await.unwrap()
-    }
-
-    async fn wait_for_effects(&self, n: usize) {
-        self.log.wait_for(n, DEADLINE).await;
-    }
+async fn database() -> EndToEndDb {
+    EndToEndDb::create("e2e").await
 }
 
 /// The consumer's effect: a row in the same transaction as the inbox claim.
@@ -101,51 +56,6 @@ impl Handler<Transaction<'static, Postgres>, StreamEvent> for RecordEffect {
     }
 }
 
-fn relay_config(name: &str) -> outbox_core::RelayConfig {
-    let mut config = relay_suite::config(name);
-    config.relay_id = RelayId::new(name);
-    config
-}
-
-fn spawn_relays(
-    db: &Db,
-    publisher: Arc<impl Publisher + 'static>,
-    n: usize,
-) -> (
-    CancellationToken,
-    Vec<tokio::task::JoinHandle<Result<RelayReport, RelayError>>>,
-) {
-    let shutdown = CancellationToken::new();
-    let handles = (0..n)
-        .map(|r| {
-            Relay::new(
-                db.store.clone(),
-                publisher.clone(),
-                relay_config(&format!("relay-{r}")),
-            )
-            .unwrap()
-            .spawn(shutdown.clone())
-        })
-        .collect();
-    (shutdown, handles)
-}
-
-async fn stop_relays(
-    shutdown: CancellationToken,
-    handles: Vec<tokio::task::JoinHandle<Result<RelayReport, RelayError>>>,
-) -> RelayReport {
-    shutdown.cancel();
-    let mut total = RelayReport::default();
-    for handle in handles {
-        let r = within("relay shutdown", handle).await.unwrap().unwrap();
-        total.published += r.published;
-        total.retried += r.retried;
-        total.outages += r.outages;
-        total.failed += r.failed;
-    }
-    total
-}
-
 fn consumer_config(prefix: &str, consumer: &str) -> ConsumerConfig {
     let mut config =
         ConsumerConfig::new("billing", consumer, vec![format!("{prefix}invoice.paid")]);
@@ -166,7 +76,7 @@ async fn four_relays_keep_key_order_at_the_consumer() {
         support::connect(support::REDIS_URL).await,
         StreamRouter::with_prefix(&prefix),
     ));
-    let (shutdown, relays) = spawn_relays(&db, publisher, 4);
+    let relays = RelayFleet::spawn(db.store.clone(), publisher, "relay", 4);
     let consumer_stop = CancellationToken::new();
     let consumer = RedisConsumer::new(
         support::connect(support::REDIS_URL).await,
@@ -178,8 +88,8 @@ async fn four_relays_keep_key_order_at_the_consumer() {
     )
     .expect("valid consumer settings");
     let consumer = tokio::spawn(consumer.run(consumer_stop.clone()));
-    db.wait_for_effects(400).await;
-    let report = stop_relays(shutdown, relays).await;
+    db.wait_for_effects(400, DEADLINE).await;
+    let report = relays.stop(DEADLINE).await;
     consumer_stop.cancel();
     let consumed = consumer.await.unwrap().unwrap();
     assert_eq!(report.published, 400);
@@ -200,7 +110,7 @@ async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
         support::connect(support::REDIS_URL).await,
         StreamRouter::with_prefix(&prefix),
     ));
-    let (shutdown, relays) = spawn_relays(&db, publisher, 1);
+    let relays = RelayFleet::spawn(db.store.clone(), publisher, "relay", 1);
     let mut redis = support::connect(support::REDIS_URL).await;
     within("all entries in the stream", async {
         loop {
@@ -214,7 +124,7 @@ async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
         }
     })
     .await;
-    stop_relays(shutdown, relays).await;
+    relays.stop(DEADLINE).await;
 
     let died = Arc::new(Notify::new());
     let doomed = RedisConsumer::new(
@@ -247,7 +157,7 @@ async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
     )
     .expect("valid consumer settings");
     let survivor = tokio::spawn(survivor.run(stop.clone()));
-    db.wait_for_effects(20).await;
+    db.wait_for_effects(20, DEADLINE).await;
     stop.cancel();
     let report: ConsumerReport = survivor.await.unwrap().unwrap();
     assert_eq!(
@@ -270,7 +180,7 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
         support::connect(&own.url()).await,
         StreamRouter::with_prefix(&prefix),
     )));
-    let (shutdown, relays) = spawn_relays(&db, watch.clone(), 1);
+    let relays = RelayFleet::spawn(db.store.clone(), watch.clone(), "relay", 1);
     let stop = CancellationToken::new();
     let consumer = RedisConsumer::new(
         support::connect(&own.url()).await,
@@ -285,7 +195,7 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
 
     let before: Vec<NewEvent> = (0..30).map(|n| event(&format!("k{}", n % 3), n)).collect();
     OutboxWriter::enqueue(&*db.store, &before).await.unwrap();
-    db.wait_for_effects(30).await;
+    db.wait_for_effects(30, DEADLINE).await;
 
     own.stop().await;
     let during: Vec<NewEvent> = (30..60).map(|n| event(&format!("k{}", n % 3), n)).collect();
@@ -296,9 +206,9 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
     )
     .await;
     own.restart().await;
-    db.wait_for_effects(60).await;
+    db.wait_for_effects(60, DEADLINE).await;
 
-    let report = stop_relays(shutdown, relays).await;
+    let report = relays.stop(DEADLINE).await;
     stop.cancel();
     consumer.await.unwrap().unwrap();
     assert!(report.outages >= 2, "{report:?}");
@@ -335,7 +245,7 @@ async fn a_consumer_rides_out_inbox_store_outages_in_key_order() {
         support::connect(support::REDIS_URL).await,
         StreamRouter::with_prefix(&prefix),
     ));
-    let (shutdown, relays) = spawn_relays(&db, publisher, 2);
+    let relays = RelayFleet::spawn(db.store.clone(), publisher, "relay", 2);
     let flaky = FlakyInbox::new(db.store.inbox(), 5);
     let injected = flaky.injected.clone();
     let mut config = consumer_config(&prefix, "c1");
@@ -354,8 +264,8 @@ async fn a_consumer_rides_out_inbox_store_outages_in_key_order() {
     )
     .expect("valid consumer settings");
     let consumer = tokio::spawn(consumer.run(stop.clone()));
-    db.wait_for_effects(events.len()).await;
-    stop_relays(shutdown, relays).await;
+    db.wait_for_effects(events.len(), DEADLINE).await;
+    relays.stop(DEADLINE).await;
     stop.cancel();
     let report = within("consumer shutdown", consumer)
         .await
@@ -420,7 +330,7 @@ async fn a_broker_blip_mid_batch_keeps_key_order_for_a_live_consumer() {
         support::connect(&own.url()).await,
         StreamRouter::with_prefix(&prefix),
     ));
-    let (shutdown, relays) = spawn_relays(&db, publisher, 1);
+    let relays = RelayFleet::spawn(db.store.clone(), publisher, "relay", 1);
     let stream = format!("{prefix}invoice.paid");
     let mut probe = support::connect(&own.url()).await;
     within("the stream to hold every event", async {
@@ -435,7 +345,7 @@ async fn a_broker_blip_mid_batch_keeps_key_order_for_a_live_consumer() {
         }
     })
     .await;
-    stop_relays(shutdown, relays).await;
+    relays.stop(DEADLINE).await;
 
     let mut config = consumer_config(&prefix, "c1");
     // Reclaim would only hide the fault: it is for consumers that died.
@@ -455,7 +365,7 @@ async fn a_broker_blip_mid_batch_keeps_key_order_for_a_live_consumer() {
     )
     .expect("valid consumer settings");
     let consumer = tokio::spawn(consumer.run(stop.clone()));
-    db.wait_for_effects(events.len()).await;
+    db.wait_for_effects(events.len(), DEADLINE).await;
     stop.cancel();
     let report = within("consumer shutdown", consumer)
         .await

@@ -9,27 +9,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::store::{EventState, OutboxAdmin, RelayId};
+use outbox_core::store::{EventState, OutboxAdmin};
 use outbox_core::testing::{
-    DieAfterPublishing, OutageCounter, PublishGate, assert_exactly_once_in_key_order,
+    DieAfterPublishing, OutageCounter, PublishGate, RelayFleet, assert_exactly_once_in_key_order,
     events_over_keys, relay_suite,
 };
-use outbox_core::{
-    CancellationToken, EventId, ManualClock, OutboxWriter, Publisher, Relay, RelayError,
-    RelayReport,
-};
+use outbox_core::{CancellationToken, EventId, OutboxWriter, Publisher};
 use outbox_sns::{
     ConsumerConfig, ConsumerReport, Handler, HandlerError, SnsPublisher, SqsConsumer, SqsEvent,
     TopicRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, PgStore};
-use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
-use sqlx::postgres::PgPoolOptions;
+use outbox_sqlx::postgres::{EffectLog, EndToEndDb};
 use sqlx::{Postgres, Transaction};
 use support::{Aws, OwnEmulator, Subscribed, unique};
 use tokio::sync::Notify;
 
-const DEADLINE: Duration = Duration::from_secs(90);
+/// The emulator is slow (4 relays × 400 events take over a minute on two
+/// cores under a full parallel run); every wait ends as soon as its
+/// condition holds.
+const DEADLINE: Duration = Duration::from_secs(180);
 
 async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(DEADLINE, fut)
@@ -57,38 +55,32 @@ impl Handler<Transaction<'static, Postgres>, SqsEvent> for RecordEffect {
 }
 
 struct Setup {
-    store: Arc<PgStore>,
-    clock: ManualClock,
-    log: EffectLog,
+    db: EndToEndDb,
     aws: Aws,
     subscribed: Subscribed,
     dead_letter_url: String,
 }
 
-/// A PostgreSQL outbox and inbox in a schema of their own (on a manual
-/// clock, so a test can expire a dead relay's lease), and a topic with a
-/// queue subscribed (FIFO when `fifo`; raw or enveloped).
+/// The store, its clock and the effects log are the database's.
+impl std::ops::Deref for Setup {
+    type Target = EndToEndDb;
+    fn deref(&self) -> &EndToEndDb {
+        &self.db
+    }
+}
+
+/// A PostgreSQL outbox and inbox in a schema of their own, and a topic with
+/// a queue subscribed (FIFO when `fifo`; raw or enveloped).
 async fn setup(fifo: bool, raw: bool) -> Setup {
-    let url = std::env::var("OUTBOX_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
-    let pool = guard_cancelled_transactions(PgPoolOptions::new())
-        .max_connections(12)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {url}: {e}"));
-    let schema = format!("sns_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let log = EffectLog::create(&pool, &schema).await.unwrap();
-    let clock = ManualClock::at_epoch();
-    let store = PgStore::new(
-        pool.clone(),
-        StoreConfig::with_tables(TableNames::default().in_schema(&schema).unwrap())
-            .with_clock(Arc::new(clock.clone())),
-    );
-    store.migrate().await.unwrap();
+    setup_in(EndToEndDb::create("sns").await, fifo, raw).await
+}
+
+/// The same on a manual clock, so a test can expire a dead relay's lease.
+async fn setup_on_manual_clock(fifo: bool, raw: bool) -> Setup {
+    setup_in(EndToEndDb::create_on_manual_clock("sns").await, fifo, raw).await
+}
+
+async fn setup_in(db: EndToEndDb, fifo: bool, raw: bool) -> Setup {
     let aws = Aws::connect().await;
     let subscribed = aws.topic_with_queue("e2e", fifo, raw).await;
     let suffix = if fifo { ".fifo" } else { "" };
@@ -96,9 +88,7 @@ async fn setup(fifo: bool, raw: bool) -> Setup {
         .create_queue(&format!("{}{suffix}", unique("e2e-dlq")))
         .await;
     Setup {
-        store: Arc::new(store),
-        clock,
-        log,
+        db,
         aws,
         subscribed,
         dead_letter_url,
@@ -113,25 +103,8 @@ impl Setup {
         )
     }
 
-    fn relays(
-        &self,
-        publisher: Arc<impl Publisher + 'static>,
-        n: usize,
-    ) -> (
-        CancellationToken,
-        Vec<tokio::task::JoinHandle<Result<RelayReport, RelayError>>>,
-    ) {
-        let shutdown = CancellationToken::new();
-        let handles = (0..n)
-            .map(|r| {
-                let mut config = relay_suite::config(&format!("sns-relay-{r}"));
-                config.relay_id = RelayId::new(format!("sns-relay-{r}-{}", unique("id")));
-                Relay::new(self.store.clone(), publisher.clone(), config)
-                    .unwrap()
-                    .spawn(shutdown.clone())
-            })
-            .collect();
-        (shutdown, handles)
+    fn relays(&self, publisher: Arc<impl Publisher + 'static>, n: usize) -> RelayFleet {
+        RelayFleet::spawn(self.store.clone(), publisher, "sns-relay", n)
     }
 
     fn consumer(&self) -> SqsConsumer<outbox_sqlx::postgres::PgInbox, RecordEffect> {
@@ -148,32 +121,12 @@ impl Setup {
         )
         .unwrap()
     }
-
-    async fn effects(&self) -> Vec<(String, EventId)> {
-        self.log.read().await.unwrap()
-    }
-}
-
-async fn stop_relays(
-    shutdown: CancellationToken,
-    handles: Vec<tokio::task::JoinHandle<Result<RelayReport, RelayError>>>,
-) -> RelayReport {
-    shutdown.cancel();
-    let mut total = RelayReport::default();
-    for handle in handles {
-        let r = within("relay shutdown", handle).await.unwrap().unwrap();
-        total.published += r.published;
-        total.retried += r.retried;
-        total.failed += r.failed;
-        total.outages += r.outages;
-    }
-    total
 }
 
 async fn run_consumer_until(setup: &Setup, effects: usize) -> ConsumerReport {
     let stop = CancellationToken::new();
     let consumer = tokio::spawn(setup.consumer().run(stop.clone()));
-    setup.log.wait_for(effects, DEADLINE).await;
+    setup.wait_for_effects(effects, DEADLINE).await;
     stop.cancel();
     within("consumer shutdown", consumer)
         .await
@@ -188,9 +141,9 @@ async fn four_relays_through_a_fifo_topic_apply_once_in_key_order() {
     let setup = setup(true, true).await;
     let events = events_over_keys(400, 20);
     OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
-    let (shutdown, relays) = setup.relays(Arc::new(setup.publisher()), 4);
+    let relays = setup.relays(Arc::new(setup.publisher()), 4);
     let consumed = run_consumer_until(&setup, 400).await;
-    let report = stop_relays(shutdown, relays).await;
+    let report = relays.stop(DEADLINE).await;
     assert_eq!((report.published, report.failed), (400, 0), "{report:?}");
     assert_eq!(consumed.applied, 400, "{consumed:?}");
     assert_exactly_once_in_key_order(&setup.effects().await, &events);
@@ -203,9 +156,9 @@ async fn four_relays_through_a_standard_topic_apply_each_event_once() {
     let setup = setup(false, false).await;
     let events = events_over_keys(400, 20);
     OutboxWriter::enqueue(&*setup.store, &events).await.unwrap();
-    let (shutdown, relays) = setup.relays(Arc::new(setup.publisher()), 4);
+    let relays = setup.relays(Arc::new(setup.publisher()), 4);
     let consumed = run_consumer_until(&setup, 400).await;
-    let report = stop_relays(shutdown, relays).await;
+    let report = relays.stop(DEADLINE).await;
     assert_eq!((report.published, report.failed), (400, 0), "{report:?}");
     let effects = setup.effects().await;
     let applied: HashSet<EventId> = effects.iter().map(|(_, id)| *id).collect();
@@ -231,12 +184,9 @@ async fn kill_a_relay_after_publish(
         events[5].event_id,
         died.clone(),
     ));
-    let (_doomed_shutdown, doomed_relays) = setup.relays(doomed, 1);
+    let doomed_relays = setup.relays(doomed, 1);
     within("the relay's death", died.notified()).await;
-    for handle in doomed_relays {
-        handle.abort();
-        let _ = handle.await;
-    }
+    doomed_relays.kill().await;
     assert!(matches!(
         setup.store.event_state(events[5].event_id).await.unwrap(),
         Some(EventState::InFlight { .. })
@@ -244,7 +194,7 @@ async fn kill_a_relay_after_publish(
     setup
         .clock
         .advance(relay_suite::config("x").lease_duration + Duration::from_secs(1));
-    let (shutdown, relays) = setup.relays(Arc::new(setup.publisher()), 1);
+    let relays = setup.relays(Arc::new(setup.publisher()), 1);
     if consume_after_republish {
         within("every event published", async {
             for e in &events {
@@ -259,7 +209,7 @@ async fn kill_a_relay_after_publish(
         .await;
     }
     let report = run_consumer_until(setup, 20).await;
-    let relayed = stop_relays(shutdown, relays).await;
+    let relayed = relays.stop(DEADLINE).await;
     assert!(
         relayed.published >= 15,
         "the victim is published again: {relayed:?}"
@@ -276,7 +226,7 @@ async fn kill_a_relay_after_publish(
 /// the emulator only while it is still queued — see the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_killed_after_publish_is_absorbed_by_fifo_deduplication() {
-    let setup = setup(true, true).await;
+    let setup = setup_on_manual_clock(true, true).await;
     let report = kill_a_relay_after_publish(&setup, true).await;
     assert_eq!(
         report.duplicates, 0,
@@ -291,7 +241,7 @@ async fn a_relay_killed_after_publish_is_absorbed_by_fifo_deduplication() {
 /// order). On AWS, deduplication would have dropped it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_republish_after_the_first_copy_was_consumed_is_absorbed_by_the_inbox() {
-    let setup = setup(true, true).await;
+    let setup = setup_on_manual_clock(true, true).await;
     let report = kill_a_relay_after_publish(&setup, false).await;
     assert_eq!(report.applied, 20, "{report:?}");
 }
@@ -300,7 +250,7 @@ async fn a_republish_after_the_first_copy_was_consumed_is_absorbed_by_the_inbox(
 /// the inbox absorbs it. Absorbed by the inbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_killed_after_publish_is_absorbed_by_the_inbox_on_a_standard_topic() {
-    let setup = setup(false, true).await;
+    let setup = setup_on_manual_clock(false, true).await;
     let report = kill_a_relay_after_publish(&setup, true).await;
     assert!(
         report.duplicates >= 1,
@@ -331,7 +281,7 @@ async fn the_emulator_stopped_mid_run_is_an_outage_and_nothing_is_lost() {
         &aws.config,
         TopicRouter::to(&topic),
     ))));
-    let (shutdown, relays) = setup.relays(publisher.clone(), 1);
+    let relays = setup.relays(publisher.clone(), 1);
 
     within("the first events published", async {
         while aws.depth(&queue).await < 40 {
@@ -364,7 +314,7 @@ async fn the_emulator_stopped_mid_run_is_an_outage_and_nothing_is_lost() {
     }
     let rest = aws.drain(&queue, events.len() - seen.len()).await;
     seen.extend(rest.iter().map(|m| SqsEvent::decode(m).unwrap().event_id));
-    let report = stop_relays(shutdown, relays).await;
+    let report = relays.stop(DEADLINE).await;
     let unique_seen: HashSet<EventId> = seen.iter().copied().collect();
     assert_eq!(unique_seen.len(), seen.len(), "nothing published twice");
     let sent: HashSet<EventId> = events.iter().map(|e| e.event_id).collect();

@@ -21,6 +21,21 @@ pub struct RelayReport {
     pub drained: bool,
 }
 
+/// Adds another relay's totals (several relays over one store); `drained`
+/// holds only if both drained.
+impl std::ops::AddAssign<&RelayReport> for RelayReport {
+    fn add_assign(&mut self, other: &RelayReport) {
+        self.published += other.published;
+        self.retried += other.retried;
+        self.failed += other.failed;
+        self.fenced += other.fenced;
+        self.released += other.released;
+        self.outages += other.outages;
+        self.store_errors += other.store_errors;
+        self.drained &= other.drained;
+    }
+}
+
 /// A relay that stopped on its own: a store error retrying cannot cure
 /// (tables never migrated, the wrong database, permission denied). Fix the
 /// cause and start it again; nothing was lost (unsettled leases expire).

@@ -142,25 +142,6 @@ where
     );
 }
 
-/// A host clock whose offset from store time the test changes mid-run.
-#[derive(Clone, Debug)]
-struct SteppingClock {
-    base: ManualClock,
-    offset: Arc<std::sync::Mutex<chrono::Duration>>,
-}
-
-impl SteppingClock {
-    fn step(&self, by: chrono::Duration) {
-        *self.offset.lock().expect("offset lock") += by;
-    }
-}
-
-impl Clock for SteppingClock {
-    fn now(&self) -> chrono::DateTime<chrono::Utc> {
-        self.base.now() + *self.offset.lock().expect("offset lock")
-    }
-}
-
 /// A relay or producer host whose clock steps back an hour mid-run (an NTP
 /// correction, a VM restored from a snapshot) changes nothing: the lease it
 /// holds keeps its store-time length and its ack lands, an event it
@@ -174,10 +155,7 @@ where
 {
     let clock = ManualClock::at_epoch();
     let store = factory.create(clock.clone()).await;
-    let host = SteppingClock {
-        base: clock.clone(),
-        offset: Arc::default(),
-    };
+    let host = SkewedClock::new(Arc::new(clock.clone()), chrono::Duration::zero());
     let handle = store.with_host_clock(Arc::new(host.clone()));
 
     let before = event("a", 1);

@@ -13,8 +13,10 @@
 pub mod failure_suite;
 pub mod faults;
 mod fixtures;
+mod fleet;
 pub mod inbox_suite;
 mod macros;
+mod proxy;
 pub mod publisher_suite;
 pub mod relay_suite;
 pub mod store_suite;
@@ -29,6 +31,8 @@ pub use faults::{
     assert_exactly_once_in_key_order,
 };
 pub use fixtures::{event, event_with_payload, events_over_keys, namespace, stored};
+pub use fleet::RelayFleet;
+pub use proxy::CuttableProxy;
 
 use crate::clock::{Clock, ManualClock};
 use crate::error::StoreError;

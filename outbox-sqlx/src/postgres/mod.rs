@@ -14,4 +14,4 @@ pub use inbox::PgInbox;
 pub use listen::PgWakeUp;
 pub use store::PgStore;
 #[cfg(feature = "testing")]
-pub use testing::EffectLog;
+pub use testing::{EffectLog, EndToEndDb};

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use outbox_core::store::{EnqueueOutcome, Lease, SettleReport};
 use outbox_core::testing::{BeginWrite, FaultSeams, OpenWrite};
-use outbox_core::{Clock, EventId, NewEvent, StoreError};
+use outbox_core::{Clock, EventId, ManualClock, NewEvent, StoreError, StoreTime};
 use sqlx::{Postgres, Transaction};
 
 use super::store::PgStore;
@@ -176,5 +176,86 @@ impl EffectLog {
             waited.is_ok(),
             "timed out after {deadline:?} waiting for {n} effects"
         );
+    }
+}
+
+/// What every end-to-end test over PostgreSQL starts from: an outbox and
+/// inbox migrated into a schema of their own on the test database
+/// (`OUTBOX_PG_URL`, default the local `outbox_test`), an [`EffectLog`]
+/// beside them, and store time shifted by a [`ManualClock`] so a test can
+/// expire a dead relay's lease without waiting for it. Panics, naming the
+/// URL, when the database cannot be reached.
+pub struct EndToEndDb {
+    /// The store (its inbox is `store.inbox()`).
+    pub store: Arc<PgStore>,
+    /// Advancing it moves store time for every handle on `store` when the
+    /// database was [created on it](Self::create_on_manual_clock); else it
+    /// moves nothing.
+    pub clock: ManualClock,
+    /// The consumers' effects.
+    pub log: EffectLog,
+    /// The schema holding the tables.
+    pub schema: String,
+}
+
+impl EndToEndDb {
+    /// A fresh schema named `{prefix}_{random}`, on the database's clock.
+    pub async fn create(prefix: &str) -> Self {
+        Self::create_with_time(prefix, ManualClock::at_epoch(), StoreTime::Database).await
+    }
+
+    /// A fresh schema whose store time is the database's shifted by how far
+    /// [`clock`](Self::clock) was advanced: a test expires a dead relay's
+    /// lease by advancing it. Every store operation then also writes the
+    /// shift (one shared row), which slows busy runs; use it where a test
+    /// moves time.
+    pub async fn create_on_manual_clock(prefix: &str) -> Self {
+        let clock = ManualClock::at_epoch();
+        Self::create_with_time(prefix, clock.clone(), StoreTime::Shifted(clock)).await
+    }
+
+    async fn create_with_time(prefix: &str, clock: ManualClock, time: StoreTime) -> Self {
+        let url = std::env::var("OUTBOX_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
+        let pool = crate::guard_cancelled_transactions(sqlx::postgres::PgPoolOptions::new())
+            .max_connections(12)
+            .connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {url}: {e}"));
+        let schema = format!(
+            "{prefix}_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&pool)
+            .await
+            .expect("create the test's schema");
+        let log = EffectLog::create(&pool, &schema)
+            .await
+            .expect("create the effects table");
+        let tables = crate::TableNames::default()
+            .in_schema(&schema)
+            .expect("a valid schema name");
+        let store = PgStore::new(
+            pool,
+            crate::StoreConfig::with_tables(tables).with_time(time),
+        );
+        store.migrate().await.expect("migrate the test's schema");
+        Self {
+            store: Arc::new(store),
+            clock,
+            log,
+            schema,
+        }
+    }
+
+    /// Committed effects in commit order: (partition key, event id).
+    pub async fn effects(&self) -> Vec<(String, EventId)> {
+        self.log.read().await.expect("read the effects")
+    }
+
+    /// Waits until at least `n` effects committed; panics after `deadline`.
+    pub async fn wait_for_effects(&self, n: usize, deadline: std::time::Duration) {
+        self.log.wait_for(n, deadline).await;
     }
 }
