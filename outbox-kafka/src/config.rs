@@ -97,11 +97,25 @@ impl KafkaPublisherConfig {
                 "topic.metadata.propagation.max.ms",
                 (self.delivery_timeout.as_millis() / 2).max(500).to_string(),
             );
+        reconnect_promptly(&mut config);
         for (key, value) in &self.librdkafka {
             config.set(key, value);
         }
         config
     }
+}
+
+/// Reconnect backoff of 100 ms doubling to at most 1 s (librdkafka's own
+/// maximum is 10 s). Connections refused during a short cut grow the backoff
+/// fast, and with 10 s a consumer may not reach its group coordinator again
+/// until after its session timed out (its partitions revoked, their
+/// messages redelivered), nor a relay its broker until seconds after the
+/// outage ended. A reconnect attempt a second per broker during a long
+/// outage costs nothing. Overridable through the `librdkafka` settings.
+pub(crate) fn reconnect_promptly(config: &mut rdkafka::ClientConfig) {
+    config
+        .set("reconnect.backoff.ms", "100")
+        .set("reconnect.backoff.max.ms", "1000");
 }
 
 /// Checks a `bootstrap.servers` list: comma-separated `host[:port]`

@@ -299,6 +299,8 @@ where
             .set("bootstrap.servers", &config.bootstrap_servers)
             .set("enable.idempotence", "true")
             .set("acks", "all");
+        crate::config::reconnect_promptly(&mut consumer);
+        crate::config::reconnect_promptly(&mut producer);
         for (key, value) in &config.librdkafka {
             consumer.set(key, value);
             producer.set(key, value);
