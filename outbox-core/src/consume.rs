@@ -67,6 +67,17 @@ pub fn default_store_outage() -> OutagePolicy {
     }
 }
 
+/// Checks the two policies every consumer runner takes (the handler's
+/// retries, the store's outage pauses); runners call it from their own
+/// settings' validation, beside their broker-specific checks.
+pub fn validate_policies(
+    handler_retry: &RetryPolicy,
+    store_outage: &OutagePolicy,
+) -> Result<(), String> {
+    store_outage.validate("store_outage")?;
+    handler_retry.validate()
+}
+
 /// Applies deliveries through an inbox under one consumer name; the claim
 /// and the handler's effect commit together or not at all.
 pub struct Applier<'a, I: ?Sized, H: ?Sized> {

@@ -158,12 +158,8 @@ impl KafkaConsumerConfig {
         if self.commit_interval.is_zero() {
             return fail("commit_interval must be non-zero");
         }
-        if self.store_outage.initial_pause.is_zero()
-            || self.store_outage.initial_pause > self.store_outage.max_pause
-        {
-            return fail("store_outage pauses must be non-zero and initial <= max");
-        }
-        self.handler_retry.validate().map_err(ConsumerError::Config)
+        outbox_core::consume::validate_policies(&self.handler_retry, &self.store_outage)
+            .map_err(ConsumerError::Config)
     }
 }
 

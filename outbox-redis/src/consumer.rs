@@ -116,12 +116,8 @@ impl ConsumerConfig {
                 "dead_letter_suffix must not be empty (dead letters would loop back)".into(),
             );
         }
-        if self.store_outage.initial_pause.is_zero()
-            || self.store_outage.initial_pause > self.store_outage.max_pause
-        {
-            return fail("store_outage pauses must be non-zero and initial <= max".into());
-        }
-        self.handler_retry.validate().map_err(ConsumerError::Config)
+        outbox_core::consume::validate_policies(&self.handler_retry, &self.store_outage)
+            .map_err(ConsumerError::Config)
     }
 }
 

@@ -119,12 +119,8 @@ impl ConsumerConfig {
         if self.max_receives == 0 {
             return fail("max_receives must be at least 1");
         }
-        if self.store_outage.initial_pause.is_zero()
-            || self.store_outage.initial_pause > self.store_outage.max_pause
-        {
-            return fail("store_outage pauses must be non-zero and initial <= max");
-        }
-        self.handler_retry.validate().map_err(ConsumerError::Config)
+        outbox_core::consume::validate_policies(&self.handler_retry, &self.store_outage)
+            .map_err(ConsumerError::Config)
     }
 }
 

@@ -25,6 +25,19 @@ impl Default for OutagePolicy {
 }
 
 impl OutagePolicy {
+    /// Checks the policy is usable: a zero first pause would spin, a first
+    /// pause above the longest is a mistake. `name` is the setting's name
+    /// in the message (`outage`, `store_outage`).
+    pub fn validate(&self, name: &str) -> Result<(), String> {
+        if self.initial_pause.is_zero() || self.initial_pause > self.max_pause {
+            return Err(format!(
+                "{name} pauses must be non-zero and initial_pause <= max_pause (got {:?} and {:?})",
+                self.initial_pause, self.max_pause
+            ));
+        }
+        Ok(())
+    }
+
     /// The pause after `consecutive` outages in a row (1 for the first).
     pub fn pause(&self, consecutive: u32, random: &dyn RandomSource) -> Duration {
         RetryPolicy {
@@ -113,6 +126,7 @@ impl RelayConfig {
         if self.crash_loop_limit == 0 {
             return fail("crash_loop_limit must be at least 1");
         }
+        self.outage.validate("outage").map_err(ConfigError)?;
         self.retry.validate().map_err(ConfigError)
     }
 }
@@ -141,5 +155,28 @@ mod tests {
             ..RelayConfig::default()
         };
         assert!(config.validate().is_err());
+    }
+
+    /// A zero outage pause would spin against a down broker; a first pause
+    /// above the longest is a mistake. Both are refused by name.
+    #[test]
+    fn rejects_outage_pauses_that_cannot_work() {
+        for (initial, max) in [(0, 1000), (2000, 1000)] {
+            let config = RelayConfig {
+                outage: OutagePolicy {
+                    initial_pause: Duration::from_millis(initial),
+                    max_pause: Duration::from_millis(max),
+                },
+                ..RelayConfig::default()
+            };
+            let error = config.validate().unwrap_err().0;
+            assert!(error.starts_with("outage pauses"), "{error}");
+        }
+        assert!(OutagePolicy::default().validate("outage").is_ok());
+        assert!(
+            crate::consume::default_store_outage()
+                .validate("store_outage")
+                .is_ok()
+        );
     }
 }
