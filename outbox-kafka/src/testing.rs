@@ -70,6 +70,12 @@ impl PrivateBroker {
         self.proxy.cut();
     }
 
+    /// Client connections refused while cut (see
+    /// [`CuttableProxy::wait_for_refused`]).
+    pub fn proxy(&self) -> &CuttableProxy {
+        &self.proxy
+    }
+
     /// Accepts client connections again.
     pub fn restore(&self) {
         self.proxy.restore();

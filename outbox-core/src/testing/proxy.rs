@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::net::{TcpListener, TcpStream};
 
@@ -16,6 +16,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct CuttableProxy {
     address: SocketAddr,
     cut: Arc<AtomicBool>,
+    /// Connections refused while cut: how often a client tried again.
+    refused: Arc<AtomicU64>,
     /// Bumped on every cut; each forwarding task ends when it changes.
     generation: Arc<tokio::sync::watch::Sender<u64>>,
 }
@@ -28,13 +30,15 @@ impl CuttableProxy {
         let address = listener.local_addr()?;
         let cut = Arc::new(AtomicBool::new(false));
         let generation = Arc::new(tokio::sync::watch::channel(0u64).0);
-        let (cut2, generation2) = (cut.clone(), generation.clone());
+        let refused = Arc::new(AtomicU64::new(0));
+        let (cut2, refused2, generation2) = (cut.clone(), refused.clone(), generation.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
                     return;
                 };
                 if cut2.load(Ordering::SeqCst) {
+                    refused2.fetch_add(1, Ordering::SeqCst);
                     drop(client);
                     continue;
                 }
@@ -53,6 +57,7 @@ impl CuttableProxy {
         Ok(Self {
             address,
             cut,
+            refused,
             generation,
         })
     }
@@ -60,6 +65,29 @@ impl CuttableProxy {
     /// Where clients connect.
     pub fn address(&self) -> SocketAddr {
         self.address
+    }
+
+    /// Connections refused while cut so far: a client that keeps trying
+    /// (and so is still running) makes this grow.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at least `n` connections were refused (panics after
+    /// `limit`): proof that a client kept trying, without guessing how long
+    /// that takes.
+    pub async fn wait_for_refused(&self, n: u64, limit: std::time::Duration) {
+        let waited = tokio::time::timeout(limit, async {
+            while self.refused() < n {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "{} connection attempts refused within {limit:?}, wanted {n}",
+            self.refused()
+        );
     }
 
     /// Closes every live connection and refuses new ones until restored.
@@ -113,6 +141,9 @@ mod tests {
             ping(&mut refused).await.is_err(),
             "a new connection is refused while cut"
         );
+        proxy
+            .wait_for_refused(1, std::time::Duration::from_secs(5))
+            .await;
 
         proxy.restore();
         let mut fresh = TcpStream::connect(proxy.address()).await.unwrap();
