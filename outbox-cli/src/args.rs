@@ -1,0 +1,121 @@
+//! The command line, as data.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Migrate, inspect and repair a transactional outbox on PostgreSQL,
+/// MySQL/MariaDB or SQLite.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version)]
+pub struct Cli {
+    /// The store: postgres://…, mysql://… (or mariadb://…), sqlite:PATH.
+    #[arg(long, env = "OUTBOX_URL", global = true, hide_env_values = true)]
+    pub url: Option<String>,
+    /// PostgreSQL schema holding the tables (default: the search path).
+    #[arg(long, global = true)]
+    pub schema: Option<String>,
+    /// Table name prefix (default `outbox_`).
+    #[arg(long, global = true)]
+    pub prefix: Option<String>,
+    /// Output of read commands.
+    #[arg(long, value_enum, default_value_t = Output::Text, global = true)]
+    pub output: Output,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How read commands print.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Lines for people.
+    Text,
+    /// One JSON document on stdout, for scripts.
+    Json,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the tables; quiet when they are up to date.
+    Migrate,
+    /// Per event type: claimable, oldest claimable age, parked, in flight,
+    /// failed; what holds publication back; blocked keys; relays.
+    Status,
+    /// Failed events.
+    Failed {
+        /// List or show.
+        #[command(subcommand)]
+        action: FailedAction,
+    },
+    /// Move a failed event back to pending with a fresh attempt budget.
+    Requeue(Repair),
+    /// Leave a failed event failed but stop it blocking its key.
+    Skip(Repair),
+    /// Replace a failed event by a new one (same type, aggregate and key,
+    /// new payload) that takes its place in the key's order.
+    Supersede {
+        /// The repair's event and record.
+        #[command(flatten)]
+        repair: Repair,
+        /// The replacement's payload (JSON).
+        #[arg(long)]
+        payload: String,
+    },
+    /// Delete published events (and, with --inbox, inbox claims) older than
+    /// a duration, in bounded batches.
+    Purge {
+        /// Age: 90s, 15m, 2h, 7d.
+        #[arg(long, value_parser = crate::duration::parse)]
+        older_than: Duration,
+        /// Rows deleted per statement.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch_size: u32,
+        /// Also purge inbox claims (keep them longer than any redelivery
+        /// or replay window, or a late duplicate is applied again).
+        #[arg(long)]
+        inbox: bool,
+    },
+    /// Exit non-zero with a one-line reason when something is stuck.
+    Health {
+        /// A claimable event older than this is stuck.
+        #[arg(long, default_value = "5m", value_parser = crate::duration::parse)]
+        max_age: Duration,
+        /// A relay silent for longer than this is not live.
+        #[arg(long, default_value = "1m", value_parser = crate::duration::parse)]
+        relay_timeout: Duration,
+        /// Blocked keys are reported but do not fail the check.
+        #[arg(long)]
+        allow_blocked: bool,
+    },
+}
+
+/// `failed list` or `failed show ID`.
+#[derive(Debug, Subcommand)]
+pub enum FailedAction {
+    /// Failed events, oldest first.
+    List {
+        /// Most events listed.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// One failed event with its full history.
+    Show {
+        /// The event id (UUID).
+        id: outbox_core::EventId,
+    },
+}
+
+/// Which event an operator repairs, who, and why (kept in its history).
+#[derive(Debug, clap::Args)]
+pub struct Repair {
+    /// The event id (UUID).
+    pub id: outbox_core::EventId,
+    /// Why (recorded in the event's history).
+    #[arg(long)]
+    pub reason: String,
+    /// Who (recorded in the event's history; default $USER).
+    #[arg(long, env = "USER")]
+    pub operator: String,
+}

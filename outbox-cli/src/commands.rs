@@ -1,0 +1,326 @@
+//! Each command, against the store the URL names.
+
+use std::io::IsTerminal;
+
+use outbox_core::store::{FailedEvent, OperatorAction};
+use outbox_core::{EventId, NewEvent};
+use serde_json::{Value, json};
+
+use crate::args::{Cli, Command, FailedAction, Output, Repair};
+use crate::error::CliError;
+use crate::render;
+use crate::store::{Store, Tables};
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let Some(url) = cli.url.as_deref() else {
+        return Err(CliError::usage(
+            "no store URL: pass --url or set OUTBOX_URL",
+        ));
+    };
+    let tables = Tables {
+        schema: cli.schema.clone(),
+        prefix: cli.prefix.clone(),
+    };
+    let create = matches!(cli.command, Command::Migrate);
+    let store = Store::open(url, &tables, create).await?;
+    match cli.command {
+        Command::Migrate => {
+            store.migrate().await?;
+            println!("{} outbox tables are up to date", store.kind());
+            Ok(())
+        }
+        Command::Status => status(&store, cli.output).await,
+        Command::Failed { action } => failed(&store, action, cli.output).await,
+        Command::Requeue(repair) => {
+            let action = operator_action(&repair)?;
+            store.admin().requeue(repair.id, &action).await?;
+            println!("requeued {}", repair.id);
+            Ok(())
+        }
+        Command::Skip(repair) => {
+            let action = operator_action(&repair)?;
+            store.admin().skip(repair.id, &action).await?;
+            println!("skipped {}: its key flows again", repair.id);
+            Ok(())
+        }
+        Command::Supersede { repair, payload } => supersede(&store, &repair, &payload).await,
+        Command::Purge {
+            older_than,
+            batch_size,
+            inbox,
+        } => purge(&store, older_than, batch_size as usize, inbox).await,
+        Command::Health {
+            max_age,
+            relay_timeout,
+            allow_blocked,
+        } => health(&store, max_age, relay_timeout, allow_blocked, cli.output).await,
+    }
+}
+
+fn operator_action(repair: &Repair) -> Result<OperatorAction, CliError> {
+    if repair.reason.trim().is_empty() || repair.operator.trim().is_empty() {
+        return Err(CliError::usage(
+            "--reason and --operator must not be empty (they are kept in the event's history)",
+        ));
+    }
+    Ok(OperatorAction::new(&repair.operator, &repair.reason))
+}
+
+async fn status(store: &Store, output: Output) -> Result<(), CliError> {
+    let admin = store.admin();
+    let stats = admin.stats().await?;
+    let held_back = admin.held_back().await?;
+    let blocked = admin.blocked_keys().await?;
+    let relays = admin.relays().await?;
+    let document = json!({
+        "event_types": stats.iter().map(render::stats).collect::<Vec<_>>(),
+        "held_back": held_back.iter().map(render::held_back).collect::<Vec<_>>(),
+        "blocked_keys": blocked.iter().map(render::blocked_key).collect::<Vec<_>>(),
+        "relays": relays.iter().map(render::relay).collect::<Vec<_>>(),
+    });
+    if output == Output::Json {
+        println!("{document}");
+        return Ok(());
+    }
+    println!(
+        "{:<32} {:>10} {:>12} {:>8} {:>10} {:>8}",
+        "event type", "claimable", "oldest (s)", "parked", "in flight", "failed"
+    );
+    for s in &stats {
+        let oldest = s
+            .oldest_claimable_age
+            .map(|a| format!("{:.1}", a.as_secs_f64()))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<32} {:>10} {:>12} {:>8} {:>10} {:>8}",
+            s.event_type, s.claimable, oldest, s.parked, s.in_flight, s.failed
+        );
+    }
+    if stats.is_empty() {
+        println!("(no events)");
+    }
+    println!();
+    if held_back.is_empty() {
+        println!("held back: nothing");
+    }
+    for cause in &document["held_back"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        println!(
+            "held back: {}",
+            cause["detail"].as_str().unwrap_or_default()
+        );
+    }
+    for key in &blocked {
+        println!(
+            "blocked key {:?}: behind failed event {} ({} waiting)",
+            key.partition_key, key.blocking_event_id, key.backlog
+        );
+    }
+    if relays.is_empty() {
+        println!("relays: none has reported");
+    }
+    for relay in &relays {
+        println!(
+            "relay {}: last seen {} (clock skew {} ms)",
+            relay.relay,
+            relay.last_seen,
+            relay.clock_skew.num_milliseconds()
+        );
+    }
+    Ok(())
+}
+
+async fn failed(store: &Store, action: FailedAction, output: Output) -> Result<(), CliError> {
+    match action {
+        FailedAction::List { limit } => {
+            let failed = store.admin().failed_events(limit).await?;
+            if output == Output::Json {
+                let list: Vec<Value> = failed.iter().map(|f| render::failed(f, false)).collect();
+                println!("{}", Value::Array(list));
+                return Ok(());
+            }
+            if failed.is_empty() {
+                println!("no failed events");
+            }
+            for f in &failed {
+                println!(
+                    "{}  {}  key {:?}  {} attempts{}  {}",
+                    f.event.event.event_id,
+                    f.event.event.event_type,
+                    f.event.event.partition_key,
+                    f.event.attempts,
+                    if f.blocks_key { "  BLOCKS KEY" } else { "" },
+                    f.history.last().map(|h| h.detail.as_str()).unwrap_or("")
+                );
+            }
+            Ok(())
+        }
+        FailedAction::Show { id } => {
+            let found = find_failed(store, id).await?;
+            let document = render::failed(&found, true);
+            if output == Output::Json {
+                println!("{document}");
+                return Ok(());
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&document).unwrap_or_default()
+            );
+            Ok(())
+        }
+    }
+}
+
+/// The failed event `id`, or an error saying where it stands instead.
+async fn find_failed(store: &Store, id: EventId) -> Result<FailedEvent, CliError> {
+    // Failed events are few by design; a limit this high finds any of them.
+    let failed = store.admin().failed_events(100_000).await?;
+    if let Some(found) = failed.into_iter().find(|f| f.event.event.event_id == id) {
+        return Ok(found);
+    }
+    match store.admin().event_state(id).await? {
+        None => Err(CliError::failure(format!("no event {id}"))),
+        Some(state) => Err(CliError::failure(format!(
+            "event {id} has not failed: {state:?}"
+        ))),
+    }
+}
+
+async fn supersede(store: &Store, repair: &Repair, payload: &str) -> Result<(), CliError> {
+    let action = operator_action(repair)?;
+    let payload: Value = serde_json::from_str(payload)
+        .map_err(|e| CliError::usage(format!("--payload is not JSON: {e}")))?;
+    let failed = find_failed(store, repair.id).await?;
+    let old = &failed.event.event;
+    let replacement = NewEvent::builder(&old.event_type, &old.aggregate_type, &old.aggregate_id)
+        .event_id(EventId::random())
+        .partition_key(&old.partition_key)
+        .payload(&payload)
+        .payload_version(old.payload_version)
+        .headers(old.headers.clone())
+        .build()
+        .map_err(|e| CliError::usage(format!("the replacement is not a valid event: {e}")))?;
+    let new_id = replacement.event_id;
+    store
+        .admin()
+        .supersede(repair.id, replacement, &action)
+        .await?;
+    println!("superseded {} by {new_id}", repair.id);
+    Ok(())
+}
+
+async fn purge(
+    store: &Store,
+    older_than: std::time::Duration,
+    batch_size: usize,
+    inbox: bool,
+) -> Result<(), CliError> {
+    let progress = std::io::stderr().is_terminal();
+    let mut events = 0u64;
+    loop {
+        let deleted = store
+            .admin()
+            .purge_published(older_than, batch_size)
+            .await?;
+        events += deleted;
+        if progress {
+            eprint!("\rpurged {events} published events");
+        }
+        if deleted < batch_size as u64 {
+            break;
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    println!("purged {events} published events");
+    if inbox {
+        let mut claims = 0u64;
+        loop {
+            let deleted = store.purge_inbox(older_than, batch_size).await?;
+            claims += deleted;
+            if progress {
+                eprint!("\rpurged {claims} inbox claims");
+            }
+            if deleted < batch_size as u64 {
+                break;
+            }
+        }
+        if progress {
+            eprintln!();
+        }
+        println!("purged {claims} inbox claims");
+    }
+    Ok(())
+}
+
+/// Healthy, or the first reason it is not (all reasons in JSON).
+async fn health(
+    store: &Store,
+    max_age: std::time::Duration,
+    relay_timeout: std::time::Duration,
+    allow_blocked: bool,
+    output: Output,
+) -> Result<(), CliError> {
+    let admin = store.admin();
+    let stats = admin
+        .stats()
+        .await
+        .map_err(|e| CliError::failure(format!("store not usable (not migrated?): {e}")))?;
+    let mut problems = Vec::new();
+    for s in &stats {
+        if let Some(age) = s.oldest_claimable_age.filter(|age| *age > max_age) {
+            problems.push(format!(
+                "{} {} events claimable, the oldest for {:.0} s (limit {} s)",
+                s.claimable,
+                s.event_type,
+                age.as_secs_f64(),
+                max_age.as_secs()
+            ));
+        }
+    }
+    let backlog: u64 = stats.iter().map(|s| s.claimable + s.in_flight).sum();
+    let relays = admin.relays().await?;
+    // Heartbeats are on store time; this compares them with this host's
+    // clock, so a host minutes off skews the verdict by as much.
+    let now = chrono::Utc::now();
+    let live = relays.iter().any(|r| {
+        (now - r.last_seen)
+            .to_std()
+            .map_or(true, |silent| silent <= relay_timeout)
+    });
+    if backlog > 0 && !live {
+        problems.push(format!(
+            "{backlog} events wait and no relay reported within {} s",
+            relay_timeout.as_secs()
+        ));
+    }
+    let blocked = admin.blocked_keys().await?;
+    if !blocked.is_empty() && !allow_blocked {
+        problems.push(format!(
+            "{} keys blocked by failed events (first: {:?} behind {})",
+            blocked.len(),
+            blocked[0].partition_key,
+            blocked[0].blocking_event_id
+        ));
+    }
+    if output == Output::Json {
+        println!(
+            "{}",
+            json!({ "healthy": problems.is_empty(), "problems": problems })
+        );
+    }
+    match problems.first() {
+        None => {
+            if output == Output::Text {
+                println!("healthy");
+            }
+            Ok(())
+        }
+        Some(first) => Err(CliError::failure(format!("unhealthy: {first}"))),
+    }
+}

@@ -1,0 +1,50 @@
+//! What the command reports when it cannot do what was asked, and the exit
+//! status that goes with it.
+
+use std::process::ExitCode;
+
+/// A failure with its message (one line) and exit status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CliError {
+    message: String,
+    status: u8,
+}
+
+impl CliError {
+    /// Bad input: arguments or settings that cannot work (exit status 2, as
+    /// clap's own usage errors).
+    pub fn usage(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            status: 2,
+        }
+    }
+
+    /// The store could not be reached or opened (exit status 3).
+    pub fn unreachable(kind: &str, error: impl std::fmt::Display) -> Self {
+        Self {
+            message: format!("cannot reach the {kind} store: {error}"),
+            status: 3,
+        }
+    }
+
+    /// Anything else that went wrong, or an unhealthy outbox (exit status 1).
+    pub fn failure(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            status: 1,
+        }
+    }
+
+    /// The process's exit status.
+    pub fn exit_code(&self) -> ExitCode {
+        ExitCode::from(self.status)
+    }
+}
+
+impl From<outbox_core::StoreError> for CliError {
+    fn from(error: outbox_core::StoreError) -> Self {
+        Self::failure(format!("store error: {error}"))
+    }
+}

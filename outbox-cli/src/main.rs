@@ -1,0 +1,26 @@
+#![doc = include_str!("../README.md")]
+
+mod args;
+mod commands;
+mod duration;
+mod error;
+mod render;
+mod store;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use args::Cli;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match commands::run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("outbox: {error}");
+            error.exit_code()
+        }
+    }
+}

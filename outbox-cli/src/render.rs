@@ -1,0 +1,140 @@
+//! What read commands print: one JSON value per answer (`--output json`)
+//! and lines for people built from the same value where that reads well.
+
+use outbox_core::store::{
+    BlockedKey, EventTypeStats, FailedEvent, HeldBack, OpenTransaction, RelayStatus,
+};
+use serde_json::{Value, json};
+
+/// One event type's counts.
+pub fn stats(stats: &EventTypeStats) -> Value {
+    json!({
+        "event_type": stats.event_type,
+        "claimable": stats.claimable,
+        "oldest_claimable_age_seconds": stats.oldest_claimable_age.map(|a| a.as_secs_f64()),
+        "parked": stats.parked,
+        "in_flight": stats.in_flight,
+        "failed": stats.failed,
+    })
+}
+
+/// One cause that holds publication back, with a one-line description.
+pub fn held_back(cause: &HeldBack) -> Value {
+    let (kind, detail, fields) = match cause {
+        HeldBack::BlockedKeys { keys, waiting } => (
+            "blocked_keys",
+            format!("{keys} keys blocked by failed events, {waiting} events waiting behind them"),
+            json!({ "keys": keys, "waiting": waiting }),
+        ),
+        HeldBack::BackingOff {
+            keys,
+            waiting,
+            next_due,
+        } => (
+            "backing_off",
+            format!(
+                "{keys} keys in retry backoff or delay, {waiting} events waiting; next due {next_due}"
+            ),
+            json!({ "keys": keys, "waiting": waiting, "next_due": next_due }),
+        ),
+        HeldBack::ExpiredLeases {
+            leases,
+            events,
+            first_expired_at,
+        } => (
+            "expired_leases",
+            format!(
+                "{leases} expired leases hold {events} events since {first_expired_at} (are relays running?)"
+            ),
+            json!({ "leases": leases, "events": events, "first_expired_at": first_expired_at }),
+        ),
+        HeldBack::LongLeases {
+            owners,
+            events,
+            oldest_claimed_at,
+            first_expires_at,
+        } => (
+            "long_leases",
+            format!(
+                "leases held long by {} ({events} events, claimed {oldest_claimed_at}, expiring {first_expires_at})",
+                owners.join(", ")
+            ),
+            json!({
+                "owners": owners,
+                "events": events,
+                "oldest_claimed_at": oldest_claimed_at,
+                "first_expires_at": first_expires_at,
+            }),
+        ),
+        HeldBack::CrashSuspects { events } => (
+            "crash_suspects",
+            format!("{events} events suspected of crashing relays (drained one per claim)"),
+            json!({ "events": events }),
+        ),
+        HeldBack::OpenTransactions { transactions } => (
+            "open_transactions",
+            format!(
+                "{} open transactions wrote outbox rows; oldest: {}",
+                transactions.len(),
+                transactions.first().map(transaction).unwrap_or_default()
+            ),
+            json!({ "transactions": transactions.iter().map(transaction_json).collect::<Vec<_>>() }),
+        ),
+        other => ("other", format!("{other:?}"), json!({})),
+    };
+    json!({ "kind": kind, "detail": detail, "fields": fields })
+}
+
+fn transaction(t: &OpenTransaction) -> String {
+    format!(
+        "pid {} on {} since {} ({})",
+        t.pid, t.database, t.started_at, t.state
+    )
+}
+
+fn transaction_json(t: &OpenTransaction) -> Value {
+    json!({
+        "pid": t.pid,
+        "database": t.database,
+        "started_at": t.started_at,
+        "state": t.state,
+        "query_started_at": t.query_started_at,
+    })
+}
+
+/// A key parked behind a failed event.
+pub fn blocked_key(key: &BlockedKey) -> Value {
+    json!({
+        "partition_key": key.partition_key,
+        "blocking_event_id": key.blocking_event_id.to_string(),
+        "backlog": key.backlog,
+    })
+}
+
+/// A relay's last heartbeat.
+pub fn relay(relay: &RelayStatus) -> Value {
+    json!({
+        "relay": relay.relay,
+        "last_seen": relay.last_seen,
+        "clock_skew_ms": relay.clock_skew.num_milliseconds(),
+    })
+}
+
+/// A failed event; its history only when `with_history`.
+pub fn failed(failed: &FailedEvent, with_history: bool) -> Value {
+    let mut value = json!({
+        "event_id": failed.event.event.event_id.to_string(),
+        "event_type": failed.event.event.event_type,
+        "partition_key": failed.event.event.partition_key,
+        "attempts": failed.event.attempts,
+        "created_at": failed.event.created_at,
+        "blocks_key": failed.blocks_key,
+        "superseded_by": failed.superseded_by.map(|id| id.to_string()),
+        "last_error": failed.history.last().map(|h| h.detail.clone()),
+    });
+    if with_history {
+        value["event"] = serde_json::to_value(&failed.event).unwrap_or(Value::Null);
+        value["history"] = serde_json::to_value(&failed.history).unwrap_or(Value::Null);
+    }
+    value
+}

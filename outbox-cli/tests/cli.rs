@@ -1,0 +1,288 @@
+//! The `outbox` binary run as an operator would, against live PostgreSQL
+//! and a SQLite file: exit statuses, text and JSON output, and repairs
+//! recorded in the event's history.
+
+use std::process::Output;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::memory::{Fault, RecordingPublisher};
+use outbox_core::store::{AttemptKind, EventState, OutboxAdmin};
+use outbox_core::testing::{RelayFleet, events_over_keys};
+use outbox_core::{ErrorClass, OutboxWriter, PoisonPolicy};
+use outbox_sqlx::StoreConfig;
+use outbox_sqlx::postgres::PgStore;
+use outbox_sqlx::sqlite::SqliteStore;
+use serde_json::Value;
+
+const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_test";
+
+fn pg_url() -> String {
+    std::env::var("OUTBOX_PG_URL").unwrap_or_else(|_| PG_URL.into())
+}
+
+/// Runs `outbox` with `args`; the store comes from OUTBOX_URL.
+async fn outbox(url: &str, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(args)
+        .env("OUTBOX_URL", url)
+        .output()
+        .await
+        .expect("the binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(output)))
+}
+
+/// A PostgreSQL schema of the test's own, migrated by the binary.
+async fn pg_schema() -> (PgStore, String) {
+    let pool = sqlx::PgPool::connect(&pg_url())
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", pg_url()));
+    let schema = format!("cli_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = PgStore::new(
+        pool,
+        StoreConfig::with_tables(
+            outbox_sqlx::TableNames::default()
+                .in_schema(&schema)
+                .unwrap(),
+        ),
+    );
+    (store, schema)
+}
+
+/// Migrate (twice: the second run says the same one line), a failed event
+/// that blocks its key, then status, health, failed list/show and requeue,
+/// each as an operator would see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_finds_a_blocked_key_repairs_it_and_health_recovers() {
+    let (store, schema) = pg_schema().await;
+    let url = pg_url();
+    for _ in 0..2 {
+        let migrated = outbox(&url, &["--schema", &schema, "migrate"]).await;
+        assert!(migrated.status.success(), "{}", stderr(&migrated));
+        assert_eq!(
+            stdout(&migrated),
+            "PostgreSQL outbox tables are up to date\n"
+        );
+        assert_eq!(stderr(&migrated), "", "migrate is quiet");
+    }
+
+    let store = Arc::new(store);
+    let events = events_over_keys(12, 3);
+    OutboxWriter::enqueue(&*store, &events).await.unwrap();
+    let poison = events[0].event_id;
+    let publisher = Arc::new(RecordingPublisher::new());
+    publisher.inject(poison, Fault::FailAlways(ErrorClass::Permanent));
+    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "cli", 1, |c| {
+        c.poison = PoisonPolicy::Block;
+    });
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while store.blocked_keys().await.unwrap().is_empty() || publisher.delivered().len() < 8 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the poison event blocks its key, the other keys drain");
+    relays.stop(Duration::from_secs(30)).await;
+
+    let status = outbox(&url, &["--schema", &schema, "--output", "json", "status"]).await;
+    assert!(status.status.success(), "{}", stderr(&status));
+    let status = json(&status);
+    let blocked = status["blocked_keys"].as_array().unwrap();
+    assert_eq!(blocked.len(), 1, "{status}");
+    assert_eq!(blocked[0]["blocking_event_id"], poison.to_string());
+    assert_eq!(blocked[0]["backlog"], 3, "{status}");
+    let failed_total: u64 = status["event_types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["failed"].as_u64().unwrap())
+        .sum();
+    assert_eq!(failed_total, 1, "{status}");
+    assert!(
+        status["held_back"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["kind"] == "blocked_keys"),
+        "{status}"
+    );
+
+    let text = outbox(&url, &["--schema", &schema, "status"]).await;
+    assert!(
+        stdout(&text).contains(&format!("behind failed event {poison}")),
+        "{}",
+        stdout(&text)
+    );
+
+    let health = outbox(&url, &["--schema", &schema, "health"]).await;
+    assert_eq!(health.status.code(), Some(1), "{}", stdout(&health));
+    let reason = stderr(&health);
+    assert_eq!(reason.lines().count(), 1, "one line: {reason}");
+    assert!(reason.contains("keys blocked by failed events"), "{reason}");
+
+    let list = outbox(
+        &url,
+        &["--schema", &schema, "--output", "json", "failed", "list"],
+    )
+    .await;
+    let list = json(&list);
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list[0]["event_id"], poison.to_string());
+    assert_eq!(list[0]["blocks_key"], true);
+
+    let id = poison.to_string();
+    let show = outbox(
+        &url,
+        &[
+            "--schema", &schema, "--output", "json", "failed", "show", &id,
+        ],
+    )
+    .await;
+    let show = json(&show);
+    assert_eq!(show["history"][0]["kind"], "PermanentFailure", "{show}");
+    assert_eq!(
+        show["event"]["event"]["partition_key"],
+        events[0].partition_key
+    );
+
+    let refused = outbox(
+        &url,
+        &[
+            "--schema",
+            &schema,
+            "requeue",
+            &id,
+            "--reason",
+            " ",
+            "--operator",
+            "alice",
+        ],
+    )
+    .await;
+    assert_eq!(refused.status.code(), Some(2), "an empty reason is refused");
+
+    publisher.clear(poison);
+    let requeued = outbox(
+        &url,
+        &[
+            "--schema",
+            &schema,
+            "requeue",
+            &id,
+            "--reason",
+            "broker fixed",
+            "--operator",
+            "alice",
+        ],
+    )
+    .await;
+    assert!(requeued.status.success(), "{}", stderr(&requeued));
+    let history = store.history(poison).await.unwrap();
+    let last = history.last().unwrap();
+    assert_eq!(
+        (last.kind, last.actor.as_str(), last.detail.as_str()),
+        (AttemptKind::Requeued, "alice", "broker fixed")
+    );
+
+    let relays = RelayFleet::spawn(store.clone(), publisher.clone(), "cli-after", 1);
+    publisher.wait_for_deliveries(12).await;
+    let drained = relays.stop(Duration::from_secs(30)).await;
+    assert_eq!(drained.failed, 0, "{drained:?}");
+    assert!(matches!(
+        store.event_state(poison).await.unwrap(),
+        Some(EventState::Published { .. })
+    ));
+    let health = outbox(&url, &["--schema", &schema, "--output", "json", "health"]).await;
+    assert!(health.status.success(), "{}", stderr(&health));
+    assert_eq!(json(&health)["healthy"], true);
+}
+
+/// A backlog no relay serves is unhealthy once its oldest event is older
+/// than --max-age; the reason says how many wait and that no relay reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_fails_on_an_old_backlog_with_no_relay() {
+    let dir = std::env::temp_dir().join(format!("outbox-cli-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("outbox.db");
+    let url = format!("sqlite:{}", path.display());
+    let migrated = outbox(&url, &["migrate"]).await;
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    let store = SqliteStore::open(&path.to_string_lossy(), StoreConfig::default())
+        .await
+        .unwrap();
+    OutboxWriter::enqueue(&store, &events_over_keys(5, 1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let health = outbox(&url, &["health", "--max-age", "1s"]).await;
+    assert_eq!(health.status.code(), Some(1));
+    let reason = stderr(&health);
+    assert!(
+        reason.contains("5 invoice.paid events claimable"),
+        "{reason}"
+    );
+    let json_health = outbox(&url, &["--output", "json", "health", "--max-age", "1s"]).await;
+    let problems = json(&json_health)["problems"].as_array().unwrap().clone();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.as_str().unwrap().contains("no relay reported")),
+        "{problems:?}"
+    );
+    let lenient = outbox(
+        &url,
+        &["health", "--max-age", "1h", "--relay-timeout", "1h"],
+    )
+    .await;
+    assert_eq!(lenient.status.code(), Some(1), "still no relay at all");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Bad input exits 2 with the reason; a store that cannot be reached
+/// exits 3; a missing SQLite file is not created by a read command.
+#[tokio::test]
+async fn bad_input_and_unreachable_stores_say_why() {
+    let missing = std::env::temp_dir().join(format!("outbox-cli-{}.db", uuid::Uuid::new_v4()));
+    let url = format!("sqlite:{}", missing.display());
+    let status = outbox(&url, &["status"]).await;
+    assert_eq!(status.status.code(), Some(1));
+    assert!(stderr(&status).contains("no SQLite database"));
+    assert!(!missing.exists(), "a read command created the file");
+
+    let purge = outbox(&url, &["purge", "--older-than", "7"]).await;
+    assert_eq!(purge.status.code(), Some(2));
+    assert!(stderr(&purge).contains("no unit"), "{}", stderr(&purge));
+
+    let scheme = outbox("redis://127.0.0.1", &["status"]).await;
+    assert_eq!(scheme.status.code(), Some(2));
+    assert!(stderr(&scheme).contains("must start with postgres://"));
+
+    let unreachable = outbox("postgres://postgres@127.0.0.1:1/x", &["status"]).await;
+    assert_eq!(
+        unreachable.status.code(),
+        Some(3),
+        "{}",
+        stderr(&unreachable)
+    );
+    assert!(stderr(&unreachable).contains("cannot reach the PostgreSQL store"));
+
+    let bad_id = outbox(&url, &["failed", "show", "not-a-uuid"]).await;
+    assert_eq!(bad_id.status.code(), Some(2));
+}
