@@ -12,7 +12,8 @@ pub struct Cli {
     /// The store: postgres://…, mysql://… (or mariadb://…), sqlite:PATH.
     #[arg(long, env = "OUTBOX_URL", global = true, hide_env_values = true)]
     pub url: Option<String>,
-    /// PostgreSQL schema holding the tables (default: the search path).
+    /// PostgreSQL schema or MySQL/MariaDB database holding the tables
+    /// (default: the search path, or the URL's database).
     #[arg(long, global = true)]
     pub schema: Option<String>,
     /// Table name prefix (default `outbox_`).

@@ -286,3 +286,213 @@ async fn bad_input_and_unreachable_stores_say_why() {
     let bad_id = outbox(&url, &["failed", "show", "not-a-uuid"]).await;
     assert_eq!(bad_id.status.code(), Some(2));
 }
+
+fn mysql_url() -> String {
+    std::env::var("OUTBOX_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+}
+
+/// On MariaDB: a poison event blocking its key is superseded by a fixed
+/// one, which is published in its place ahead of the key's waiting events;
+/// the old event links to it; purge deletes published events in batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn supersede_and_purge_on_mariadb() {
+    use outbox_sqlx::mysql::MySqlStore;
+    let pool = sqlx::MySqlPool::connect(&mysql_url())
+        .await
+        .unwrap_or_else(|e| panic!("MySQL/MariaDB unreachable at {}: {e}", mysql_url()));
+    let database = format!(
+        "outbox_t_cli_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    sqlx::query(&format!("CREATE DATABASE {database}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let url = mysql_url().replacen("mysql://", "mariadb://", 1);
+    for _ in 0..2 {
+        let migrated = outbox(&url, &["--schema", &database, "migrate"]).await;
+        assert!(migrated.status.success(), "{}", stderr(&migrated));
+        assert_eq!(
+            stdout(&migrated),
+            "MySQL/MariaDB outbox tables are up to date\n"
+        );
+    }
+    let store = Arc::new(MySqlStore::new(
+        pool,
+        StoreConfig::with_tables(
+            outbox_sqlx::TableNames::default()
+                .in_schema(&database)
+                .unwrap(),
+        ),
+    ));
+    let events = events_over_keys(6, 2);
+    OutboxWriter::enqueue(&*store, &events).await.unwrap();
+    let poison = events[0].event_id;
+    let publisher = Arc::new(RecordingPublisher::new());
+    publisher.inject(poison, Fault::FailAlways(ErrorClass::Permanent));
+    let block = |c: &mut outbox_core::RelayConfig| c.poison = PoisonPolicy::Block;
+    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "cli", 1, block);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while store.blocked_keys().await.unwrap().is_empty() || publisher.delivered().len() < 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the poison event blocks its key");
+    relays.stop(Duration::from_secs(30)).await;
+
+    let id = poison.to_string();
+    let superseded = outbox(
+        &url,
+        &[
+            "--schema",
+            &database,
+            "supersede",
+            &id,
+            "--payload",
+            r#"{"amount": 42}"#,
+            "--reason",
+            "fixed payload",
+            "--operator",
+            "bob",
+        ],
+    )
+    .await;
+    assert!(superseded.status.success(), "{}", stderr(&superseded));
+    let printed = stdout(&superseded);
+    let replacement: outbox_core::EventId = printed
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|e| panic!("{printed}: {e}"));
+
+    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "cli-after", 1, block);
+    publisher.wait_for_deliveries(6).await;
+    relays.stop(Duration::from_secs(30)).await;
+    let key = &events[0].partition_key;
+    let key_order: Vec<_> = publisher
+        .delivered()
+        .into_iter()
+        .filter(|d| &d.event.partition_key == key)
+        .map(|d| d.event.event_id)
+        .collect();
+    let waiting: Vec<_> = events
+        .iter()
+        .filter(|e| &e.partition_key == key && e.event_id != poison)
+        .map(|e| e.event_id)
+        .collect();
+    let mut expected = vec![replacement];
+    expected.extend(waiting);
+    assert_eq!(
+        key_order, expected,
+        "the replacement takes the poison's place"
+    );
+    let delivered = publisher
+        .delivered()
+        .into_iter()
+        .find(|d| d.event.event_id == replacement)
+        .unwrap();
+    assert_eq!(
+        delivered.event.payload.deserialize::<Value>().unwrap(),
+        serde_json::json!({"amount": 42})
+    );
+
+    let show = outbox(
+        &url,
+        &[
+            "--schema", &database, "--output", "json", "failed", "show", &id,
+        ],
+    )
+    .await;
+    assert_eq!(json(&show)["superseded_by"], replacement.to_string());
+
+    let purged = outbox(
+        &url,
+        &[
+            "--schema",
+            &database,
+            "purge",
+            "--older-than",
+            "0s",
+            "--batch-size",
+            "2",
+        ],
+    )
+    .await;
+    assert!(purged.status.success(), "{}", stderr(&purged));
+    assert_eq!(stdout(&purged), "purged 6 published events\n");
+    assert!(matches!(
+        store.event_state(poison).await.unwrap(),
+        Some(EventState::Failed { .. })
+    ));
+}
+
+/// On SQLite: `skip` lets a blocked key flow again (the event stays
+/// failed, the skip in its history); `purge --inbox` deletes inbox claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_and_purge_the_inbox_on_sqlite() {
+    use outbox_core::InboxStore;
+    let dir = std::env::temp_dir().join(format!("outbox-cli-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("outbox.db");
+    let url = format!("sqlite:{}", path.display());
+    assert!(outbox(&url, &["migrate"]).await.status.success());
+    let store = Arc::new(
+        SqliteStore::open(&path.to_string_lossy(), StoreConfig::default())
+            .await
+            .unwrap(),
+    );
+    let events = events_over_keys(3, 1);
+    OutboxWriter::enqueue(&*store, &events).await.unwrap();
+    let poison = events[0].event_id;
+    let publisher = Arc::new(RecordingPublisher::new());
+    publisher.inject(poison, Fault::FailAlways(ErrorClass::Permanent));
+    let block = |c: &mut outbox_core::RelayConfig| c.poison = PoisonPolicy::Block;
+    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "cli", 1, block);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while store.blocked_keys().await.unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the poison event blocks its key");
+    assert!(publisher.delivered().is_empty());
+
+    let id = poison.to_string();
+    let skipped = outbox(
+        &url,
+        &["skip", &id, "--reason", "obsolete", "--operator", "carol"],
+    )
+    .await;
+    assert!(skipped.status.success(), "{}", stderr(&skipped));
+    publisher.wait_for_deliveries(2).await;
+    relays.stop(Duration::from_secs(30)).await;
+    assert!(matches!(
+        store.event_state(poison).await.unwrap(),
+        Some(EventState::Failed { .. })
+    ));
+    let last = store.history(poison).await.unwrap().pop().unwrap();
+    assert_eq!(
+        (last.kind, last.actor.as_str()),
+        (AttemptKind::Skipped, "carol")
+    );
+
+    let inbox = store.inbox();
+    let mut tx = inbox.begin().await.unwrap();
+    assert!(
+        inbox
+            .claim(&mut tx, "billing", events[1].event_id)
+            .await
+            .unwrap()
+    );
+    inbox.commit(tx).await.unwrap();
+    let purged = outbox(&url, &["purge", "--older-than", "0s", "--inbox"]).await;
+    assert!(purged.status.success(), "{}", stderr(&purged));
+    assert_eq!(
+        stdout(&purged),
+        "purged 2 published events\npurged 1 inbox claims\n"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
