@@ -92,7 +92,7 @@ impl Clock for SkewedClock {
 }
 
 /// Where a store takes "now" from for every lease, delay, backoff and age
-/// it stores or compares (DESIGN.md §4).
+/// it stores or compares.
 ///
 /// A store shared by relays and producers on many hosts must not trust any
 /// one host's clock: SQL stores use the database server's clock, so a relay

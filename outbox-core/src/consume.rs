@@ -51,7 +51,42 @@ pub enum Applied {
 /// Applies a delivered event `E` inside the inbox transaction `Tx`.
 ///
 /// One trait for every broker: the Redis runner hands it a
-/// `StreamEvent`, the Kafka runner a `KafkaEvent`.
+/// `StreamEvent`, the Kafka runner a `KafkaEvent`, the SQS runner an
+/// `SqsEvent`. Write the effect on `tx` (for `PgInbox`, a
+/// `sqlx::Transaction<'static, Postgres>`): it commits with the inbox claim
+/// or not at all.
+///
+/// ```
+/// use outbox_core::consume::{Handler, HandlerError};
+///
+/// /// The event a runner decoded (each broker crate has its own type).
+/// struct Paid {
+///     invoice: String,
+///     amount_cents: i64,
+/// }
+///
+/// /// A transaction of some store; `Vec` stands in for SQL here.
+/// struct Ledger(Vec<(String, i64)>);
+///
+/// struct RecordRevenue;
+///
+/// #[async_trait::async_trait]
+/// impl Handler<Ledger, Paid> for RecordRevenue {
+///     async fn handle(&self, tx: &mut Ledger, event: &Paid) -> Result<(), HandlerError> {
+///         if event.amount_cents < 0 {
+///             // Never going to work: dead-letter it now.
+///             return Err(HandlerError::Reject(format!("negative amount on {}", event.invoice)));
+///         }
+///         // A failure worth retrying would be HandlerError::Retry.
+///         tx.0.push((event.invoice.clone(), event.amount_cents));
+///         Ok(())
+///     }
+/// }
+/// # let mut tx = Ledger(Vec::new());
+/// # let paid = Paid { invoice: "inv-1".into(), amount_cents: 1200 };
+/// # futures::executor::block_on(RecordRevenue.handle(&mut tx, &paid)).unwrap();
+/// # assert_eq!(tx.0, vec![("inv-1".to_string(), 1200)]);
+/// ```
 #[async_trait::async_trait]
 pub trait Handler<Tx: Send, E: Sync>: Send + Sync {
     /// Writes the event's effect through `tx`; it commits with the inbox claim.

@@ -1,4 +1,4 @@
-//! The consumer side: exactly-once effects over at-least-once delivery (DESIGN.md §7).
+//! The consumer side: exactly-once effects over at-least-once delivery.
 
 use std::time::Duration;
 

@@ -28,3 +28,10 @@ pub use relay::{Relay, RelayConfig, RelayError, RelayReport, WakeUp};
 pub use store::{OutboxAdmin, OutboxStore, OutboxWriter};
 /// Re-exported so callers need not depend on `tokio-util` to stop a relay.
 pub use tokio_util::sync::CancellationToken;
+
+/// The attribute implementations of [`Publisher`], [`OutboxStore`] and the
+/// other async traits use (the version this crate was built against).
+pub use async_trait::async_trait;
+/// The date-time crate of the public API (`DateTime<Utc>` in events,
+/// history and admin answers).
+pub use chrono;

@@ -1,4 +1,4 @@
-//! Classifies librdkafka errors per DESIGN.md §6.
+//! Classifies librdkafka errors into the relay's classes.
 
 use outbox_core::ErrorClass;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

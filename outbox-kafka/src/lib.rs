@@ -17,3 +17,5 @@ pub use consumer::{
 };
 pub use context::BrokerHealth;
 pub use publisher::KafkaPublisher;
+/// The `rdkafka` crate this adapter was built against.
+pub use rdkafka;

@@ -1,4 +1,4 @@
-//! Classifies Redis errors per DESIGN.md §6.
+//! Classifies Redis errors into the relay's classes.
 
 use outbox_core::ErrorClass;
 use redis::RedisError;

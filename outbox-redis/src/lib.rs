@@ -17,3 +17,5 @@ pub use consumer::{
 pub use fields::{DecodeError, StreamEvent};
 pub use inbox::{RedisInbox, RedisInboxTx};
 pub use publisher::RedisPublisher;
+/// The `redis` crate this adapter was built against.
+pub use redis;

@@ -1,4 +1,4 @@
-//! Classifies AWS errors per DESIGN.md §6. One table for SNS and SQS.
+//! Classifies AWS errors into the relay's classes. One table for SNS and SQS.
 //!
 //! | what happened | class |
 //! |---|---|

@@ -16,3 +16,6 @@ pub use consumer::{
 pub use error::{classify_code, classify_sdk_error};
 pub use message::{DecodeError, SqsEvent};
 pub use publisher::SnsPublisher;
+/// The AWS SDK crates this adapter was built against (`SdkConfig` is
+/// `aws_types::SdkConfig`).
+pub use {aws_sdk_sns, aws_sdk_sqs, aws_types};

@@ -25,3 +25,6 @@ pub mod sqlite;
 
 pub use config::{DEFAULT_PREFIX, StoreConfig, TableNames};
 pub use pool::guard_cancelled_transactions;
+/// The `sqlx` these stores were built against: build pools and open
+/// transactions with it, and one dependency line is enough.
+pub use sqlx;

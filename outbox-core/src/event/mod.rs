@@ -1,4 +1,4 @@
-//! The event model (DESIGN.md §3).
+//! The event model.
 
 mod headers;
 mod id;

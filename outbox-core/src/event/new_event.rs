@@ -9,7 +9,7 @@ use super::{EventId, Headers, InvalidEvent, Payload};
 /// An event about to be enqueued in the caller's transaction.
 ///
 /// Built with [`NewEvent::builder`] or [`NewEvent::from_typed`]; the fields
-/// follow DESIGN.md §3.
+/// follow the event model's rules.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct NewEvent {

@@ -2,7 +2,7 @@
 //!
 //! Rows can be written by other tools (plain SQL, another language, an old
 //! version), so decoding can fail. A store decodes each row on its own: one
-//! row that does not decode fails alone (DESIGN.md §3, "bad rows fail
+//! row that does not decode fails alone ("bad rows fail
 //! alone") and its neighbours are published.
 
 use chrono::{DateTime, Utc};

@@ -97,7 +97,7 @@ pub(super) struct State {
     next_sequence: i64,
     /// Sequences reserved by write transactions that have not committed: no
     /// row above the lowest of them is claimed, since a lower sequence of the
-    /// same key may still commit (DESIGN.md §5).
+    /// same key may still commit.
     pub(super) open_writes: BTreeSet<i64>,
     pub(super) relays: BTreeMap<RelayId, (DateTime<Utc>, i64)>,
     /// Leases younger than one of their owner's that expired: prefetched,

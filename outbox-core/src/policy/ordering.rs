@@ -1,4 +1,4 @@
-//! Ordering and poison policies (DESIGN.md §5).
+//! Ordering and poison policies.
 
 /// How strictly a relay orders publication.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

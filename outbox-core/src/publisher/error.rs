@@ -1,4 +1,4 @@
-//! Publisher errors, classified (DESIGN.md §6).
+//! Publisher errors, classified.
 
 use serde::{Deserialize, Serialize};
 

@@ -32,6 +32,53 @@ impl Default for PublisherCapabilities {
 }
 
 /// Sends events to a broker.
+///
+/// Return one outcome per event, in order, and only once each event's fate
+/// is known; classify failures so the relay does the right thing:
+/// [`PublishError::transient`] (retry with backoff),
+/// [`PublishError::permanent`] (this event fails alone),
+/// [`PublishError::outage`] (the broker is down: pause, burn no attempts).
+///
+/// ```
+/// use outbox_core::{PublishError, PublishOutcome, Publisher, PublisherCapabilities, StoredEvent};
+///
+/// /// Posts each event to a webhook (the HTTP call is left out).
+/// struct Webhook;
+///
+/// #[async_trait::async_trait]
+/// impl Publisher for Webhook {
+///     fn capabilities(&self) -> PublisherCapabilities {
+///         // One request per event, in the order given: a key's order holds
+///         // within a call, so the relay may hand over whole batches.
+///         PublisherCapabilities { max_batch: 64, preserves_key_order: true }
+///     }
+///
+///     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+///         let mut outcomes = Vec::with_capacity(batch.len());
+///         let mut failed_keys = std::collections::HashSet::new();
+///         for stored in batch {
+///             let key = &stored.event.partition_key;
+///             if failed_keys.contains(key) {
+///                 // preserves_key_order: nothing after a key's failure.
+///                 outcomes.push(Err(PublishError::transient("an earlier event of the key failed")));
+///                 continue;
+///             }
+///             let status = 200; // post(stored.event.payload.as_str()).await
+///             let outcome = match status {
+///                 200..=299 => Ok(()),
+///                 400 | 422 => Err(PublishError::permanent(format!("rejected: {status}"))),
+///                 503 => Err(PublishError::outage("webhook unavailable")),
+///                 _ => Err(PublishError::transient(format!("status {status}"))),
+///             };
+///             if outcome.is_err() {
+///                 failed_keys.insert(key.clone());
+///             }
+///             outcomes.push(outcome);
+///         }
+///         outcomes
+///     }
+/// }
+/// ```
 #[async_trait]
 pub trait Publisher: Send + Sync {
     /// What this publisher can do.

@@ -1,4 +1,4 @@
-//! The relay state machine (DESIGN.md §4–§6).
+//! The relay state machine.
 
 mod alert;
 mod batch;

@@ -124,10 +124,10 @@ pub struct RelayStatus {
     pub clock_skew: chrono::Duration,
 }
 
-/// Something that keeps pending events from being published now (DESIGN.md
-/// §8, "what holds publication back"). [`OutboxAdmin::held_back`] lists
+/// Something that keeps pending events from being published now ("what
+/// holds publication back"). [`OutboxAdmin::held_back`](super::OutboxAdmin::held_back) lists
 /// every cause present; an empty list with a backlog means the relays are
-/// simply behind (or not running: see [`OutboxAdmin::relays`]).
+/// simply behind (or not running: see [`OutboxAdmin::relays`](super::OutboxAdmin::relays)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HeldBack {

@@ -177,7 +177,7 @@ pub enum EnqueueOutcome {
     AlreadyExists,
 }
 
-/// Which row of a lease a crash is blamed on (DESIGN.md §4, crash loops):
+/// Which row of a lease a crash is blamed on (crash loops):
 /// the rows of one lease that ended without an outcome after publishing
 /// may have started, each with whether it was already a suspect. A crash
 /// counts on one row only when it is certain which: the lease's one suspect

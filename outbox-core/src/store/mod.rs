@@ -1,4 +1,4 @@
-//! The store side of the outbox (DESIGN.md §4, §8).
+//! The store side of the outbox.
 
 mod admin;
 mod history;

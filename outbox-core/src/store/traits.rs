@@ -14,7 +14,7 @@ use super::lease::{
 use crate::error::StoreError;
 use crate::event::{EventId, NewEvent};
 
-/// What the relay needs from a store: the row state machine of DESIGN.md §4.
+/// What the relay needs from a store: the row state machine.
 ///
 /// Every method is a short transaction of its own; none is held open while
 /// publishing.
@@ -53,7 +53,7 @@ pub trait OutboxWriter: Send + Sync {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError>;
 }
 
-/// Operations and questions for operators (DESIGN.md §4 and §8).
+/// Operations and questions for operators.
 #[async_trait]
 pub trait OutboxAdmin: Send + Sync {
     /// Per event type: claimable count and age of the oldest, parked (backoff

@@ -1,5 +1,5 @@
-//! The failure suite: failure semantics every store shares (DESIGN.md §3,
-//! §4, §6), each with its fault injected through [`FaultSeams`]: hosts whose
+//! The failure suite: failure semantics every store shares (bad rows, leases,
+//! failure classes), each with its fault injected through [`FaultSeams`]: hosts whose
 //! clocks are off, rows other tools wrote, relays killed mid-publish,
 //! duplicate ids from concurrent transactions, settlements slow to commit.
 
@@ -384,7 +384,7 @@ pub async fn crashes_are_blamed_on_the_event_that_caused_them<F: StoreFactory>(f
 /// Two transactions enqueue the same event id at once, the second having
 /// read the outbox first (its snapshot predates the first's insert): the
 /// second is told `AlreadyExists`, whatever the isolation level, and one row
-/// is kept (DESIGN.md §3).
+/// is kept.
 pub async fn concurrent_duplicate_ids_are_reported<F>(factory: &F)
 where
     F: StoreFactory,

@@ -1,4 +1,4 @@
-//! The inbox suite: exactly-once effects over redelivery (DESIGN.md §7).
+//! The inbox suite: exactly-once effects over redelivery.
 
 use std::future::Future;
 use std::sync::Arc;

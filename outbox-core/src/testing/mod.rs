@@ -67,7 +67,7 @@ where
 }
 
 /// A write transaction left open on purpose, to test commit order, late
-/// committers and strangers' transactions (DESIGN.md §5).
+/// committers and strangers' transactions.
 #[async_trait]
 pub trait OpenWrite: Send {
     /// A business write that is not an event (`UPDATE invoices ...`): on a
@@ -146,7 +146,7 @@ impl BeginWrite for MemoryStore {
     }
 }
 
-/// Fault seams the failure suite needs from a store (DESIGN.md §4, §6):
+/// Fault seams the failure suite needs from a store:
 /// each one is something users meet in production, made to happen on cue.
 #[async_trait]
 pub trait FaultSeams: ConformingStore + BeginWrite {

@@ -1,5 +1,5 @@
 //! The relay suite: the relay over a store, with every duplicate window of
-//! DESIGN.md §10 as an injected fault.
+//! the design as an injected fault.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;

@@ -1,4 +1,4 @@
-//! The store suite: the row state machine of DESIGN.md §4 and §5 on one store.
+//! The store suite: the row state machine and ordering on one store.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -637,7 +637,7 @@ pub async fn heartbeats_report_liveness<F: StoreFactory>(factory: &F) {
 
 /// A transaction that commits late is never skipped: its event is
 /// published once it commits, whatever was published meanwhile (the
-/// visibility race that makes naive relays lose events, DESIGN.md §5).
+/// visibility race that makes naive relays lose events).
 pub async fn late_committers_are_never_skipped<F>(factory: &F)
 where
     F: StoreFactory,
@@ -677,7 +677,7 @@ where
     assert_eq!(published, expected, "both published, once each");
 }
 
-/// Order means commit order (DESIGN.md §5): a transaction that did its
+/// Order means commit order: a transaction that did its
 /// business write first but enqueued after another transaction committed
 /// publishes after that one, whatever the store numbers transactions by.
 pub async fn order_is_commit_order<F>(factory: &F)
@@ -711,7 +711,7 @@ where
 }
 
 /// A write transaction left open on the same store that wrote no event
-/// (a batch job, an idle session) delays nothing (DESIGN.md §5: never wait
+/// (a batch job, an idle session) delays nothing (never wait
 /// for strangers).
 pub async fn strangers_never_hold_publication<F>(factory: &F)
 where

@@ -30,7 +30,7 @@ pub const SCHEMA_VERSION: i32 = 2;
 /// MariaDB ≥ 10.6.
 ///
 /// Enqueue takes a row lock per partition key until commit, so writers of one
-/// key take turns and a key's insert order is its commit order (DESIGN.md §5).
+/// key take turns and a key's insert order is its commit order.
 /// Claims take turns on a one-row lock table and lease rows found with
 /// `FOR UPDATE SKIP LOCKED` (there is no `UPDATE … RETURNING`). Relay
 /// transactions run at READ COMMITTED, so they lock only the rows they
