@@ -78,6 +78,13 @@ pub enum Command {
         #[arg(long)]
         inbox: bool,
     },
+    /// Run a relay from a TOML file until SIGTERM/SIGINT (graceful drain),
+    /// with `/metrics` and `/health` over HTTP if configured.
+    Relay {
+        /// The settings file (see the crate README).
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
     /// Exit non-zero with a one-line reason when something is stuck.
     Health {
         /// A claimable event older than this is stuck.

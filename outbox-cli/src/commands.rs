@@ -13,17 +13,20 @@ use crate::store::{Store, Tables};
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let tables = Tables {
+        schema: cli.schema.clone(),
+        prefix: cli.prefix.clone(),
+    };
+    if let Command::Relay { config } = &cli.command {
+        return crate::daemon::run(cli.url.as_deref(), &tables, config).await;
+    }
     let Some(url) = cli.url.as_deref() else {
         return Err(CliError::usage(
             "no store URL: pass --url or set OUTBOX_URL",
         ));
     };
-    let tables = Tables {
-        schema: cli.schema.clone(),
-        prefix: cli.prefix.clone(),
-    };
     let create = matches!(cli.command, Command::Migrate);
-    let store = Store::open(url, &tables, create).await?;
+    let store = Store::open(url, &tables, create, 2).await?;
     match cli.command {
         Command::Migrate => {
             store.migrate().await?;
@@ -50,6 +53,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             batch_size,
             inbox,
         } => purge(&store, older_than, batch_size as usize, inbox).await,
+        Command::Relay { .. } => unreachable!("handled above"),
         Command::Health {
             max_age,
             relay_timeout,

@@ -2,6 +2,7 @@
 
 mod args;
 mod commands;
+mod daemon;
 mod duration;
 mod error;
 mod render;

@@ -16,6 +16,7 @@ use crate::error::CliError;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One of the SQL stores, opened from a URL.
+#[derive(Clone)]
 pub enum Store {
     /// `postgres://` or `postgresql://`.
     Postgres(PgStore),
@@ -50,13 +51,18 @@ impl Store {
     /// Connects to the store `url` names. `create` lets a SQLite file be
     /// created (for `migrate`); every other command refuses a missing file
     /// rather than inspect an empty new one.
-    pub async fn open(url: &str, tables: &Tables, create: bool) -> Result<Self, CliError> {
+    pub async fn open(
+        url: &str,
+        tables: &Tables,
+        create: bool,
+        connections: u32,
+    ) -> Result<Self, CliError> {
         let config = StoreConfig::with_tables(tables.names()?);
         let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or_default();
         match scheme {
             "postgres" | "postgresql" => {
                 let pool = guard_cancelled_transactions(sqlx::postgres::PgPoolOptions::new())
-                    .max_connections(2)
+                    .max_connections(connections)
                     .acquire_timeout(CONNECT_TIMEOUT)
                     .connect(url)
                     .await
@@ -66,7 +72,7 @@ impl Store {
             "mysql" | "mariadb" => {
                 let url = format!("mysql:{}", &url[scheme.len() + 1..]);
                 let pool = guard_cancelled_transactions(sqlx::mysql::MySqlPoolOptions::new())
-                    .max_connections(2)
+                    .max_connections(connections)
                     .acquire_timeout(CONNECT_TIMEOUT)
                     .connect(&url)
                     .await

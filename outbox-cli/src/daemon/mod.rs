@@ -1,0 +1,199 @@
+//! `outbox relay`: one relay process a team deploys beside its service,
+//! configured by a TOML file, drained gracefully on SIGTERM/SIGINT.
+
+mod config;
+mod http;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use outbox_core::{CancellationToken, Publisher, Relay, RelayConfig, RelayError, RelayReport};
+
+use crate::error::CliError;
+use crate::store::{Store, Tables};
+use config::{BrokerSection, DaemonConfig};
+
+/// Connections the relay's pool may hold (claims, settlements while the
+/// next claim runs, heartbeats, the wake-up listener, purges).
+const RELAY_CONNECTIONS: u32 = 8;
+
+/// Runs the relay until a signal (exit 0 after draining) or a store error
+/// retrying cannot cure (exit 1 with the error).
+pub async fn run(
+    url: Option<&str>,
+    tables: &Tables,
+    path: &std::path::Path,
+) -> Result<(), CliError> {
+    let config = DaemonConfig::load(path)?;
+    let relay_config = config.relay_config()?;
+    let purge = config.purge_schedule()?;
+    let url = config.url.as_deref().or(url).ok_or_else(|| {
+        CliError::usage("no store URL: set url in the file, pass --url or set OUTBOX_URL")
+    })?;
+    let tables = Tables {
+        schema: config.schema.clone().or_else(|| tables.schema.clone()),
+        prefix: config.prefix.clone().or_else(|| tables.prefix.clone()),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+
+    let publisher = publisher(&config.broker)?;
+    let store = Store::open(url, &tables, false, RELAY_CONNECTIONS).await?;
+    let shutdown = CancellationToken::new();
+    let running = Arc::new(AtomicBool::new(true));
+    if let Some(section) = &config.http {
+        let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .map_err(|e| CliError::failure(format!("metrics recorder: {e}")))?;
+        let listener = tokio::net::TcpListener::bind(&section.listen)
+            .await
+            .map_err(|e| CliError::usage(format!("http.listen {}: {e}", section.listen)))?;
+        tracing::info!(listen = %section.listen, "serving /metrics and /health");
+        tokio::spawn(http::serve(listener, handle, running.clone()));
+    }
+    if let Some((older_than, every)) = purge {
+        tokio::spawn(purge_loop(
+            store.clone(),
+            older_than,
+            every,
+            shutdown.clone(),
+        ));
+    }
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+
+    tracing::info!(relay = %relay_config.relay_id, store = store.kind(), "relay starting");
+    let result = run_relay(&store, publisher, relay_config, shutdown).await;
+    running.store(false, AtomicOrdering::SeqCst);
+    match result {
+        Ok(report) => {
+            tracing::info!(
+                published = report.published,
+                failed = report.failed,
+                retried = report.retried,
+                drained = report.drained,
+                "relay stopped"
+            );
+            Ok(())
+        }
+        Err(error) => Err(CliError::failure(error)),
+    }
+}
+
+fn publisher(broker: &BrokerSection) -> Result<Arc<dyn Publisher>, CliError> {
+    match broker {
+        BrokerSection::Redis { url, stream_prefix } => {
+            let router = outbox_redis::StreamRouter::with_prefix(
+                stream_prefix.clone().unwrap_or_else(|| "outbox:".into()),
+            );
+            let publisher = outbox_redis::RedisPublisher::from_url(url, router)
+                .map_err(|e| CliError::usage(format!("broker.url: {e}")))?;
+            Ok(Arc::new(publisher))
+        }
+        BrokerSection::Kafka {
+            bootstrap,
+            topic_prefix,
+        } => {
+            let router =
+                outbox_kafka::TopicRouter::with_prefix(topic_prefix.clone().unwrap_or_default());
+            let publisher = outbox_kafka::KafkaPublisher::new(
+                &outbox_kafka::KafkaPublisherConfig::new(bootstrap),
+                router,
+            )
+            .map_err(|e| CliError::usage(format!("broker.bootstrap: {e}")))?;
+            Ok(Arc::new(publisher))
+        }
+    }
+}
+
+async fn run_relay(
+    store: &Store,
+    publisher: Arc<dyn Publisher>,
+    config: RelayConfig,
+    shutdown: CancellationToken,
+) -> Result<RelayReport, RelayError> {
+    match store {
+        Store::Postgres(pg) => {
+            let relay = Relay::new(Arc::new(pg.clone()), publisher, config)
+                .map_err(|e| config_error(&e.0))?;
+            // LISTEN/NOTIFY ends idle waits at once; polling stays the backstop.
+            match pg.wake_up().await {
+                Ok(wake_up) => relay.with_wake_up(wake_up).run(shutdown).await,
+                Err(error) => {
+                    tracing::warn!(%error, "no LISTEN connection; polling only");
+                    relay.run(shutdown).await
+                }
+            }
+        }
+        Store::MySql(my) => {
+            Relay::new(Arc::new(my.clone()), publisher, config)
+                .map_err(|e| config_error(&e.0))?
+                .run(shutdown)
+                .await
+        }
+        Store::Sqlite(lite) => {
+            Relay::new(Arc::new(lite.clone()), publisher, config)
+                .map_err(|e| config_error(&e.0))?
+                .run(shutdown)
+                .await
+        }
+    }
+}
+
+fn config_error(message: &str) -> RelayError {
+    RelayError {
+        error: outbox_core::StoreError::Config(message.to_owned()),
+        report: RelayReport::default(),
+    }
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot watch SIGTERM/SIGINT");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    }
+    shutdown.cancel();
+}
+
+async fn purge_loop(
+    store: Store,
+    older_than: Duration,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let mut purged = 0u64;
+        loop {
+            match store.admin().purge_published(older_than, 1000).await {
+                Ok(n) => {
+                    purged += n;
+                    if n < 1000 {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "purge failed; next round retries");
+                    break;
+                }
+            }
+        }
+        tracing::info!(purged, "purged published events");
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
