@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use outbox_core::OutboxWriter;
-use outbox_core::testing::events_over_keys;
+use outbox_core::testing::{CuttableProxy, events_over_keys};
 use outbox_sqlx::StoreConfig;
 use outbox_sqlx::postgres::PgStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -55,8 +55,9 @@ impl Drop for ConfigFile {
     }
 }
 
-/// The daemon publishes a backlog to Redis, says so on `/metrics`, is
-/// healthy while running, and on SIGTERM drains and exits 0.
+/// The daemon rides out a broker outage (healthy, the backlog and its lag
+/// on `/metrics`), publishes the backlog to Redis once it is back, counts
+/// it on `/metrics`, and on SIGTERM drains and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_relays_to_redis_serves_metrics_and_drains_on_sigterm() {
     let pool = sqlx::PgPool::connect(&pg_url())
@@ -79,6 +80,18 @@ async fn the_daemon_relays_to_redis_serves_metrics_and_drains_on_sigterm() {
     let events = events_over_keys(50, 5);
     OutboxWriter::enqueue(&store, &events).await.unwrap();
 
+    // Redis behind a proxy, cut at first.
+    let redis_port = redis_url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
+        .unwrap_or(6379);
+    let proxy = CuttableProxy::start(
+        ([127, 0, 0, 1], redis_port).into(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .unwrap();
+    proxy.cut();
     let prefix = format!("{}:", unique("daemon"));
     let listen = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -96,14 +109,14 @@ poll_interval = "100ms"
 
 [broker]
 kind = "redis"
-url = "{redis}"
+url = "redis://{redis}"
 stream_prefix = "{prefix}"
 
 [http]
 listen = "{listen}"
 "#,
         url = pg_url(),
-        redis = redis_url(),
+        redis = proxy.address(),
     ));
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
         .args(["relay", "--config"])
@@ -114,36 +127,27 @@ listen = "{listen}"
         .spawn()
         .unwrap();
 
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
-    let stream = format!("{prefix}invoice.paid");
-    tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let len: usize = redis::cmd("XLEN")
-                .arg(&stream)
-                .query_async(&mut redis)
-                .await
-                .unwrap();
-            if len >= 50 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let claimable = r#"outbox_events{event_type="invoice.paid",state="claimable"}"#;
+    let lag = r#"outbox_oldest_claimable_age_seconds{event_type="invoice.paid"}"#;
+    let published = r#"outbox_relay_published_total{relay="daemon-test"}"#;
+    proxy.wait_for_refused(3, Duration::from_secs(60)).await;
+    let during = scrape_until(&listen, |m| {
+        gauge(m, claimable) == Some(50.0) && gauge(m, lag).is_some_and(|l| l > 0.0)
     })
-    .await
-    .expect("the daemon published the backlog");
+    .await;
+    assert_eq!(gauge(&during, published), None, "nothing published yet");
+    let (status, _) = get(&listen, "/health").await;
+    assert_eq!(status, "HTTP/1.1 200 OK", "healthy through a broker outage");
 
-    let (status, body) = get(&listen, "/health").await;
-    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
-    let (status, metrics) = get(&listen, "/metrics").await;
-    assert_eq!(status, "HTTP/1.1 200 OK");
-    let published: f64 = metrics
-        .lines()
-        .find(|l| l.starts_with("outbox_relay_published_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no published counter in:\n{metrics}"));
-    assert_eq!(published, 50.0, "{metrics}");
+    proxy.restore();
+    // The gauges are read at the scrape, the counter when the relay acks:
+    // one scrape may fall between the two.
+    scrape_until(&listen, |m| {
+        gauge(m, published) == Some(50.0)
+            && gauge(m, claimable) == Some(0.0)
+            && gauge(m, lag) == Some(0.0)
+    })
+    .await;
     let (status, _) = get(&listen, "/nope").await;
     assert_eq!(status, "HTTP/1.1 404 Not Found");
 
@@ -161,17 +165,44 @@ listen = "{listen}"
     assert!(output.status.success(), "{:?}\n{log}", output.status);
     assert!(log.contains("SIGTERM: draining"), "{log}");
     assert!(log.contains("relay stopped"), "{log}");
+
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{prefix}invoice.paid");
     let len: usize = redis::cmd("XLEN")
         .arg(&stream)
         .query_async(&mut redis)
         .await
         .unwrap();
-    assert_eq!(len, 50, "nothing published twice");
+    assert_eq!(len, 50, "each event published once");
     let _: () = redis::cmd("DEL")
         .arg(&stream)
         .query_async(&mut redis)
         .await
         .unwrap();
+}
+
+/// Scrapes `/metrics` until `done` holds (60 s at most); returns the text.
+async fn scrape_until(listen: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, metrics) = get(listen, "/metrics").await;
+        if done(&metrics) {
+            return metrics;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/metrics did not reach the expected values within 60 s; last:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The value of the sample `name` (with its labels) in Prometheus text.
+fn gauge(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
 }
 
 /// Settings that cannot work are refused before anything starts, with the

@@ -93,6 +93,35 @@ pub trait Handler<Tx: Send, E: Sync>: Send + Sync {
     async fn handle(&self, tx: &mut Tx, event: &E) -> Result<(), HandlerError>;
 }
 
+/// Metric names every consumer runner reports through (the `metrics`
+/// facade; labelled by `consumer`, the inbox's consumer name).
+pub mod metrics {
+    /// Counter: deliveries settled, labelled by `outcome`: `applied`,
+    /// `duplicate` (a redelivery the inbox absorbed), `gave_up` (the
+    /// runner dead-letters it), `interrupted` (shutdown; delivered again).
+    pub const DELIVERIES: &str = "outbox_consumer_deliveries_total";
+    /// Counter: handler failures retried in place.
+    pub const HANDLER_RETRIES: &str = "outbox_consumer_handler_retries_total";
+    /// Counter: retryable inbox-store errors waited out on the same event.
+    pub const STORE_RETRIES: &str = "outbox_consumer_store_retries_total";
+    /// Histogram: seconds per handler call.
+    pub const HANDLER_SECONDS: &str = "outbox_consumer_handler_seconds";
+
+    pub(super) fn delivery(consumer: &str, outcome: &'static str) {
+        ::metrics::counter!(DELIVERIES, "consumer" => consumer.to_owned(), "outcome" => outcome)
+            .increment(1);
+    }
+
+    pub(super) fn count(name: &'static str, consumer: &str) {
+        ::metrics::counter!(name, "consumer" => consumer.to_owned()).increment(1);
+    }
+
+    pub(super) fn handler_seconds(consumer: &str, elapsed: std::time::Duration) {
+        ::metrics::histogram!(HANDLER_SECONDS, "consumer" => consumer.to_owned())
+            .record(elapsed.as_secs_f64());
+    }
+}
+
 /// The pause between retries of an unavailable inbox store, for consumers:
 /// 100 ms doubling to 5 s (a consumer resumes soon after its database does).
 pub fn default_store_outage() -> OutagePolicy {
@@ -155,6 +184,24 @@ where
         H: Handler<I::Transaction, E>,
         E: Sync,
     {
+        let applied = self.apply_once(event_id, event).await;
+        if let Ok(applied) = &applied {
+            let outcome = match applied {
+                Applied::Applied => "applied",
+                Applied::Duplicate => "duplicate",
+                Applied::GaveUp(_) => "gave_up",
+                Applied::Interrupted => "interrupted",
+            };
+            metrics::delivery(self.consumer, outcome);
+        }
+        applied
+    }
+
+    async fn apply_once<E>(&mut self, event_id: EventId, event: &E) -> Result<Applied, StoreError>
+    where
+        H: Handler<I::Transaction, E>,
+        E: Sync,
+    {
         let mut handler_failures = 0u32;
         let mut store_failures = 0u32;
         loop {
@@ -163,6 +210,7 @@ where
                 Attempt::StoreFailed(error) if error.is_retryable() => {
                     store_failures += 1;
                     self.store_retries += 1;
+                    metrics::count(metrics::STORE_RETRIES, self.consumer);
                     let pause = self.store_outage.pause(store_failures, self.random);
                     tracing::warn!(%event_id, %error, ?pause, "inbox store unavailable; retrying the same event");
                     pause
@@ -175,6 +223,7 @@ where
                     handler_failures += 1;
                     match self.handler_retry.decide(handler_failures, self.random) {
                         RetryDecision::RetryAfter(pause) => {
+                            metrics::count(metrics::HANDLER_RETRIES, self.consumer);
                             tracing::warn!(%event_id, %reason, ?pause, "handler failed; retrying");
                             pause
                         }
@@ -213,7 +262,10 @@ where
                 return Attempt::StoreFailed(error);
             }
         }
-        match self.handler.handle(&mut tx, event).await {
+        let started = std::time::Instant::now();
+        let handled = self.handler.handle(&mut tx, event).await;
+        metrics::handler_seconds(self.consumer, started.elapsed());
+        match handled {
             Ok(()) => match self.inbox.commit(tx).await {
                 Ok(()) => Attempt::Done(Applied::Applied),
                 Err(error) => Attempt::StoreFailed(error),

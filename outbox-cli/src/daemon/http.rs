@@ -8,15 +8,73 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::store::Store;
+
+/// Gauge: events per type and state (`claimable`, `parked`, `in_flight`,
+/// `failed`), read from the store at each scrape.
+pub const EVENTS: &str = "outbox_events";
+/// Gauge: how long the oldest claimable event of a type has been due (0
+/// when none is): the relay's lag, read from the store at each scrape.
+pub const LAG_SECONDS: &str = "outbox_oldest_claimable_age_seconds";
+/// Counter: store errors of the daemon's own reads, by `operation`.
+pub const STORE_ERRORS: &str = "outbox_store_errors_total";
+
+/// Reads the store's counts into the gauges, so a scrape shows the backlog
+/// as it is now (the relay's own counters say what it did).
+async fn refresh_gauges(store: &Store) {
+    // Types seen by earlier scrapes: one that drained may be missing from
+    // the store's answer, and its gauges must read 0, not their last value.
+    static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    match store.admin().stats().await {
+        Ok(mut stats) => {
+            let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+            for event_type in seen.iter() {
+                if !stats.iter().any(|s| &s.event_type == event_type) {
+                    stats.push(outbox_core::store::EventTypeStats {
+                        event_type: event_type.clone(),
+                        ..Default::default()
+                    });
+                }
+            }
+            seen.extend(stats.iter().map(|s| s.event_type.clone()));
+            drop(seen);
+            for s in stats {
+                for (state, n) in [
+                    ("claimable", s.claimable),
+                    ("parked", s.parked),
+                    ("in_flight", s.in_flight),
+                    ("failed", s.failed),
+                ] {
+                    metrics::gauge!(EVENTS, "event_type" => s.event_type.clone(), "state" => state)
+                        .set(n as f64);
+                }
+                metrics::gauge!(LAG_SECONDS, "event_type" => s.event_type.clone())
+                    .set(s.oldest_claimable_age.map_or(0.0, |a| a.as_secs_f64()));
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "reading the backlog for /metrics failed");
+            metrics::counter!(STORE_ERRORS, "operation" => "stats").increment(1);
+        }
+    }
+}
+
 /// Serves until the process ends. `/health` is 200 while the relay runs,
 /// 503 once it stopped.
-pub async fn serve(listener: TcpListener, metrics: PrometheusHandle, running: Arc<AtomicBool>) {
+pub async fn serve(
+    listener: TcpListener,
+    metrics: PrometheusHandle,
+    store: Store,
+    running: Arc<AtomicBool>,
+) {
     loop {
         let Ok((mut socket, _)) = listener.accept().await else {
             continue;
         };
         let metrics = metrics.clone();
         let running = running.clone();
+        let store = store.clone();
         tokio::spawn(async move {
             let mut request = vec![0u8; 4096];
             let Ok(n) = socket.read(&mut request).await else {
@@ -24,6 +82,9 @@ pub async fn serve(listener: TcpListener, metrics: PrometheusHandle, running: Ar
             };
             let head = String::from_utf8_lossy(&request[..n]);
             let path = head.split_whitespace().nth(1).unwrap_or("/");
+            if path == "/metrics" {
+                refresh_gauges(&store).await;
+            }
             let (status, content_type, body) = match path {
                 "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
                 "/health" if running.load(Ordering::SeqCst) => {

@@ -55,7 +55,12 @@ pub async fn run(
             .await
             .map_err(|e| CliError::usage(format!("http.listen {}: {e}", section.listen)))?;
         tracing::info!(listen = %section.listen, "serving /metrics and /health");
-        tokio::spawn(http::serve(listener, handle, running.clone()));
+        tokio::spawn(http::serve(
+            listener,
+            handle,
+            store.clone(),
+            running.clone(),
+        ));
     }
     if let Some((older_than, every)) = purge {
         tokio::spawn(purge_loop(
