@@ -224,15 +224,33 @@ async fn purge(
     inbox: bool,
 ) -> Result<(), CliError> {
     let progress = std::io::stderr().is_terminal();
-    let mut events = 0u64;
+    in_batches("published events", batch_size, progress, async || {
+        store.admin().purge_published(older_than, batch_size).await
+    })
+    .await?;
+    if inbox {
+        in_batches("inbox claims", batch_size, progress, async || {
+            store.purge_inbox(older_than, batch_size).await
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Calls `purge` until it deletes fewer than `batch_size` rows, showing a
+/// running count on a terminal and printing the total.
+async fn in_batches(
+    what: &str,
+    batch_size: usize,
+    progress: bool,
+    mut purge: impl AsyncFnMut() -> Result<u64, outbox_core::StoreError>,
+) -> Result<(), CliError> {
+    let mut total = 0u64;
     loop {
-        let deleted = store
-            .admin()
-            .purge_published(older_than, batch_size)
-            .await?;
-        events += deleted;
+        let deleted = purge().await?;
+        total += deleted;
         if progress {
-            eprint!("\rpurged {events} published events");
+            eprint!("\rpurged {total} {what}");
         }
         if deleted < batch_size as u64 {
             break;
@@ -241,24 +259,7 @@ async fn purge(
     if progress {
         eprintln!();
     }
-    println!("purged {events} published events");
-    if inbox {
-        let mut claims = 0u64;
-        loop {
-            let deleted = store.purge_inbox(older_than, batch_size).await?;
-            claims += deleted;
-            if progress {
-                eprint!("\rpurged {claims} inbox claims");
-            }
-            if deleted < batch_size as u64 {
-                break;
-            }
-        }
-        if progress {
-            eprintln!();
-        }
-        println!("purged {claims} inbox claims");
-    }
+    println!("purged {total} {what}");
     Ok(())
 }
 

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use outbox_core::memory::{Fault, RecordingPublisher};
 use outbox_core::store::{AttemptKind, EventState, OutboxAdmin};
-use outbox_core::testing::{RelayFleet, events_over_keys};
-use outbox_core::{ErrorClass, OutboxWriter, PoisonPolicy};
+use outbox_core::testing::{ConformingStore, RelayFleet, events_over_keys};
+use outbox_core::{ErrorClass, NewEvent, OutboxWriter, PoisonPolicy};
 use outbox_sqlx::StoreConfig;
-use outbox_sqlx::postgres::PgStore;
+use outbox_sqlx::postgres::EndToEndDb;
 use outbox_sqlx::sqlite::SqliteStore;
 use serde_json::Value;
 
@@ -44,25 +44,32 @@ fn json(output: &Output) -> Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(output)))
 }
 
-/// A PostgreSQL schema of the test's own, migrated by the binary.
-async fn pg_schema() -> (PgStore, String) {
-    let pool = sqlx::PgPool::connect(&pg_url())
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", pg_url()));
-    let schema = format!("cli_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let store = PgStore::new(
-        pool,
-        StoreConfig::with_tables(
-            outbox_sqlx::TableNames::default()
-                .in_schema(&schema)
-                .unwrap(),
-        ),
-    );
-    (store, schema)
+/// Enqueues `events` and starts a relay under `PoisonPolicy::Block` whose
+/// publisher fails the first event permanently; returns, relay running,
+/// once that event blocks its key and `delivered` others went out.
+async fn block_on_the_first<S: ConformingStore>(
+    store: &Arc<S>,
+    events: &[NewEvent],
+    delivered: usize,
+) -> (Arc<RecordingPublisher>, RelayFleet) {
+    OutboxWriter::enqueue(&**store, events).await.unwrap();
+    let publisher = Arc::new(RecordingPublisher::new());
+    publisher.inject(events[0].event_id, Fault::FailAlways(ErrorClass::Permanent));
+    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "cli", 1, block);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while store.blocked_keys().await.unwrap().is_empty()
+            || publisher.delivered().len() < delivered
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the poison event blocks its key, the other keys drain");
+    (publisher, relays)
+}
+
+fn block(config: &mut outbox_core::RelayConfig) {
+    config.poison = PoisonPolicy::Block;
 }
 
 /// Migrate (twice: the second run says the same one line), a failed event
@@ -70,7 +77,8 @@ async fn pg_schema() -> (PgStore, String) {
 /// each as an operator would see it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_finds_a_blocked_key_repairs_it_and_health_recovers() {
-    let (store, schema) = pg_schema().await;
+    let db = EndToEndDb::create("cli").await;
+    let (store, schema) = (db.store.clone(), db.schema.clone());
     let url = pg_url();
     for _ in 0..2 {
         let migrated = outbox(&url, &["--schema", &schema, "migrate"]).await;
@@ -82,22 +90,9 @@ async fn an_operator_finds_a_blocked_key_repairs_it_and_health_recovers() {
         assert_eq!(stderr(&migrated), "", "migrate is quiet");
     }
 
-    let store = Arc::new(store);
     let events = events_over_keys(12, 3);
-    OutboxWriter::enqueue(&*store, &events).await.unwrap();
     let poison = events[0].event_id;
-    let publisher = Arc::new(RecordingPublisher::new());
-    publisher.inject(poison, Fault::FailAlways(ErrorClass::Permanent));
-    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "cli", 1, |c| {
-        c.poison = PoisonPolicy::Block;
-    });
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while store.blocked_keys().await.unwrap().is_empty() || publisher.delivered().len() < 8 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the poison event blocks its key, the other keys drain");
+    let (publisher, relays) = block_on_the_first(&store, &events, 8).await;
     relays.stop(Duration::from_secs(30)).await;
 
     let status = outbox(&url, &["--schema", &schema, "--output", "json", "status"]).await;
@@ -326,19 +321,8 @@ async fn supersede_and_purge_on_mariadb() {
         ),
     ));
     let events = events_over_keys(6, 2);
-    OutboxWriter::enqueue(&*store, &events).await.unwrap();
     let poison = events[0].event_id;
-    let publisher = Arc::new(RecordingPublisher::new());
-    publisher.inject(poison, Fault::FailAlways(ErrorClass::Permanent));
-    let block = |c: &mut outbox_core::RelayConfig| c.poison = PoisonPolicy::Block;
-    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "cli", 1, block);
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while store.blocked_keys().await.unwrap().is_empty() || publisher.delivered().len() < 3 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the poison event blocks its key");
+    let (publisher, relays) = block_on_the_first(&store, &events, 3).await;
     relays.stop(Duration::from_secs(30)).await;
 
     let id = poison.to_string();
@@ -445,19 +429,8 @@ async fn skip_and_purge_the_inbox_on_sqlite() {
             .unwrap(),
     );
     let events = events_over_keys(3, 1);
-    OutboxWriter::enqueue(&*store, &events).await.unwrap();
     let poison = events[0].event_id;
-    let publisher = Arc::new(RecordingPublisher::new());
-    publisher.inject(poison, Fault::FailAlways(ErrorClass::Permanent));
-    let block = |c: &mut outbox_core::RelayConfig| c.poison = PoisonPolicy::Block;
-    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "cli", 1, block);
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while store.blocked_keys().await.unwrap().is_empty() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the poison event blocks its key");
+    let (publisher, relays) = block_on_the_first(&store, &events, 0).await;
     assert!(publisher.delivered().is_empty());
 
     let id = poison.to_string();

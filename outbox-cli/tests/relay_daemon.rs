@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use outbox_core::OutboxWriter;
 use outbox_core::testing::{CuttableProxy, events_over_keys};
-use outbox_sqlx::StoreConfig;
-use outbox_sqlx::postgres::PgStore;
+use outbox_sqlx::postgres::EndToEndDb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn pg_url() -> String {
@@ -60,25 +59,10 @@ impl Drop for ConfigFile {
 /// it on `/metrics`, and on SIGTERM drains and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_relays_to_redis_serves_metrics_and_drains_on_sigterm() {
-    let pool = sqlx::PgPool::connect(&pg_url())
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", pg_url()));
-    let schema = unique("daemon");
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let store = PgStore::new(
-        pool,
-        StoreConfig::with_tables(
-            outbox_sqlx::TableNames::default()
-                .in_schema(&schema)
-                .unwrap(),
-        ),
-    );
-    store.migrate().await.unwrap();
+    let db = EndToEndDb::create("daemon").await;
+    let (store, schema) = (&db.store, &db.schema);
     let events = events_over_keys(50, 5);
-    OutboxWriter::enqueue(&store, &events).await.unwrap();
+    OutboxWriter::enqueue(&**store, &events).await.unwrap();
 
     // Redis behind a proxy, cut at first.
     let redis_port = redis_url()
