@@ -191,9 +191,7 @@ async fn a_relay_killed_after_publish_is_absorbed_by_the_inbox() {
         setup.store.event_state(events[5].event_id).await.unwrap(),
         Some(EventState::InFlight { .. })
     ));
-    setup
-        .clock
-        .advance(relay_suite::config("x").lease_duration + Duration::from_secs(1));
+    setup.advance_store_time(relay_suite::config("x").lease_duration + Duration::from_secs(1));
     let relays = RelayFleet::spawn(
         setup.store.clone(),
         Arc::new(setup.publisher()),

@@ -191,9 +191,7 @@ async fn kill_a_relay_after_publish(
         setup.store.event_state(events[5].event_id).await.unwrap(),
         Some(EventState::InFlight { .. })
     ));
-    setup
-        .clock
-        .advance(relay_suite::config("x").lease_duration + Duration::from_secs(1));
+    setup.advance_store_time(relay_suite::config("x").lease_duration + Duration::from_secs(1));
     let relays = setup.relays(Arc::new(setup.publisher()), 1);
     if consume_after_republish {
         within("every event published", async {

@@ -188,10 +188,9 @@ impl EffectLog {
 pub struct EndToEndDb {
     /// The store (its inbox is `store.inbox()`).
     pub store: Arc<PgStore>,
-    /// Advancing it moves store time for every handle on `store` when the
-    /// database was [created on it](Self::create_on_manual_clock); else it
-    /// moves nothing.
-    pub clock: ManualClock,
+    /// Shifts store time, when created [on a manual
+    /// clock](Self::create_on_manual_clock).
+    clock: Option<ManualClock>,
     /// The consumers' effects.
     pub log: EffectLog,
     /// The schema holding the tables.
@@ -201,20 +200,20 @@ pub struct EndToEndDb {
 impl EndToEndDb {
     /// A fresh schema named `{prefix}_{random}`, on the database's clock.
     pub async fn create(prefix: &str) -> Self {
-        Self::create_with_time(prefix, ManualClock::at_epoch(), StoreTime::Database).await
+        Self::create_with_time(prefix, None, StoreTime::Database).await
     }
 
     /// A fresh schema whose store time is the database's shifted by how far
-    /// [`clock`](Self::clock) was advanced: a test expires a dead relay's
-    /// lease by advancing it. Every store operation then also writes the
+    /// it was advanced: a test expires a dead relay's
+    /// lease with [`advance_store_time`](Self::advance_store_time). Every store operation then also writes the
     /// shift (one shared row), which slows busy runs; use it where a test
     /// moves time.
     pub async fn create_on_manual_clock(prefix: &str) -> Self {
         let clock = ManualClock::at_epoch();
-        Self::create_with_time(prefix, clock.clone(), StoreTime::Shifted(clock)).await
+        Self::create_with_time(prefix, Some(clock.clone()), StoreTime::Shifted(clock)).await
     }
 
-    async fn create_with_time(prefix: &str, clock: ManualClock, time: StoreTime) -> Self {
+    async fn create_with_time(prefix: &str, clock: Option<ManualClock>, time: StoreTime) -> Self {
         let url = std::env::var("OUTBOX_PG_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
         let pool = crate::guard_cancelled_transactions(sqlx::postgres::PgPoolOptions::new())
@@ -247,6 +246,17 @@ impl EndToEndDb {
             log,
             schema,
         }
+    }
+
+    /// Moves store time `by` for every handle on the store (expires a dead
+    /// relay's lease without waiting). Panics on a database created on the
+    /// database's clock, where nothing could move it: a test that meant to
+    /// expire a lease must not silently wait the lease out instead.
+    pub fn advance_store_time(&self, by: std::time::Duration) {
+        self.clock
+            .as_ref()
+            .expect("store time moves only on EndToEndDb::create_on_manual_clock")
+            .advance(by);
     }
 
     /// Committed effects in commit order: (partition key, event id).
