@@ -18,7 +18,7 @@
 use tokio_util::sync::CancellationToken;
 
 use crate::error::StoreError;
-use crate::event::EventId;
+use crate::event::{EventId, Headers};
 use crate::inbox::InboxStore;
 use crate::policy::{RandomSource, RetryDecision, RetryPolicy};
 use crate::relay::OutagePolicy;
@@ -179,12 +179,22 @@ where
     /// [`Applied::Duplicate`]; a failing handler is retried in place, then
     /// given up; a retryable store error is waited out on this same event.
     /// Errs only with a non-retryable store error.
-    pub async fn apply<E>(&mut self, event_id: EventId, event: &E) -> Result<Applied, StoreError>
+    ///
+    /// Runs inside a [`CONSUME_SPAN`](crate::trace::CONSUME_SPAN); with the
+    /// `otel` feature that span is a child of the trace context in
+    /// `headers`, so the handler's spans join the producer's trace.
+    pub async fn apply<E>(
+        &mut self,
+        event_id: EventId,
+        headers: &Headers,
+        event: &E,
+    ) -> Result<Applied, StoreError>
     where
         H: Handler<I::Transaction, E>,
         E: Sync,
     {
-        let applied = self.apply_once(event_id, event).await;
+        let span = crate::trace::consume_span(self.consumer, &event_id, headers);
+        let applied = tracing::Instrument::instrument(self.apply_once(event_id, event), span).await;
         if let Ok(applied) = &applied {
             let outcome = match applied {
                 Applied::Applied => "applied",
@@ -331,7 +341,7 @@ mod tests {
             shutdown: &shutdown,
             store_retries: 0,
         };
-        applier.apply(id, &()).await.unwrap()
+        applier.apply(id, &Headers::default(), &()).await.unwrap()
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@ pub mod relay;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 
 pub use clock::{Clock, ManualClock, SkewedClock, StoreTime, SystemClock};
 pub use error::{BoxError, StoreError};

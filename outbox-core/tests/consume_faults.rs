@@ -11,7 +11,7 @@ use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
 use outbox_core::policy::FixedRandom;
 use outbox_core::relay::OutagePolicy;
 use outbox_core::testing::FlakyInbox;
-use outbox_core::{CancellationToken, EventId, InboxStore, RetryPolicy, StoreError};
+use outbox_core::{CancellationToken, EventId, Headers, InboxStore, RetryPolicy, StoreError};
 
 /// Records the sequence numbers whose effects committed, in commit order.
 #[derive(Clone, Default)]
@@ -57,7 +57,7 @@ async fn a_flaky_store_is_waited_out_on_the_same_event_in_order() {
     let ids: Vec<EventId> = (0..60).map(|_| EventId::random()).collect();
     for (seq, id) in ids.iter().enumerate() {
         let outcome = applier
-            .apply(*id, &(seq as u32))
+            .apply(*id, &Headers::default(), &(seq as u32))
             .await
             .expect("retryable errors are ridden out");
         // A commit that succeeded but reported a lost connection comes back
@@ -132,7 +132,9 @@ async fn deliver_to(
         shutdown,
         store_retries: 0,
     };
-    let outcome = applier.apply(EventId::random(), &0).await;
+    let outcome = applier
+        .apply(EventId::random(), &Headers::default(), &0)
+        .await;
     assert!(handler.0.lock().unwrap().is_empty(), "nothing applied");
     (outcome, applier.store_retries)
 }

@@ -11,7 +11,7 @@ use outbox_core::consume::{Applied, Applier, Handler, HandlerError, metrics as n
 use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
 use outbox_core::policy::FixedRandom;
 use outbox_core::relay::OutagePolicy;
-use outbox_core::{CancellationToken, EventId, InboxStore, RetryPolicy, StoreError};
+use outbox_core::{CancellationToken, EventId, Headers, InboxStore, RetryPolicy, StoreError};
 
 /// An inbox whose first `n` `begin`s fail as a restarting database would.
 struct DownAtFirst {
@@ -113,15 +113,24 @@ async fn the_applier_counts_outcomes_retries_and_handler_time() {
     };
     let paid = EventId::random();
     assert_eq!(
-        applier.apply(paid, &"paid").await.unwrap(),
+        applier
+            .apply(paid, &Headers::default(), &"paid")
+            .await
+            .unwrap(),
         Applied::Applied
     );
     assert_eq!(
-        applier.apply(paid, &"paid").await.unwrap(),
+        applier
+            .apply(paid, &Headers::default(), &"paid")
+            .await
+            .unwrap(),
         Applied::Duplicate
     );
     assert!(matches!(
-        applier.apply(EventId::random(), &"poison").await.unwrap(),
+        applier
+            .apply(EventId::random(), &Headers::default(), &"poison")
+            .await
+            .unwrap(),
         Applied::GaveUp(_)
     ));
 

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::store::{EventState, OutboxAdmin};
+use outbox_core::testing::trace_recorder::TraceRecorder;
 use outbox_core::testing::{
     DieAfterCommit, DieAfterPublishing, RelayFleet, assert_exactly_once_in_key_order,
     events_over_keys, relay_suite,
 };
-use outbox_core::{CancellationToken, InboxStore, OutboxWriter};
+use outbox_core::{CancellationToken, EventId, InboxStore, NewEvent, OutboxWriter};
 use outbox_kafka::{
     Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
     KafkaPublisherConfig, TopicRouter,
@@ -21,6 +22,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 const DEADLINE: Duration = Duration::from_secs(90);
 
@@ -134,12 +136,49 @@ impl Handler<Transaction<'static, Postgres>, KafkaEvent> for RecordEffect {
         tx: &mut Transaction<'static, Postgres>,
         event: &KafkaEvent,
     ) -> Result<(), HandlerError> {
+        // A span of the handler's own, as application code opens: the trace
+        // test finds it under the consumer's span.
         self.log
             .record(tx, &event.partition_key, event.event_id)
+            .instrument(tracing::info_span!("record_effect"))
             .await
             .map_err(|e| HandlerError::Retry(e.to_string()))?;
         Ok(())
     }
+}
+
+/// OpenTelemetry across the hop: the span around the enqueue, the relay's
+/// publish span and the consumer's handler span share one trace (carried in
+/// the `traceparent` Kafka header). Current-thread runtime: the relay and
+/// consumer tasks report to the recorder this thread installed.
+#[tokio::test]
+async fn one_trace_runs_from_the_enqueue_through_kafka_into_the_handler() {
+    let recorder = TraceRecorder::install();
+    let setup = setup().await;
+    async {
+        let paid = NewEvent::builder("invoice.paid", "invoice", "inv-1")
+            .event_id(EventId::random())
+            .payload(&serde_json::json!({ "amount_cents": 1200 }))
+            .build()
+            .unwrap();
+        OutboxWriter::enqueue(&*setup.store, &[paid]).await.unwrap();
+    }
+    .instrument(tracing::info_span!("pay_invoice"))
+    .await;
+    let relays = RelayFleet::spawn(
+        setup.store.clone(),
+        Arc::new(setup.publisher()),
+        "kafka-relay",
+        1,
+    );
+    let stop = CancellationToken::new();
+    let consumer = tokio::spawn(setup.consumer(setup.store.inbox()).run(stop.clone()));
+    setup.wait_for_effects(1).await;
+    relays.stop(DEADLINE).await;
+    stop.cancel();
+    assert_eq!(consumer.await.unwrap().unwrap().applied, 1);
+    let trace = recorder.assert_one_trace("pay_invoice", "record_effect");
+    println!("one trace from producer to handler: {trace}");
 }
 
 /// (a) Four relays, 50 keys: each key's events reach the handler in order, once.

@@ -402,7 +402,7 @@ where
             shutdown,
             store_retries: 0,
         };
-        let applied = applier.apply(event.event_id, event).await;
+        let applied = applier.apply(event.event_id, &event.headers, event).await;
         self.report.store_retries += applier.store_retries;
         match applied? {
             Applied::Applied => Ok(Handled::Applied),

@@ -365,7 +365,7 @@ where
             shutdown,
             store_retries: 0,
         };
-        let applied = applier.apply(event.event_id, &event).await;
+        let applied = applier.apply(event.event_id, &event.headers, &event).await;
         self.report.store_retries += applier.store_retries;
         match applied.map_err(Failure::Inbox)? {
             Applied::Applied => self.report.applied += 1,

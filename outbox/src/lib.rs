@@ -9,6 +9,7 @@
 //! | `redis` | [`redis`] (`outbox-redis`) |
 //! | `kafka` | [`kafka`] (`outbox-kafka`) |
 //! | `sns` | [`sns`] (`outbox-sns`): SNS publisher, SQS consumer runner |
+//! | `otel` | OpenTelemetry across the hop ([`trace`]): enqueue captures the current span's context into `traceparent`, the relay's publish span links to it, consumer handler spans are its children |
 //! | `testing` | conformance suites for custom backends |
 //!
 //! One dependency line is enough: the crates the public API is built on

@@ -150,7 +150,13 @@ impl NewEventBuilder {
     /// Finishes the event. Fails on a missing id or payload, an empty
     /// type/key, or a payload that is not JSON. Size limits are the store's
     /// to check at enqueue ([`super::EventLimits`]).
-    pub fn build(self) -> Result<NewEvent, InvalidEvent> {
+    ///
+    /// With the `otel` feature, an event without a `traceparent` takes the
+    /// current span's trace context here (see [`crate::trace`]).
+    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+    pub fn build(mut self) -> Result<NewEvent, InvalidEvent> {
+        #[cfg(feature = "otel")]
+        crate::trace::capture_into(&mut self.headers);
         let event_id = self.event_id.ok_or(InvalidEvent::EmptyField("event_id"))?;
         let payload = self.payload.ok_or(InvalidEvent::EmptyField("payload"))??;
         let partition_key = self

@@ -155,7 +155,12 @@ impl BatchWork {
         let refs: Vec<&StoredEvent> = chunk.iter().map(|&i| &self.events[i].event).collect();
         let started = Instant::now();
         let timeout = ctx.config.publish_timeout;
-        let result = tokio::time::timeout(timeout, ctx.publisher.publish(&refs)).await;
+        let span = crate::trace::publish_span(
+            ctx.config.relay_id.as_str(),
+            refs.iter().map(|event| &event.headers),
+        );
+        let publish = tracing::Instrument::instrument(ctx.publisher.publish(&refs), span);
+        let result = tokio::time::timeout(timeout, publish).await;
         metrics::seconds(
             metrics::PUBLISH_SECONDS,
             &ctx.config.relay_id,

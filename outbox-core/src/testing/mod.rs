@@ -20,6 +20,8 @@ mod proxy;
 pub mod publisher_suite;
 pub mod relay_suite;
 pub mod store_suite;
+#[cfg(feature = "otel-testing")]
+pub mod trace_recorder;
 
 use std::future::Future;
 use std::sync::Arc;
