@@ -28,11 +28,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     let create = matches!(cli.command, Command::Migrate);
     let store = Store::open(url, &tables, create, 2).await?;
     match cli.command {
-        Command::Migrate => {
-            store.migrate().await?;
-            println!("{} outbox tables are up to date", store.kind());
-            Ok(())
-        }
+        Command::Migrate => migrate(&store, cli.output).await,
         Command::Status => status(&store, cli.output).await,
         Command::Failed { action } => failed(&store, action, cli.output).await,
         Command::Requeue(repair) => {
@@ -71,22 +67,67 @@ fn operator_action(repair: &Repair) -> Result<OperatorAction, CliError> {
     Ok(OperatorAction::new(&repair.operator, &repair.reason))
 }
 
+/// Creates or updates the tables and says which schema version it found
+/// and left; tables of another version are refused, untouched.
+async fn migrate(store: &Store, output: Output) -> Result<(), CliError> {
+    let migrated = store.migrate().await?;
+    if output == Output::Json {
+        println!(
+            "{}",
+            json!({
+                "store": store.kind(),
+                "schema_version": migrated.version,
+                "found": migrated.found,
+                "created": migrated.created(),
+            })
+        );
+    } else if migrated.created() {
+        println!(
+            "{} outbox tables created at schema version {}",
+            store.kind(),
+            migrated.version
+        );
+    } else {
+        println!(
+            "{} outbox tables at schema version {}: already current",
+            store.kind(),
+            migrated.version
+        );
+    }
+    Ok(())
+}
+
+/// The tables' schema version; a store without outbox tables is a
+/// one-line failure that names the fix.
+async fn migrated_version(store: &Store) -> Result<i32, CliError> {
+    store.schema_version().await?.ok_or_else(|| {
+        CliError::failure(format!(
+            "no outbox tables in this {} store: not migrated (run \"outbox migrate\")",
+            store.kind()
+        ))
+    })
+}
+
 async fn status(store: &Store, output: Output) -> Result<(), CliError> {
+    let schema_version = migrated_version(store).await?;
     let admin = store.admin();
     let stats = admin.stats().await?;
     let held_back = admin.held_back().await?;
     let blocked = admin.blocked_keys().await?;
     let relays = admin.relays().await?;
+    let now = chrono::Utc::now();
     let document = json!({
+        "schema_version": schema_version,
         "event_types": stats.iter().map(render::stats).collect::<Vec<_>>(),
         "held_back": held_back.iter().map(render::held_back).collect::<Vec<_>>(),
         "blocked_keys": blocked.iter().map(render::blocked_key).collect::<Vec<_>>(),
-        "relays": relays.iter().map(render::relay).collect::<Vec<_>>(),
+        "relays": relays.iter().map(|r| render::relay(r, now)).collect::<Vec<_>>(),
     });
     if output == Output::Json {
         println!("{document}");
         return Ok(());
     }
+    println!("{} outbox, schema version {schema_version}\n", store.kind());
     println!(
         "{:<32} {:>10} {:>12} {:>8} {:>10} {:>8}",
         "event type", "claimable", "oldest (s)", "parked", "in flight", "failed"
@@ -129,9 +170,10 @@ async fn status(store: &Store, output: Output) -> Result<(), CliError> {
     }
     for relay in &relays {
         println!(
-            "relay {}: last seen {} (clock skew {} ms)",
+            "relay {}: last seen {} ({:.1} s ago; clock skew {} ms)",
             relay.relay,
             relay.last_seen,
+            render::silent_for(relay, now),
             relay.clock_skew.num_milliseconds()
         );
     }
@@ -271,11 +313,12 @@ async fn health(
     allow_blocked: bool,
     output: Output,
 ) -> Result<(), CliError> {
+    migrated_version(store).await?;
     let admin = store.admin();
     let stats = admin
         .stats()
         .await
-        .map_err(|e| CliError::failure(format!("store not usable (not migrated?): {e}")))?;
+        .map_err(|e| CliError::failure(format!("store not usable: {e}")))?;
     let mut problems = Vec::new();
     for s in &stats {
         if let Some(age) = s.oldest_claimable_age.filter(|age| *age > max_age) {

@@ -1,6 +1,7 @@
 //! What read commands print: one JSON value per answer (`--output json`)
 //! and lines for people built from the same value where that reads well.
 
+use outbox_core::chrono::{DateTime, Utc};
 use outbox_core::store::{
     BlockedKey, EventTypeStats, FailedEvent, HeldBack, OpenTransaction, RelayStatus,
 };
@@ -111,13 +112,20 @@ pub fn blocked_key(key: &BlockedKey) -> Value {
     })
 }
 
-/// A relay's last heartbeat.
-pub fn relay(relay: &RelayStatus) -> Value {
+/// A relay's last heartbeat, and how long ago it was at `now`.
+pub fn relay(relay: &RelayStatus, now: DateTime<Utc>) -> Value {
     json!({
         "relay": relay.relay,
         "last_seen": relay.last_seen,
+        "silent_s": silent_for(relay, now),
         "clock_skew_ms": relay.clock_skew.num_milliseconds(),
     })
+}
+
+/// Seconds since the relay's last heartbeat, on this host's clock (as
+/// `health --relay-timeout` measures it); never negative.
+pub fn silent_for(relay: &RelayStatus, now: DateTime<Utc>) -> f64 {
+    ((now - relay.last_seen).num_milliseconds().max(0) as f64) / 1000.0
 }
 
 /// A failed event; its history only when `with_history`.

@@ -7,7 +7,7 @@ use outbox_core::{InboxStore, StoreError};
 use outbox_sqlx::mysql::MySqlStore;
 use outbox_sqlx::postgres::PgStore;
 use outbox_sqlx::sqlite::SqliteStore;
-use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions};
+use outbox_sqlx::{Migrated, StoreConfig, TableNames, guard_cancelled_transactions};
 
 use crate::error::CliError;
 
@@ -117,12 +117,22 @@ impl Store {
         }
     }
 
-    /// Creates or upgrades the tables (idempotent).
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    /// Creates or updates the tables (idempotent); refuses tables of
+    /// another schema version.
+    pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         match self {
             Self::Postgres(store) => store.migrate().await,
             Self::MySql(store) => store.migrate().await,
             Self::Sqlite(store) => store.migrate().await,
+        }
+    }
+
+    /// The tables' schema version (`None`: not migrated).
+    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
+        match self {
+            Self::Postgres(store) => store.schema_version().await,
+            Self::MySql(store) => store.schema_version().await,
+            Self::Sqlite(store) => store.schema_version().await,
         }
     }
 

@@ -72,9 +72,9 @@ fn block(config: &mut outbox_core::RelayConfig) {
     config.poison = PoisonPolicy::Block;
 }
 
-/// Migrate (twice: the second run says the same one line), a failed event
-/// that blocks its key, then status, health, failed list/show and requeue,
-/// each as an operator would see it.
+/// Migrate over tables already there (twice: the same one line each time),
+/// a failed event that blocks its key, then status, health, failed
+/// list/show and requeue, each as an operator would see it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_finds_a_blocked_key_repairs_it_and_health_recovers() {
     let db = EndToEndDb::create("cli").await;
@@ -85,7 +85,7 @@ async fn an_operator_finds_a_blocked_key_repairs_it_and_health_recovers() {
         assert!(migrated.status.success(), "{}", stderr(&migrated));
         assert_eq!(
             stdout(&migrated),
-            "PostgreSQL outbox tables are up to date\n"
+            "PostgreSQL outbox tables at schema version 2: already current\n"
         );
         assert_eq!(stderr(&migrated), "", "migrate is quiet");
     }
@@ -98,6 +98,15 @@ async fn an_operator_finds_a_blocked_key_repairs_it_and_health_recovers() {
     let status = outbox(&url, &["--schema", &schema, "--output", "json", "status"]).await;
     assert!(status.status.success(), "{}", stderr(&status));
     let status = json(&status);
+    assert_eq!(status["schema_version"], 2, "{status}");
+    let relays = status["relays"].as_array().unwrap();
+    assert!(!relays.is_empty(), "{status}");
+    assert!(
+        relays
+            .iter()
+            .all(|r| r["silent_s"].as_f64().unwrap() >= 0.0),
+        "{status}"
+    );
     let blocked = status["blocked_keys"].as_array().unwrap();
     assert_eq!(blocked.len(), 1, "{status}");
     assert_eq!(blocked[0]["blocking_event_id"], poison.to_string());
@@ -119,6 +128,16 @@ async fn an_operator_finds_a_blocked_key_repairs_it_and_health_recovers() {
     );
 
     let text = outbox(&url, &["--schema", &schema, "status"]).await;
+    assert!(
+        stdout(&text).starts_with("PostgreSQL outbox, schema version 2\n"),
+        "{}",
+        stdout(&text)
+    );
+    assert!(
+        stdout(&text).contains(" s ago; clock skew"),
+        "{}",
+        stdout(&text)
+    );
     assert!(
         stdout(&text).contains(&format!("behind failed event {poison}")),
         "{}",
@@ -282,6 +301,55 @@ async fn bad_input_and_unreachable_stores_say_why() {
     assert_eq!(bad_id.status.code(), Some(2));
 }
 
+/// `migrate` reports the schema version it found and left; every read
+/// command on an un-migrated store says so in one line; tables of another
+/// schema version are refused untouched, naming the upgrade notes.
+#[tokio::test]
+async fn migrate_knows_where_the_schema_stands() {
+    let dir = std::env::temp_dir().join(format!("outbox-cli-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("outbox.db");
+    let url = format!("sqlite:{}", path.display());
+    std::fs::File::create(&path).unwrap();
+    for command in [&["status"][..], &["health"][..]] {
+        let unmigrated = outbox(&url, command).await;
+        assert_eq!(unmigrated.status.code(), Some(1), "{command:?}");
+        let reason = stderr(&unmigrated);
+        assert_eq!(reason.lines().count(), 1, "one line: {reason}");
+        assert!(reason.contains("outbox migrate"), "{command:?}: {reason}");
+    }
+
+    let created = outbox(&url, &["--output", "json", "migrate"]).await;
+    assert!(created.status.success(), "{}", stderr(&created));
+    assert_eq!(
+        json(&created),
+        serde_json::json!({"store": "SQLite", "schema_version": 2, "found": null, "created": true})
+    );
+    let again = outbox(&url, &["--output", "json", "migrate"]).await;
+    assert_eq!(json(&again)["found"], 2);
+    assert_eq!(json(&again)["created"], false);
+
+    // Tables an older release made: refused, and left as they were.
+    let store = SqliteStore::open(&path.to_string_lossy(), StoreConfig::default())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox_schema_version SET version = 1")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let refused = outbox(&url, &["migrate"]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    let reason = stderr(&refused);
+    assert!(
+        reason.contains("schema version 1") && reason.contains("Upgrading to schema version 2"),
+        "{reason}"
+    );
+    assert_eq!(store.schema_version().await.unwrap(), Some(1), "untouched");
+    let status = outbox(&url, &["--output", "json", "status"]).await;
+    assert_eq!(json(&status)["schema_version"], 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn mysql_url() -> String {
     std::env::var("OUTBOX_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
 }
@@ -304,13 +372,13 @@ async fn supersede_and_purge_on_mariadb() {
         .await
         .unwrap();
     let url = mysql_url().replacen("mysql://", "mariadb://", 1);
-    for _ in 0..2 {
+    for expected in [
+        "MySQL/MariaDB outbox tables created at schema version 2\n",
+        "MySQL/MariaDB outbox tables at schema version 2: already current\n",
+    ] {
         let migrated = outbox(&url, &["--schema", &database, "migrate"]).await;
         assert!(migrated.status.success(), "{}", stderr(&migrated));
-        assert_eq!(
-            stdout(&migrated),
-            "MySQL/MariaDB outbox tables are up to date\n"
-        );
+        assert_eq!(stdout(&migrated), expected);
     }
     let store = Arc::new(MySqlStore::new(
         pool,

@@ -106,18 +106,40 @@ impl TableNames {
     }
 }
 
+/// What a store's `migrate` found and left: the schema-version record
+/// before (`None`: no outbox tables, so they were created) and after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Migrated {
+    /// The version the tables were at, or `None` if there were none.
+    pub found: Option<i32>,
+    /// The version they are at now (the store's `SCHEMA_VERSION`).
+    pub version: i32,
+}
+
+impl Migrated {
+    /// Whether this call created the tables.
+    pub fn created(&self) -> bool {
+        self.found.is_none()
+    }
+}
+
 /// Refuses tables another schema version made: an error that says which
 /// and where the upgrade is described, rather than SQL failing later.
-// Used by the stores that read a schema-version record before migrating.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+/// Tables of the expected version (or none) migrate.
 pub(crate) fn check_schema_version(
     events: &str,
     found: Option<i32>,
     expected: i32,
-) -> Result<(), StoreError> {
+) -> Result<Migrated, StoreError> {
     match found {
-        Some(v) if v == expected => Ok(()),
-        None => Ok(()),
+        Some(v) if v == expected => Ok(Migrated {
+            found,
+            version: expected,
+        }),
+        None => Ok(Migrated {
+            found,
+            version: expected,
+        }),
         Some(v) => Err(StoreError::Config(format!(
             "the outbox tables ({events}) are schema version {v}; this version of outbox-sqlx \
              needs version {expected}. Drain the outbox, then follow the upgrade notes in \

@@ -23,7 +23,7 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-pub use config::{DEFAULT_PREFIX, StoreConfig, TableNames};
+pub use config::{DEFAULT_PREFIX, Migrated, StoreConfig, TableNames};
 pub use pool::guard_cancelled_transactions;
 /// The `sqlx` these stores were built against: build pools and open
 /// transactions with it, and one dependency line is enough.

@@ -401,3 +401,39 @@ mod fails_fast {
             .unwrap();
     }
 }
+
+/// `migrate` reports the version it found; tables of another schema version
+/// are refused before anything changes, naming the upgrade notes.
+#[tokio::test]
+async fn migrate_reports_and_checks_the_schema_version() {
+    let (store, schema) = store_in_schema(ManualClock::at_epoch()).await;
+    assert_eq!(store.schema_version().await.unwrap(), Some(2));
+    let again = store.migrate().await.unwrap();
+    assert_eq!((again.found, again.version), (Some(2), 2));
+    assert!(!again.created());
+
+    sqlx::query(&format!("UPDATE {schema}.outbox_schema_version SET version = 1"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let refused = store.migrate().await.unwrap_err();
+    assert!(!refused.is_retryable());
+    let message = refused.to_string();
+    assert!(
+        message.contains("schema version 1") && message.contains("Upgrading to schema version 2"),
+        "{message}"
+    );
+    assert_eq!(store.schema_version().await.unwrap(), Some(1), "untouched");
+
+    let fresh = support::unique_name("t");
+    sqlx::query(&format!("CREATE SCHEMA {fresh}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let empty = PgStore::new(
+        store.pool().clone(),
+        StoreConfig::with_tables(TableNames::default().in_schema(&fresh).unwrap()),
+    );
+    assert_eq!(empty.schema_version().await.unwrap(), None);
+    assert!(empty.migrate().await.unwrap().created());
+}

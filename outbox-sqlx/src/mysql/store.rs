@@ -16,7 +16,7 @@ use super::queries::{Queries, with_in_list};
 use super::row;
 use crate::blame::{InFlight, blame, new_lease_id, reap};
 use crate::codes;
-use crate::config::StoreConfig;
+use crate::config::{Migrated, StoreConfig};
 use crate::error::ResultExt;
 use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
@@ -125,12 +125,38 @@ impl MySqlStore {
         Transaction::begin(conn, None).await.store()
     }
 
-    /// Creates the tables if missing. Idempotent.
-    /// Tables of another schema version are refused with
-    /// [`StoreError::Config`] naming the upgrade notes.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    /// Creates the tables if missing. Idempotent; reports the schema
+    /// version found and left. Tables of another schema version are refused
+    /// with [`StoreError::Config`] naming the upgrade notes.
+    pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         let schema = self.schema_sql();
         let mut conn = self.pool.acquire().await.store()?;
+        let found = self.installed_version(&mut conn).await?;
+        let migrated = crate::config::check_schema_version(
+            &self.config.tables.events(),
+            found,
+            SCHEMA_VERSION,
+        )?;
+        for statement in split_statements(&schema) {
+            sqlx::Executor::execute(&mut *conn, statement.as_str())
+                .await
+                .store()?;
+        }
+        self.add_missing_indexes(&mut conn).await?;
+        Ok(migrated)
+    }
+
+    /// The schema version of the outbox tables: `None` if there are none,
+    /// 1 for tables made before the version record existed.
+    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
+        let mut conn = self.pool.acquire().await.store()?;
+        self.installed_version(&mut conn).await
+    }
+
+    async fn installed_version(
+        &self,
+        conn: &mut MySqlConnection,
+    ) -> Result<Option<i32>, StoreError> {
         let tables = &self.config.tables;
         let present = |name: String| {
             let (database, table) = match name.split_once('.') {
@@ -148,32 +174,26 @@ impl MySqlStore {
             .fetch_one(&mut *conn)
             .await
             .store()?
-            > 0
+            == 0
         {
-            let version: Option<i32> = if present(tables.table("schema_version"))
-                .fetch_one(&mut *conn)
-                .await
-                .store()?
-                > 0
-            {
-                sqlx::query_scalar(&format!(
-                    "SELECT MAX(version) FROM {}",
-                    tables.table("schema_version")
-                ))
-                .fetch_one(&mut *conn)
-                .await
-                .store()?
-            } else {
-                Some(1)
-            };
-            crate::config::check_schema_version(&tables.events(), version, SCHEMA_VERSION)?;
+            return Ok(None);
         }
-        for statement in split_statements(&schema) {
-            sqlx::Executor::execute(&mut *conn, statement.as_str())
-                .await
-                .store()?;
+        if present(tables.table("schema_version"))
+            .fetch_one(&mut *conn)
+            .await
+            .store()?
+            == 0
+        {
+            return Ok(Some(1));
         }
-        self.add_missing_indexes(&mut conn).await
+        let version: Option<i32> = sqlx::query_scalar(&format!(
+            "SELECT MAX(version) FROM {}",
+            tables.table("schema_version")
+        ))
+        .fetch_one(&mut *conn)
+        .await
+        .store()?;
+        Ok(Some(version.unwrap_or(1)))
     }
 
     /// Indexes added to schema version 2 after its first release: `CREATE

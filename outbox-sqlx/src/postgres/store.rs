@@ -16,7 +16,7 @@ use super::kept::KeptConnection;
 use super::queries::Queries;
 use super::row;
 use crate::codes;
-use crate::config::StoreConfig;
+use crate::config::{Migrated, StoreConfig};
 use crate::error::ResultExt;
 use crate::validate::{check_event, headers_json};
 
@@ -144,8 +144,11 @@ impl PgStore {
     }
 
     /// Creates or updates the tables, indexes, trigger and functions.
-    /// Idempotent and quiet; concurrent callers take turns.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    /// Idempotent and quiet; concurrent callers take turns. Reports the
+    /// schema version found and left; tables of another schema version are
+    /// refused with [`StoreError::Config`] naming the upgrade notes, before
+    /// anything is changed.
+    pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         let mut tx = self.pool.begin().await.store()?;
         sqlx::query(
             "SELECT pg_advisory_xact_lock($1), set_config('client_min_messages', 'warning', true)",
@@ -154,11 +157,48 @@ impl PgStore {
         .execute(&mut *tx)
         .await
         .store()?;
+        let found = self.installed_version(&mut tx).await?;
+        let migrated = crate::config::check_schema_version(
+            &self.config.tables.events(),
+            found,
+            SCHEMA_VERSION,
+        )?;
         let schema = self.schema_sql();
         sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
             .await
             .store()?;
-        tx.commit().await.store()
+        tx.commit().await.store()?;
+        Ok(migrated)
+    }
+
+    /// The schema version of the outbox tables: `None` if there are none,
+    /// 1 for tables made before the version record existed.
+    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
+        let mut conn = self.pool.acquire().await.store()?;
+        self.installed_version(&mut conn).await
+    }
+
+    async fn installed_version(&self, conn: &mut PgConnection) -> Result<Option<i32>, StoreError> {
+        let tables = &self.config.tables;
+        let (events, record): (Option<String>, Option<String>) =
+            sqlx::query_as("SELECT to_regclass($1)::text, to_regclass($2)::text")
+                .bind(tables.events())
+                .bind(tables.table("schema_version"))
+                .fetch_one(&mut *conn)
+                .await
+                .store()?;
+        match (events, record) {
+            (None, _) => Ok(None),
+            (Some(_), None) => Ok(Some(1)),
+            (Some(_), Some(record)) => {
+                let version: Option<i32> =
+                    sqlx::query_scalar(&format!("SELECT MAX(version) FROM {record}"))
+                        .fetch_one(&mut *conn)
+                        .await
+                        .store()?;
+                Ok(Some(version.unwrap_or(1)))
+            }
+        }
     }
 
     /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the

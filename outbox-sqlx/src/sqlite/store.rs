@@ -21,7 +21,7 @@ use super::queries::Queries;
 use super::row;
 use crate::blame::{InFlight, blame, new_lease_id, reap};
 use crate::codes;
-use crate::config::StoreConfig;
+use crate::config::{Migrated, StoreConfig};
 use crate::error::ResultExt;
 use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
@@ -111,12 +111,36 @@ impl SqliteStore {
         self.config.tables.render(SCHEMA)
     }
 
-    /// Creates the tables and indexes if missing. Idempotent.
-    /// Tables of another schema version are refused with
-    /// [`StoreError::Config`] naming the upgrade notes.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    /// Creates the tables and indexes if missing. Idempotent; reports the
+    /// schema version found and left. Tables of another schema version are
+    /// refused with [`StoreError::Config`] naming the upgrade notes.
+    pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         let schema = self.schema_sql();
         let mut tx = self.begin_immediate().await?;
+        let found = self.installed_version(&mut tx).await?;
+        let migrated = crate::config::check_schema_version(
+            &self.config.tables.events(),
+            found,
+            SCHEMA_VERSION,
+        )?;
+        sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
+            .await
+            .store()?;
+        tx.commit().await.store()?;
+        Ok(migrated)
+    }
+
+    /// The schema version of the outbox tables: `None` if there are none,
+    /// 1 for tables made before the version record existed.
+    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
+        let mut conn = self.pool.acquire().await.store()?;
+        self.installed_version(&mut conn).await
+    }
+
+    async fn installed_version(
+        &self,
+        conn: &mut SqliteConnection,
+    ) -> Result<Option<i32>, StoreError> {
         let tables = &self.config.tables;
         let present = |name: String| {
             sqlx::query_scalar::<_, i64>(
@@ -124,29 +148,30 @@ impl SqliteStore {
             )
             .bind(name)
         };
-        if present(tables.events()).fetch_one(&mut *tx).await.store()? > 0 {
-            let version: Option<i32> = if present(tables.table("schema_version"))
-                .fetch_one(&mut *tx)
-                .await
-                .store()?
-                > 0
-            {
-                sqlx::query_scalar(&format!(
-                    "SELECT MAX(version) FROM {}",
-                    tables.table("schema_version")
-                ))
-                .fetch_one(&mut *tx)
-                .await
-                .store()?
-            } else {
-                Some(1)
-            };
-            crate::config::check_schema_version(&tables.events(), version, SCHEMA_VERSION)?;
-        }
-        sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
+        if present(tables.events())
+            .fetch_one(&mut *conn)
             .await
-            .store()?;
-        tx.commit().await.store()
+            .store()?
+            == 0
+        {
+            return Ok(None);
+        }
+        if present(tables.table("schema_version"))
+            .fetch_one(&mut *conn)
+            .await
+            .store()?
+            == 0
+        {
+            return Ok(Some(1));
+        }
+        let version: Option<i32> = sqlx::query_scalar(&format!(
+            "SELECT MAX(version) FROM {}",
+            tables.table("schema_version")
+        ))
+        .fetch_one(&mut *conn)
+        .await
+        .store()?;
+        Ok(Some(version.unwrap_or(1)))
     }
 
     /// Store time: this host's clock (plus the shift tests set), in
