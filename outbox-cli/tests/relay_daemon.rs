@@ -26,15 +26,21 @@ fn unique(stem: &str) -> String {
 
 /// `GET path` → (status line, body).
 async fn get(address: &str, path: &str) -> (String, String) {
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    try_get(address, path)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path} from the daemon: {e}"))
+}
+
+/// `GET path`, or the connection error (the daemon may not listen yet).
+async fn try_get(address: &str, path: &str) -> std::io::Result<(String, String)> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
     stream
         .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+        .await?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
+    stream.read_to_string(&mut response).await?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_owned(), body.to_owned())
+    Ok((head.lines().next().unwrap().to_owned(), body.to_owned()))
 }
 
 /// A settings file, removed on drop.
@@ -102,14 +108,7 @@ listen = "{listen}"
         url = pg_url(),
         redis = proxy.address(),
     ));
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(["relay", "--config"])
-        .arg(&config.0)
-        .env_remove("OUTBOX_URL")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let child = spawn_daemon(&config);
 
     let claimable = r#"outbox_events{event_type="invoice.paid",state="claimable"}"#;
     let lag = r#"outbox_oldest_claimable_age_seconds{event_type="invoice.paid"}"#;
@@ -135,20 +134,7 @@ listen = "{listen}"
     let (status, _) = get(&listen, "/nope").await;
     assert_eq!(status, "HTTP/1.1 404 Not Found");
 
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("the daemon exits after SIGTERM")
-        .unwrap();
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{:?}\n{log}", output.status);
-    assert!(log.contains("SIGTERM: draining"), "{log}");
-    assert!(log.contains("relay stopped"), "{log}");
+    stop_with_sigterm(child).await;
 
     let client = redis::Client::open(redis_url()).unwrap();
     let mut redis = client.get_multiplexed_async_connection().await.unwrap();
@@ -166,11 +152,166 @@ listen = "{listen}"
         .unwrap();
 }
 
+fn spawn_daemon(config: &ConfigFile) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["relay", "--config"])
+        .arg(&config.0)
+        .env_remove("OUTBOX_URL")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// SIGTERM: the daemon drains, says so, and exits 0.
+async fn stop_with_sigterm(child: tokio::process::Child) {
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("the daemon exits after SIGTERM")
+        .unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{:?}\n{log}", output.status);
+    assert!(log.contains("SIGTERM: draining"), "{log}");
+    assert!(log.contains("relay stopped"), "{log}");
+}
+
+fn free_address() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
+}
+
+fn kafka_bootstrap() -> String {
+    std::env::var("OUTBOX_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:19092".into())
+}
+
+/// The same daemon with `kind = "kafka"`: the backlog reaches the topic
+/// (each event once, keyed by its partition key, in key order), the
+/// counters say so on `/metrics`, and SIGTERM drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_relays_to_kafka() {
+    use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use outbox_kafka::rdkafka::client::DefaultClientContext;
+    use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    use outbox_kafka::rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+    let db = EndToEndDb::create("daemon").await;
+    let events = events_over_keys(40, 4);
+    OutboxWriter::enqueue(&*db.store, &events).await.unwrap();
+    let prefix = format!("{}.", unique("daemon"));
+    let topic = format!("{prefix}invoice.paid");
+    let bootstrap = kafka_bootstrap();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for created in admin
+        .create_topics(
+            &[NewTopic::new(&topic, 2, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("Kafka broker unreachable at {bootstrap}: {e}"))
+    {
+        created.unwrap();
+    }
+
+    let listen = free_address();
+    let config = ConfigFile::with(&format!(
+        r#"
+url = "{url}"
+schema = "{schema}"
+
+[relay]
+id = "daemon-kafka"
+
+[broker]
+kind = "kafka"
+bootstrap = "{bootstrap}"
+topic_prefix = "{prefix}"
+
+[http]
+listen = "{listen}"
+"#,
+        url = pg_url(),
+        schema = db.schema,
+    ));
+    let child = spawn_daemon(&config);
+    let published = r#"outbox_relay_published_total{relay="daemon-kafka"}"#;
+    let claimable = r#"outbox_events{event_type="invoice.paid",state="claimable"}"#;
+    scrape_until(&listen, |m| {
+        gauge(m, published) == Some(40.0) && gauge(m, claimable) == Some(0.0)
+    })
+    .await;
+    stop_with_sigterm(child).await;
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", unique("daemon-reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    // Both partitions from the start, without a group join.
+    let mut partitions = TopicPartitionList::new();
+    for partition in 0..2 {
+        partitions
+            .add_partition_offset(&topic, partition, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&partitions).unwrap();
+    let mut read: Vec<(String, String)> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while read.len() < events.len() && std::time::Instant::now() < deadline {
+        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+            let message = message.unwrap();
+            let key = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
+            let id = message
+                .headers()
+                .and_then(|h| {
+                    use outbox_kafka::rdkafka::message::Headers as _;
+                    h.iter()
+                        .find(|h| h.key == "event_id")
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                })
+                .expect("every message carries its event_id header");
+            read.push((key, id));
+        }
+    }
+    assert_eq!(read.len(), events.len(), "each event once: {read:?}");
+    for key in events.iter().map(|e| &e.partition_key) {
+        let expected: Vec<String> = events
+            .iter()
+            .filter(|e| &e.partition_key == key)
+            .map(|e| e.event_id.to_string())
+            .collect();
+        let got: Vec<String> = read
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, id)| id.clone())
+            .collect();
+        assert_eq!(got, expected, "key {key} in enqueue order");
+    }
+}
+
 /// Scrapes `/metrics` until `done` holds (60 s at most); returns the text.
 async fn scrape_until(listen: &str, done: impl Fn(&str) -> bool) -> String {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let (_, metrics) = get(listen, "/metrics").await;
+        // Until the daemon listens, a refused connection is an empty scrape.
+        let metrics = try_get(listen, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default();
         if done(&metrics) {
             return metrics;
         }
