@@ -412,10 +412,12 @@ async fn migrate_reports_and_checks_the_schema_version() {
     assert_eq!((again.found, again.version), (Some(2), 2));
     assert!(!again.created());
 
-    sqlx::query(&format!("UPDATE {schema}.outbox_schema_version SET version = 1"))
-        .execute(store.pool())
-        .await
-        .unwrap();
+    sqlx::query(&format!(
+        "UPDATE {schema}.outbox_schema_version SET version = 1"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
     let refused = store.migrate().await.unwrap_err();
     assert!(!refused.is_retryable());
     let message = refused.to_string();
