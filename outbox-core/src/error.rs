@@ -6,15 +6,22 @@ use crate::event::{EventId, InvalidEvent};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// An error from a store or inbox.
+///
+/// Its text is the whole story, said once: what failed, in which operation
+/// on which table (stores add it with [`StoreError::during`]), and the
+/// driver's message. The driver's error is therefore not also returned as
+/// [`source`](std::error::Error::source), where report printers would repeat
+/// it ("…: pool timed out, caused by: pool timed out"); reach it with
+/// [`StoreError::driver_error`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The event was refused at enqueue; nothing was written.
     #[error("invalid event: {0}")]
-    InvalidEvent(#[from] InvalidEvent),
+    InvalidEvent(InvalidEvent),
     /// The backend could not be reached or timed out; retrying may help.
     #[error("store unavailable: {0}")]
-    Unavailable(#[source] BoxError),
+    Unavailable(BoxError),
     /// A concurrent transaction touched the same rows; retry the transaction.
     #[error("conflict with a concurrent transaction: {0}")]
     Conflict(String),
@@ -35,14 +42,41 @@ pub enum StoreError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// Any other backend error.
-    #[error("store error: {source}")]
+    #[error("store error: {error}")]
     Backend {
         /// Whether retrying the same call may succeed.
         retryable: bool,
-        /// The driver's error.
-        #[source]
-        source: BoxError,
+        /// The driver's error (with the operation, once a store added it).
+        error: BoxError,
     },
+}
+
+/// A driver error with the store operation and table it happened in; what
+/// [`StoreError::during`] wraps the driver's error in.
+#[derive(Debug)]
+pub struct DuringOperation {
+    /// The store operation (`claim_batch`, `ack`, `stats`, `inbox claim`…).
+    pub operation: &'static str,
+    /// What it worked on (the qualified table, or the store's file).
+    pub target: String,
+    /// The driver's error.
+    pub error: BoxError,
+}
+
+impl std::fmt::Display for DuringOperation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} on {}: {}", self.operation, self.target, self.error)
+    }
+}
+
+impl std::error::Error for DuringOperation {}
+
+// By hand, not `#[from]`: that would also make the event's error this
+// error's `source` and repeat it in reports.
+impl From<InvalidEvent> for StoreError {
+    fn from(error: InvalidEvent) -> Self {
+        Self::InvalidEvent(error)
+    }
 }
 
 impl StoreError {
@@ -59,19 +93,62 @@ impl StoreError {
     }
 
     /// Wraps a driver error that retrying may cure.
-    pub fn retryable(source: impl Into<BoxError>) -> Self {
+    pub fn retryable(error: impl Into<BoxError>) -> Self {
         Self::Backend {
             retryable: true,
-            source: source.into(),
+            error: error.into(),
         }
     }
 
     /// Wraps a driver error that retrying will not cure.
-    pub fn fatal(source: impl Into<BoxError>) -> Self {
+    pub fn fatal(error: impl Into<BoxError>) -> Self {
         Self::Backend {
             retryable: false,
-            source: source.into(),
+            error: error.into(),
         }
+    }
+
+    /// Says which store operation on which table failed, for errors that
+    /// come from the driver (unavailable, conflict, backend); the others
+    /// already say what is wrong. The innermost operation wins: an error
+    /// that already names one is returned as it is.
+    pub fn during(self, operation: &'static str, target: impl Into<String>) -> Self {
+        let target = target.into();
+        let wrap = |error: BoxError| -> BoxError {
+            if error.is::<DuringOperation>() {
+                error
+            } else {
+                Box::new(DuringOperation {
+                    operation,
+                    target: target.clone(),
+                    error,
+                })
+            }
+        };
+        match self {
+            Self::Unavailable(error) => Self::Unavailable(wrap(error)),
+            Self::Backend { retryable, error } => Self::Backend {
+                retryable,
+                error: wrap(error),
+            },
+            Self::Conflict(message) if !message.starts_with(operation) => {
+                Self::Conflict(format!("{operation} on {target}: {message}"))
+            }
+            other => other,
+        }
+    }
+
+    /// The driver's own error (an `sqlx::Error`, a `redis::RedisError`…),
+    /// for downcasting; `None` for errors the outbox itself raised.
+    pub fn driver_error(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        let error = match self {
+            Self::Unavailable(error) | Self::Backend { error, .. } => error,
+            _ => return None,
+        };
+        Some(match error.downcast_ref::<DuringOperation>() {
+            Some(during) => during.error.as_ref(),
+            None => error.as_ref(),
+        })
     }
 }
 
@@ -85,5 +162,46 @@ mod tests {
         assert!(StoreError::retryable("io").is_retryable());
         assert!(!StoreError::fatal("syntax").is_retryable());
         assert!(!StoreError::from(InvalidEvent::EmptyField("event_type")).is_retryable());
+    }
+
+    /// What a report printer shows: the error, then each source.
+    fn report(error: &dyn std::error::Error) -> String {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            text.push_str(&format!(", caused by: {cause}"));
+            source = cause.source();
+        }
+        text
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("pool timed out while waiting for an open connection")]
+    struct PoolTimedOut;
+
+    #[test]
+    fn the_cause_is_said_once_with_the_operation_and_table() {
+        let error = StoreError::Unavailable(Box::new(PoolTimedOut))
+            .during("claim_batch", "billing.outbox_events")
+            .during("outer", "ignored");
+        assert_eq!(
+            report(&error),
+            "store unavailable: claim_batch on billing.outbox_events: \
+             pool timed out while waiting for an open connection"
+        );
+        assert!(error.is_retryable());
+        assert!(error.driver_error().unwrap().is::<PoolTimedOut>());
+
+        let fatal = StoreError::fatal(PoolTimedOut).during("ack", "outbox_events");
+        assert_eq!(report(&fatal).matches("pool timed out").count(), 1);
+        assert!(!fatal.is_retryable());
+        let conflict = StoreError::Conflict("deadlock detected".into()).during("nack", "t");
+        assert_eq!(
+            conflict.to_string(),
+            "conflict with a concurrent transaction: nack on t: deadlock detected"
+        );
+        let config = StoreError::Config("bad".into()).during("stats", "t");
+        assert_eq!(config.to_string(), "invalid configuration: bad");
+        assert!(config.driver_error().is_none());
     }
 }

@@ -17,7 +17,7 @@ pub mod testing;
 pub mod trace;
 
 pub use clock::{Clock, ManualClock, SkewedClock, StoreTime, SystemClock};
-pub use error::{BoxError, StoreError};
+pub use error::{BoxError, DuringOperation, StoreError};
 pub use event::{
     EventId, EventLimits, Headers, InvalidEvent, NewEvent, Payload, RawEvent, StoredEvent,
     TypedEvent, UnreadableEvent,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use outbox_core::ManualClock;
 use outbox_core::memory::MemoryStore;
-use outbox_core::testing::{MemoryInboxHarness, RecordingHarness, publisher_suite};
+use outbox_core::testing::MemoryInboxHarness;
 
 async fn memory_store(clock: ManualClock) -> Arc<MemoryStore> {
     Arc::new(MemoryStore::with_clock(Arc::new(clock)))
@@ -33,20 +33,5 @@ mod inbox {
 }
 
 mod publisher {
-    use super::*;
-
-    #[tokio::test]
-    async fn round_trips_every_field() {
-        publisher_suite::round_trips_every_field(&RecordingHarness::default()).await;
-    }
-
-    #[tokio::test]
-    async fn keeps_order_within_a_key() {
-        publisher_suite::keeps_order_within_a_key(&RecordingHarness::default()).await;
-    }
-
-    #[tokio::test]
-    async fn empty_batch_is_a_noop() {
-        publisher_suite::empty_batch_is_a_noop(&RecordingHarness::default()).await;
-    }
+    outbox_core::publisher_conformance_tests!(outbox_core::testing::RecordingHarness::default());
 }

@@ -35,6 +35,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use outbox_core::chrono::{DateTime, Utc};
+use outbox_core::event::wire;
+
 use crate::headers::names;
 
 /// An event as the consumer hands it to the handler.
@@ -52,6 +55,15 @@ pub struct KafkaEvent {
     pub event_type: String,
     /// The message key.
     pub partition_key: String,
+    /// From the `aggregate_type` header (empty if absent).
+    pub aggregate_type: String,
+    /// From the `aggregate_id` header (empty if absent).
+    pub aggregate_id: String,
+    /// From the `payload_version` header (1 if absent).
+    pub payload_version: u32,
+    /// From the `occurred_at` header: when the event was enqueued (store
+    /// time); `None` for messages written before the header existed.
+    pub occurred_at: Option<DateTime<Utc>>,
     /// The payload bytes.
     pub payload: Vec<u8>,
     /// Correlation, causation, trace context and free headers.
@@ -60,35 +72,51 @@ pub struct KafkaEvent {
 
 impl KafkaEvent {
     fn decode(message: &BorrowedMessage<'_>) -> Result<Self, String> {
-        let mut event_id = None;
-        let mut event_type = None;
         let mut pairs = Vec::new();
         if let Some(headers) = message.headers() {
             for header in headers.iter() {
                 let value = String::from_utf8(header.value.unwrap_or_default().to_vec())
                     .map_err(|e| format!("header {}: {e}", header.key))?;
-                match header.key {
-                    names::EVENT_ID => {
-                        event_id = Some(value.parse().map_err(|e| format!("event_id: {e}"))?)
-                    }
-                    names::EVENT_TYPE => event_type = Some(value),
-                    names::AGGREGATE_TYPE | names::AGGREGATE_ID | names::PAYLOAD_VERSION => {}
-                    other => pairs.push((other.to_owned(), value)),
-                }
+                pairs.push((header.key.to_owned(), value));
             }
         }
+        let envelope = wire::read_envelope(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+        let event_id = envelope
+            .identity
+            .get(names::EVENT_ID)
+            .ok_or("no event_id header")?
+            .parse()
+            .map_err(|e| format!("event_id: {e}"))?;
+        let event_type = envelope
+            .identity
+            .get(names::EVENT_TYPE)
+            .ok_or("no event_type header")?
+            .clone();
+        let payload_version = match envelope.identity.get(names::PAYLOAD_VERSION) {
+            None => 1,
+            Some(v) => v
+                .parse()
+                .map_err(|e| format!("payload_version {v:?}: {e}"))?,
+        };
+        let occurred_at = envelope.occurred_at()?;
         Ok(Self {
             topic: message.topic().to_owned(),
             partition: message.partition(),
             offset: message.offset(),
-            event_id: event_id.ok_or("no event_id header")?,
-            event_type: event_type.ok_or("no event_type header")?,
+            event_id,
+            event_type,
+            // The key is the partition key; the header repeats it for
+            // consumers that read headers only.
             partition_key: message
                 .key()
                 .map(|k| String::from_utf8_lossy(k).into_owned())
                 .unwrap_or_default(),
+            aggregate_type: envelope.get(names::AGGREGATE_TYPE).to_owned(),
+            aggregate_id: envelope.get(names::AGGREGATE_ID).to_owned(),
+            payload_version,
+            occurred_at,
             payload: message.payload().unwrap_or_default().to_vec(),
-            headers: Headers::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+            headers: envelope.headers,
         })
     }
 }
@@ -183,13 +211,27 @@ pub struct ConsumerReport {
 pub enum ConsumerError {
     /// Kafka failed in a way the consumer cannot ride out.
     #[error("kafka: {0}")]
-    Kafka(#[from] KafkaError),
+    Kafka(KafkaError),
     /// The inbox's store failed with a non-retryable error.
     #[error("inbox: {0}")]
-    Inbox(#[from] StoreError),
+    Inbox(StoreError),
     /// A setting that cannot work.
     #[error("invalid consumer configuration: {0}")]
     Config(String),
+}
+
+// By hand, not `#[from]`: that would also make the inner error this error's
+// `source` and repeat it in reports.
+impl From<StoreError> for ConsumerError {
+    fn from(error: StoreError) -> Self {
+        Self::Inbox(error)
+    }
+}
+
+impl From<KafkaError> for ConsumerError {
+    fn from(error: KafkaError) -> Self {
+        Self::Kafka(error)
+    }
 }
 
 enum Handled {

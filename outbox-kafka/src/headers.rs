@@ -1,51 +1,38 @@
-//! Message headers: the event's identity and context.
+//! Message headers: the event's envelope ([`outbox_core::event::wire`], the
+//! names every broker adapter writes) and its own headers.
 
 use outbox_core::StoredEvent;
+use outbox_core::event::wire;
 use rdkafka::message::{Header, OwnedHeaders};
 
-/// Header names (besides the event's own headers, see `outbox_core::Headers`).
+/// Header names: the shared envelope's.
 pub mod names {
-    /// The event id.
-    pub const EVENT_ID: &str = "event_id";
-    /// The event type.
-    pub const EVENT_TYPE: &str = "event_type";
-    /// The aggregate kind.
-    pub const AGGREGATE_TYPE: &str = "aggregate_type";
-    /// The aggregate id.
-    pub const AGGREGATE_ID: &str = "aggregate_id";
-    /// The payload schema version.
-    pub const PAYLOAD_VERSION: &str = "payload_version";
+    pub use outbox_core::event::wire::names::*;
 }
 
-/// The headers a message carries for `event`.
+/// The headers a message carries for `event`: the envelope's identity and
+/// `occurred_at`, then the event's own headers under their own names.
 pub fn message_headers(event: &StoredEvent) -> OwnedHeaders {
-    let event_id = event.event_id.to_string();
-    let version = event.payload_version.to_string();
-    let mut headers = OwnedHeaders::new_with_capacity(8)
-        .insert(Header {
-            key: names::EVENT_ID,
-            value: Some(event_id.as_bytes()),
-        })
-        .insert(Header {
-            key: names::EVENT_TYPE,
-            value: Some(event.event_type.as_bytes()),
-        })
-        .insert(Header {
-            key: names::AGGREGATE_TYPE,
-            value: Some(event.aggregate_type.as_bytes()),
-        })
-        .insert(Header {
-            key: names::AGGREGATE_ID,
-            value: Some(event.aggregate_id.as_bytes()),
-        })
-        .insert(Header {
-            key: names::PAYLOAD_VERSION,
-            value: Some(version.as_bytes()),
-        });
-    for (name, value) in event.headers.iter() {
+    let identity = wire::identity(event);
+    let mut headers =
+        OwnedHeaders::new_with_capacity(identity.len() + event.headers.extra.len() + 3);
+    for (name, value) in &identity {
         headers = headers.insert(Header {
             key: name,
             value: Some(value.as_bytes()),
+        });
+    }
+    let (own, packed) = wire::headers(event);
+    for (name, value) in own {
+        headers = headers.insert(Header {
+            key: name,
+            value: Some(value.as_bytes()),
+        });
+    }
+    if let Some(packed) = &packed {
+        headers = headers.insert(Header {
+            key: names::PACKED_HEADERS,
+            value: Some(packed.as_bytes()),
         });
     }
     headers

@@ -8,8 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::memory::MemoryStore;
 use outbox_core::testing::{
-    OutageCounter, PublisherHarness, ReceivedEvent, event, events_over_keys, publisher_suite,
-    relay_suite,
+    OutageCounter, PublisherHarness, ReceivedEvent, event, events_over_keys, relay_suite,
 };
 use outbox_core::{
     CancellationToken, ErrorClass, EventId, ManualClock, OutboxWriter, Publisher, Relay,
@@ -75,29 +74,29 @@ fn reader(topic: &str) -> StreamConsumer {
 }
 
 fn received(message: &rdkafka::message::BorrowedMessage<'_>) -> ReceivedEvent {
-    let mut event_id = None;
-    let mut event_type = String::new();
-    let mut pairs = Vec::new();
-    if let Some(h) = message.headers() {
-        for header in h.iter() {
-            let value = String::from_utf8_lossy(header.value.unwrap_or_default()).into_owned();
-            match header.key {
-                headers::names::EVENT_ID => event_id = Some(value.parse::<EventId>().unwrap()),
-                headers::names::EVENT_TYPE => event_type = value,
-                headers::names::AGGREGATE_TYPE
-                | headers::names::AGGREGATE_ID
-                | headers::names::PAYLOAD_VERSION => {}
-                other => pairs.push((other.to_owned(), value)),
-            }
-        }
-    }
-    pairs.sort();
+    let pairs = message.headers().into_iter().flat_map(|h| {
+        h.iter()
+            .map(|header| {
+                let value = String::from_utf8_lossy(header.value.unwrap_or_default()).into_owned();
+                (header.key.to_owned(), value)
+            })
+            .collect::<Vec<_>>()
+    });
+    let (envelope, headers) = ReceivedEvent::split_envelope(pairs);
+    let named = |name: &str| {
+        envelope
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {name} header"))
+    };
     ReceivedEvent {
-        event_id: event_id.expect("event_id header"),
-        event_type,
+        event_id: named(headers::names::EVENT_ID).parse::<EventId>().unwrap(),
+        event_type: named(headers::names::EVENT_TYPE),
         partition_key: String::from_utf8(message.key().unwrap().to_vec()).unwrap(),
         payload: message.payload().unwrap_or_default().to_vec(),
-        headers: pairs,
+        headers,
+        envelope,
     }
 }
 
@@ -142,23 +141,18 @@ impl PublisherHarness for Harness {
     async fn read_back(&self, n: usize) -> Vec<ReceivedEvent> {
         read(&self.consumer, n).await
     }
+    async fn unreachable_publisher(&self) -> Arc<KafkaPublisher> {
+        // A closed port: no broker ever answers.
+        let config = KafkaPublisherConfig::new("127.0.0.1:9");
+        Arc::new(KafkaPublisher::new(&config, TopicRouter::with_prefix("down.")).unwrap())
+    }
 }
 
 use outbox_core::testing::stored;
 
-#[tokio::test]
-async fn publisher_round_trips_every_field() {
-    publisher_suite::round_trips_every_field(&Harness::new().await).await;
-}
-
-#[tokio::test]
-async fn publisher_keeps_order_within_a_key() {
-    publisher_suite::keeps_order_within_a_key(&Harness::new().await).await;
-}
-
-#[tokio::test]
-async fn publisher_empty_batch_is_a_noop() {
-    publisher_suite::empty_batch_is_a_noop(&Harness::new().await).await;
+mod publisher {
+    use super::*;
+    outbox_core::publisher_conformance_tests!(Harness::new().await);
 }
 
 /// A message over the producer's `message.max.bytes` is permanent for that

@@ -2,63 +2,34 @@
 
 use std::collections::HashMap;
 
+use outbox_core::chrono::{DateTime, Utc};
+use outbox_core::event::wire;
 use outbox_core::{EventId, Headers, StoredEvent};
 use redis::Value;
 
-/// Field names of an entry.
+/// Field names of an entry: the envelope every broker adapter writes
+/// ([`outbox_core::event::wire`]), plus the payload.
 pub mod names {
-    /// The event id.
-    pub const EVENT_ID: &str = "event_id";
-    /// The event type.
-    pub const EVENT_TYPE: &str = "event_type";
-    /// The ordering key.
-    pub const PARTITION_KEY: &str = "partition_key";
-    /// The aggregate kind.
-    pub const AGGREGATE_TYPE: &str = "aggregate_type";
-    /// The aggregate id.
-    pub const AGGREGATE_ID: &str = "aggregate_id";
-    /// The payload schema version.
-    pub const PAYLOAD_VERSION: &str = "payload_version";
-    /// The payload bytes as stored.
-    pub const PAYLOAD: &str = "payload";
-    /// Prefix of header fields: `h.traceparent`, `h.correlation_id`, …
-    pub const HEADER_PREFIX: &str = "h.";
+    pub use outbox_core::event::wire::names::*;
+    /// Prefix of header fields in entries written before the envelope was
+    /// shared (`h.traceparent`); still read, never written.
+    pub const LEGACY_HEADER_PREFIX: &str = "h.";
 }
 
-/// The entry's fields for `event`, in a fixed order.
+/// The entry's fields for `event`, in a fixed order: the envelope's
+/// identity, the payload, then the event's headers under their own names.
 pub fn entry_fields(event: &StoredEvent) -> Vec<(String, Vec<u8>)> {
-    let mut fields = vec![
-        (
-            names::EVENT_ID.into(),
-            event.event_id.to_string().into_bytes(),
-        ),
-        (
-            names::EVENT_TYPE.into(),
-            event.event_type.clone().into_bytes(),
-        ),
-        (
-            names::PARTITION_KEY.into(),
-            event.partition_key.clone().into_bytes(),
-        ),
-        (
-            names::AGGREGATE_TYPE.into(),
-            event.aggregate_type.clone().into_bytes(),
-        ),
-        (
-            names::AGGREGATE_ID.into(),
-            event.aggregate_id.clone().into_bytes(),
-        ),
-        (
-            names::PAYLOAD_VERSION.into(),
-            event.payload_version.to_string().into_bytes(),
-        ),
-        (names::PAYLOAD.into(), event.payload.as_bytes().to_vec()),
-    ];
-    for (name, value) in event.headers.iter() {
-        fields.push((
-            format!("{}{name}", names::HEADER_PREFIX),
-            value.as_bytes().to_vec(),
-        ));
+    let mut fields: Vec<(String, Vec<u8>)> = wire::identity(event)
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.into_bytes()))
+        .collect();
+    fields.push((names::PAYLOAD.into(), event.payload.as_bytes().to_vec()));
+    let (own, packed) = wire::headers(event);
+    for (name, value) in own {
+        fields.push((name.to_owned(), value.as_bytes().to_vec()));
+    }
+    if let Some(packed) = packed {
+        fields.push((names::PACKED_HEADERS.into(), packed.into_bytes()));
     }
     fields
 }
@@ -84,6 +55,9 @@ pub struct StreamEvent {
     pub payload_version: u32,
     /// The payload bytes.
     pub payload: Vec<u8>,
+    /// When the event was enqueued (store time); `None` for entries written
+    /// before the field existed.
+    pub occurred_at: Option<DateTime<Utc>>,
     /// Correlation, causation, trace context and free headers.
     pub headers: Headers,
 }
@@ -119,32 +93,42 @@ impl StreamEvent {
         let text = |name: &str| -> Result<String, DecodeError> {
             String::from_utf8(bytes(name)?).map_err(|e| fail(format!("field {name}: {e}")))
         };
-        let mut header_pairs = Vec::new();
-        for (name, value) in fields {
-            if let (Some(header), Value::BulkString(v)) =
-                (name.strip_prefix(names::HEADER_PREFIX), value)
-            {
-                let v = String::from_utf8(v.clone()).map_err(|e| fail(e.to_string()))?;
-                header_pairs.push((header.to_owned(), v));
-            }
+        // Every field but the payload is text: the envelope's identity, and
+        // headers (under their own names, packed, or as `h.name` in entries
+        // from earlier versions).
+        let mut pairs: Vec<(String, String)> = Vec::with_capacity(fields.len());
+        for name in fields.keys().filter(|name| *name != names::PAYLOAD) {
+            let header = name
+                .strip_prefix(names::LEGACY_HEADER_PREFIX)
+                .unwrap_or(name);
+            pairs.push((header.to_owned(), text(name)?));
         }
+        let envelope = wire::read_envelope(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(fail)?;
+        let required = |name: &str| -> Result<String, DecodeError> {
+            envelope
+                .identity
+                .get(name)
+                .cloned()
+                .ok_or_else(|| fail(format!("field {name} is missing")))
+        };
+        let occurred_at = envelope.occurred_at().map_err(fail)?;
         Ok(Self {
             stream: stream.to_owned(),
             entry_id: entry_id.to_owned(),
-            event_id: text(names::EVENT_ID)?
+            event_id: required(names::EVENT_ID)?
                 .parse()
                 .map_err(|e| fail(format!("event_id: {e}")))?,
-            event_type: text(names::EVENT_TYPE)?,
-            partition_key: text(names::PARTITION_KEY)?,
-            aggregate_type: text(names::AGGREGATE_TYPE)?,
-            aggregate_id: text(names::AGGREGATE_ID)?,
-            payload_version: text(names::PAYLOAD_VERSION)?
+            event_type: required(names::EVENT_TYPE)?,
+            partition_key: required(names::PARTITION_KEY)?,
+            aggregate_type: required(names::AGGREGATE_TYPE)?,
+            aggregate_id: required(names::AGGREGATE_ID)?,
+            payload_version: required(names::PAYLOAD_VERSION)?
                 .parse()
                 .map_err(|e| fail(format!("payload_version: {e}")))?,
             payload: bytes(names::PAYLOAD)?,
-            headers: Headers::from_pairs(
-                header_pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-            ),
+            occurred_at,
+            headers: envelope.headers,
         })
     }
 }

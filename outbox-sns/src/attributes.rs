@@ -3,54 +3,34 @@
 //! SNS delivers at most **10 message attributes** to an SQS subscriber, so
 //! the layout is fixed and never exceeds it:
 //!
-//! * six identity attributes: `event_id`, `event_type`, `partition_key`,
-//!   `aggregate_type`, `aggregate_id`, `payload_version` (the names the Redis
-//!   publisher writes as fields and the Kafka publisher as headers);
+//! * seven identity attributes: `event_id`, `event_type`, `partition_key`,
+//!   `aggregate_type`, `aggregate_id`, `payload_version`, `occurred_at` (the
+//!   envelope every adapter writes, [`outbox_core::event::wire`]: the Redis
+//!   publisher as fields, the Kafka publisher as headers);
 //! * the event's headers under their own names (`correlation_id`,
 //!   `causation_id`, `traceparent`, free headers) when they all fit in the
-//!   four slots left and each is a valid attribute (a legal name, not one of
+//!   three slots left and each is a valid attribute (a legal name, not one of
 //!   the names above, a non-empty value);
-//! * otherwise the first three valid headers (well-known ones come first)
-//!   keep their own attributes and **every other header is packed** into one
+//! * otherwise two valid headers (`traceparent` first, then
+//!   `correlation_id`, then the rest in order) keep their own attributes and **every other header is packed** into one
 //!   attribute, [`names::PACKED_HEADERS`], as a flat JSON object of strings.
 //!
 //! Nothing is dropped: [`read_attributes`] merges both forms back, so a
 //! consumer sees the same headers whatever their count.
 
-use std::collections::BTreeMap;
-
+use outbox_core::event::wire;
 use outbox_core::{Headers, StoredEvent};
 
-/// Attribute names.
+/// Attribute names: the envelope every broker adapter writes
+/// ([`outbox_core::event::wire`]).
 pub mod names {
-    /// The event id.
-    pub const EVENT_ID: &str = "event_id";
-    /// The event type.
-    pub const EVENT_TYPE: &str = "event_type";
-    /// The ordering key.
-    pub const PARTITION_KEY: &str = "partition_key";
-    /// The aggregate kind.
-    pub const AGGREGATE_TYPE: &str = "aggregate_type";
-    /// The aggregate id.
-    pub const AGGREGATE_ID: &str = "aggregate_id";
-    /// The payload schema version.
-    pub const PAYLOAD_VERSION: &str = "payload_version";
-    /// Headers that did not get an attribute of their own, as a flat JSON
-    /// object of string values.
-    pub const PACKED_HEADERS: &str = "outbox_headers";
+    pub use outbox_core::event::wire::names::*;
 }
 
 /// Most message attributes SNS delivers to SQS.
 pub const MAX_ATTRIBUTES: usize = 10;
 
-const IDENTITY: [&str; 6] = [
-    names::EVENT_ID,
-    names::EVENT_TYPE,
-    names::PARTITION_KEY,
-    names::AGGREGATE_TYPE,
-    names::AGGREGATE_ID,
-    names::PAYLOAD_VERSION,
-];
+const IDENTITY: [&str; 7] = wire::IDENTITY;
 
 /// The data type every attribute is sent with.
 pub const DATA_TYPE: &str = "String";
@@ -58,27 +38,25 @@ pub const DATA_TYPE: &str = "String";
 /// The attributes `event` is published with, in a fixed order; never more
 /// than [`MAX_ATTRIBUTES`].
 pub fn message_attributes(event: &StoredEvent) -> Vec<(String, String)> {
-    let identity = [
-        event.event_id.to_string(),
-        event.event_type.clone(),
-        event.partition_key.clone(),
-        event.aggregate_type.clone(),
-        event.aggregate_id.clone(),
-        event.payload_version.to_string(),
-    ];
-    let mut attributes: Vec<(String, String)> = IDENTITY
-        .iter()
-        .zip(identity)
+    let mut attributes: Vec<(String, String)> = wire::identity(event)
+        .into_iter()
         // SNS refuses an empty string attribute; a consumer reads a missing
         // identity attribute as empty.
         .filter(|(_, value)| !value.is_empty())
-        .map(|(name, value)| ((*name).to_owned(), value))
+        .map(|(name, value)| (name.to_owned(), value))
         .collect();
     let slots = MAX_ATTRIBUTES - IDENTITY.len();
-    let (own, mut packed): (Vec<_>, Vec<_>) = event
+    let (mut own, mut packed): (Vec<_>, Vec<_>) = event
         .headers
         .iter()
         .partition(|(name, value)| can_be_own_attribute(name, value));
+    // When slots run short, trace context keeps its own attribute first
+    // (what tracing integrations read), then correlation, then the rest.
+    own.sort_by_key(|(name, _)| match *name {
+        Headers::TRACEPARENT => 0,
+        Headers::CORRELATION_ID => 1,
+        _ => 2,
+    });
     let own_count = if packed.is_empty() && own.len() <= slots {
         own.len()
     } else {
@@ -133,34 +111,14 @@ fn can_be_own_attribute(name: &str, value: &str) -> bool {
 }
 
 /// An event's identity and headers read back from attributes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReadAttributes {
-    /// Identity attributes by name (missing ones absent).
-    pub identity: BTreeMap<&'static str, String>,
-    /// Every header, own attributes and packed ones merged.
-    pub headers: Headers,
-}
+pub type ReadAttributes = wire::Envelope;
 
 /// Reads attributes written by [`message_attributes`]. Fails only on a
 /// packed-headers attribute that is not a flat JSON object of strings.
 pub fn read_attributes<'a>(
     attributes: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<ReadAttributes, String> {
-    let mut read = ReadAttributes::default();
-    let mut headers: Vec<(String, String)> = Vec::new();
-    for (name, value) in attributes {
-        if let Some(known) = IDENTITY.iter().find(|known| **known == name) {
-            read.identity.insert(known, value.to_owned());
-        } else if name == names::PACKED_HEADERS {
-            let packed = Headers::from_flat_json(value)
-                .map_err(|e| format!("attribute {}: {e}", names::PACKED_HEADERS))?;
-            headers.extend(packed.iter().map(|(k, v)| (k.to_owned(), v.to_owned())));
-        } else {
-            headers.push((name.to_owned(), value.to_owned()));
-        }
-    }
-    read.headers = Headers::from_pairs(headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    Ok(read)
+    wire::read_envelope(attributes).map_err(|e| format!("attribute {e}"))
 }
 
 #[cfg(test)]
@@ -198,8 +156,8 @@ mod tests {
     }
 
     #[test]
-    fn four_headers_get_attributes_of_their_own() {
-        let event = event_with_headers(4);
+    fn three_headers_get_attributes_of_their_own() {
+        let event = event_with_headers(3);
         let attributes = message_attributes(&event);
         assert_eq!(attributes.len(), 10);
         assert!(attributes.iter().all(|(k, _)| k != names::PACKED_HEADERS));
@@ -213,7 +171,7 @@ mod tests {
         let attributes = message_attributes(&event);
         assert_eq!(attributes.len(), MAX_ATTRIBUTES);
         let own: Vec<&str> = attributes.iter().map(|(k, _)| k.as_str()).collect();
-        for well_known in ["correlation_id", "causation_id", "traceparent"] {
+        for well_known in ["traceparent", "correlation_id"] {
             assert!(
                 own.contains(&well_known),
                 "{well_known} keeps its own attribute"
@@ -239,7 +197,11 @@ mod tests {
                 .unwrap(),
         );
         let attributes = message_attributes(&event);
-        assert_eq!(attributes.len(), 7, "six identity attributes and the pack");
+        assert_eq!(
+            attributes.len(),
+            8,
+            "seven identity attributes and the pack"
+        );
         assert_eq!(round_trip(&attributes).headers, event.headers);
     }
 

@@ -153,10 +153,18 @@ pub enum ConsumerError {
     Sqs(String),
     /// The inbox's store failed with a non-retryable error.
     #[error("inbox: {0}")]
-    Inbox(#[from] StoreError),
+    Inbox(StoreError),
     /// A setting that cannot work.
     #[error("invalid consumer configuration: {0}")]
     Config(String),
+}
+
+// By hand, not `#[from]`: that would also make the inner error this error's
+// `source` and repeat it in reports.
+impl From<StoreError> for ConsumerError {
+    fn from(error: StoreError) -> Self {
+        Self::Inbox(error)
+    }
 }
 
 /// Why a batch was cut short.

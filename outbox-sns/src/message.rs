@@ -11,6 +11,7 @@
 //! an envelope.
 
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
+use outbox_core::chrono::{DateTime, Utc};
 use outbox_core::{EventId, Headers};
 
 use crate::attributes::{names, read_attributes};
@@ -34,6 +35,9 @@ pub struct SqsEvent {
     pub payload_version: u32,
     /// The payload's JSON text.
     pub payload: String,
+    /// When the event was enqueued (store time); `None` for messages
+    /// written before the attribute existed.
+    pub occurred_at: Option<DateTime<Utc>>,
     /// Correlation, causation, trace context and free headers.
     pub headers: Headers,
     /// How many times SQS has delivered this message (1 the first time).
@@ -102,6 +106,7 @@ impl SqsEvent {
             aggregate_id: identity(names::AGGREGATE_ID),
             payload_version,
             payload,
+            occurred_at: read.occurred_at().map_err(fail)?,
             headers: read.headers,
             receive_count: receive_count(message),
         })
@@ -142,6 +147,7 @@ mod tests {
                 "event_type": {"Type": "String", "Value": "invoice.paid"},
                 "partition_key": {"Type": "String", "Value": "inv-1"},
                 "payload_version": {"Type": "String", "Value": "2"},
+                "occurred_at": {"Type": "String", "Value": "2026-12-01T05:36:23.123456Z"},
                 "traceparent": {"Type": "String", "Value": "00-aa-bb-01"}
             }
         })
@@ -151,6 +157,10 @@ mod tests {
         assert_eq!(event.event_id, id);
         assert_eq!(event.payload, "{\"amount\":5}");
         assert_eq!(event.payload_version, 2);
+        assert_eq!(
+            event.occurred_at.unwrap().to_rfc3339(),
+            "2026-12-01T05:36:23.123456+00:00"
+        );
         assert_eq!(event.headers.traceparent.as_deref(), Some("00-aa-bb-01"));
     }
 

@@ -47,3 +47,13 @@ impl<T> ResultExt<T> for Result<T, sqlx::Error> {
         self.map_err(store_error)
     }
 }
+
+/// Runs one store operation, naming it and its table in a driver error
+/// (see [`StoreError::during`]).
+pub(crate) async fn during<T>(
+    operation: &'static str,
+    target: String,
+    work: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    work.await.map_err(|error| error.during(operation, target))
+}

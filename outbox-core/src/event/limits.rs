@@ -10,6 +10,18 @@ pub enum InvalidEvent {
     /// A required text field is empty.
     #[error("event field `{0}` must not be empty")]
     EmptyField(&'static str),
+    /// A free header takes a name the broker envelope uses for the event's
+    /// identity ([`super::wire::is_reserved`]).
+    #[error("header `{0}` is reserved for the event's envelope on every broker; rename it")]
+    ReservedHeader(String),
+    /// The builder was given no id. The id is what makes a retried request
+    /// enqueue nothing twice, so it is never made up silently.
+    #[error(
+        "the event has no id: call `.deterministic_id(namespace, discriminator)` so a retried \
+         request enqueues the same event (a reported no-op), or `.event_id(EventId::random())` \
+         for a fresh one"
+    )]
+    MissingId,
     /// A text field is longer than the store's column allows.
     #[error("event field `{field}` is {len} bytes, longer than the limit of {max}")]
     FieldTooLong {
@@ -93,6 +105,14 @@ impl EventLimits {
                 len: event.payload.len(),
                 max: self.max_payload_bytes,
             });
+        }
+        if let Some(name) = event
+            .headers
+            .extra
+            .keys()
+            .find(|name| super::wire::is_reserved(name))
+        {
+            return Err(InvalidEvent::ReservedHeader(name.clone()));
         }
         let header_len = event.headers.encoded_len();
         if header_len > self.max_header_bytes {

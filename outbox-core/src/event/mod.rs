@@ -8,6 +8,7 @@ mod payload;
 mod raw;
 mod stored;
 mod typed;
+pub mod wire;
 
 pub use headers::Headers;
 pub use id::EventId;

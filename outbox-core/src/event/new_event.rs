@@ -147,7 +147,8 @@ impl NewEventBuilder {
         self
     }
 
-    /// Finishes the event. Fails on a missing id or payload, an empty
+    /// Finishes the event. Fails on a missing id ([`InvalidEvent::MissingId`]
+    /// names the two ways to give one) or payload, an empty
     /// type/key, or a payload that is not JSON. Size limits are the store's
     /// to check at enqueue ([`super::EventLimits`]).
     ///
@@ -157,7 +158,7 @@ impl NewEventBuilder {
     pub fn build(mut self) -> Result<NewEvent, InvalidEvent> {
         #[cfg(feature = "otel")]
         crate::trace::capture_into(&mut self.headers);
-        let event_id = self.event_id.ok_or(InvalidEvent::EmptyField("event_id"))?;
+        let event_id = self.event_id.ok_or(InvalidEvent::MissingId)?;
         let payload = self.payload.ok_or(InvalidEvent::EmptyField("payload"))??;
         let partition_key = self
             .partition_key
@@ -206,7 +207,13 @@ mod tests {
         let base = || NewEvent::builder("invoice.paid", "invoice", "inv-1");
         assert_eq!(
             base().payload(&1).build().unwrap_err(),
-            InvalidEvent::EmptyField("event_id")
+            InvalidEvent::MissingId
+        );
+        let message = base().payload(&1).build().unwrap_err().to_string();
+        assert!(
+            message.contains(".deterministic_id(")
+                && message.contains(".event_id(EventId::random())"),
+            "says which method to call: {message}"
         );
         assert_eq!(
             base().event_id(EventId::random()).build().unwrap_err(),

@@ -42,8 +42,8 @@ impl std::ops::AddAssign<&RelayReport> for RelayReport {
 #[derive(Debug, thiserror::Error)]
 #[error("relay stopped: {error}")]
 pub struct RelayError {
-    /// The store's error.
-    #[source]
+    /// The store's error (said in this error's text, so not also its
+    /// `source`).
     pub error: crate::error::StoreError,
     /// What the relay did before it stopped.
     pub report: RelayReport,

@@ -93,6 +93,35 @@ macro_rules! inbox_conformance_tests {
     };
 }
 
+/// Generates one `#[tokio::test]` per publisher-suite function. `$harness`
+/// is an expression (it may `.await`) building a fresh
+/// [`PublisherHarness`](crate::testing::PublisherHarness) for each test.
+#[macro_export]
+macro_rules! publisher_conformance_tests {
+    ($harness:expr) => {
+        $crate::__publisher_conformance_tests!($harness;
+            round_trips_every_field,
+            keeps_order_within_a_key,
+            empty_batch_is_a_noop,
+            unreachable_broker_is_an_outage,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __publisher_conformance_tests {
+    ($harness:expr; $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let harness = $harness;
+                $crate::testing::publisher_suite::$name(&harness).await;
+            }
+        )+
+    };
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_tests {

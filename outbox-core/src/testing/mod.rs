@@ -258,7 +258,13 @@ pub trait PublisherHarness: Send + Sync {
     /// Waits for (with the harness's own deadline) and returns the next `n`
     /// events that reached the broker, in broker order per key.
     async fn read_back(&self, n: usize) -> Vec<ReceivedEvent>;
+    /// A publisher of the same kind whose broker cannot be reached (a
+    /// closed port): every outcome it gives must be an outage.
+    async fn unreachable_publisher(&self) -> Arc<Self::Publisher>;
 }
+
+/// `(name, value)` pairs as a broker carried them.
+pub type NamedValues = Vec<(String, String)>;
 
 /// An event as a consumer sees it on the broker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -273,6 +279,10 @@ pub struct ReceivedEvent {
     pub payload: Vec<u8>,
     /// Headers as flattened pairs (see [`crate::Headers::iter`]), sorted.
     pub headers: Vec<(String, String)>,
+    /// The envelope's identity and metadata **under the names the broker
+    /// carried them** (headers, fields or attributes named as in
+    /// [`crate::event::wire::IDENTITY`]), sorted: the same on every broker.
+    pub envelope: Vec<(String, String)>,
 }
 
 impl ReceivedEvent {
@@ -284,13 +294,33 @@ impl ReceivedEvent {
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
         headers.sort();
+        let mut envelope: Vec<(String, String)> = crate::event::wire::identity(event)
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect();
+        envelope.sort();
         Self {
             event_id: event.event_id,
             event_type: event.event_type.clone(),
             partition_key: event.partition_key.clone(),
             payload: event.payload.as_bytes().to_vec(),
             headers,
+            envelope,
         }
+    }
+
+    /// Splits `(name, value)` pairs as a broker carried them into the
+    /// envelope's (names in [`crate::event::wire::IDENTITY`]) and the rest,
+    /// both sorted.
+    pub fn split_envelope(
+        pairs: impl IntoIterator<Item = (String, String)>,
+    ) -> (NamedValues, NamedValues) {
+        let (mut envelope, mut rest): (Vec<_>, Vec<_>) = pairs
+            .into_iter()
+            .partition(|(name, _)| crate::event::wire::IDENTITY.contains(&name.as_str()));
+        envelope.sort();
+        rest.sort();
+        (envelope, rest)
     }
 }
 
@@ -306,6 +336,11 @@ impl PublisherHarness for RecordingHarness {
     type Publisher = RecordingPublisher;
     fn publisher(&self) -> Arc<RecordingPublisher> {
         self.publisher.clone()
+    }
+    async fn unreachable_publisher(&self) -> Arc<RecordingPublisher> {
+        let down = RecordingPublisher::new();
+        down.set_outage(true);
+        Arc::new(down)
     }
     async fn read_back(&self, n: usize) -> Vec<ReceivedEvent> {
         let start = *self.read.lock().expect("read cursor");
@@ -326,5 +361,30 @@ pub(crate) async fn enqueue_all<S: OutboxWriter + ?Sized>(store: &S, events: &[N
             .iter()
             .all(|o| matches!(o, EnqueueOutcome::Inserted { .. })),
         "fixture events must be new: {outcomes:?}"
+    );
+}
+
+/// Asserts what a report printer would show for `error` (its text, then
+/// each source) names `operation` on `table` and says the driver's message
+/// exactly once.
+pub fn assert_names_the_operation_once(error: &StoreError, operation: &str, table: &str) {
+    let mut report = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        report.push_str(&format!(", caused by: {cause}"));
+        source = cause.source();
+    }
+    assert!(
+        report.contains(&format!("{operation} on {table}: ")),
+        "the error does not name {operation} on {table}: {report}"
+    );
+    let driver = error
+        .driver_error()
+        .unwrap_or_else(|| panic!("not a driver error: {report}"))
+        .to_string();
+    assert_eq!(
+        report.matches(driver.as_str()).count(),
+        1,
+        "the driver's message is not said exactly once: {report}"
     );
 }

@@ -210,7 +210,8 @@ impl Aws {
     }
 }
 
-/// What the suites compare: a received message decoded as a consumer would.
+/// What the suites compare: a received message decoded as a consumer
+/// would, with the envelope read raw, by the attribute names it carries.
 pub fn received(message: &aws_sdk_sqs::types::Message) -> ReceivedEvent {
     let event = SqsEvent::decode(message).unwrap();
     let mut headers: Vec<(String, String)> = event
@@ -219,13 +220,38 @@ pub fn received(message: &aws_sdk_sqs::types::Message) -> ReceivedEvent {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
     headers.sort();
+    let (envelope, _) = ReceivedEvent::split_envelope(raw_attributes(message));
     ReceivedEvent {
         event_id: event.event_id,
         event_type: event.event_type,
         partition_key: event.partition_key,
         payload: event.payload.into_bytes(),
         headers,
+        envelope,
     }
+}
+
+/// The attributes as delivered: SQS message attributes (raw delivery) or
+/// the SNS envelope's `MessageAttributes`.
+pub fn raw_attributes(message: &aws_sdk_sqs::types::Message) -> Vec<(String, String)> {
+    if let Some(attributes) = message.message_attributes().filter(|a| !a.is_empty()) {
+        return attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.string_value().unwrap_or_default().to_owned()))
+            .collect();
+    }
+    let body: serde_json::Value = serde_json::from_str(message.body().unwrap_or_default()).unwrap();
+    body["MessageAttributes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v["Value"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
 }
 
 /// A moto server of the test's own on a spare port, to stop and start.

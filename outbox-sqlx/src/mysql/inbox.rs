@@ -64,8 +64,15 @@ impl InboxStore for MySqlInbox {
     type Transaction = Transaction<'static, MySql>;
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        self.store.sync_clock().await?;
-        self.store.pool.begin().await.store()
+        crate::error::during(
+            "inbox begin",
+            self.store.config().tables.inbox(),
+            async move {
+                self.store.sync_clock().await?;
+                self.store.pool.begin().await.store()
+            },
+        )
+        .await
     }
 
     async fn claim(
@@ -74,15 +81,30 @@ impl InboxStore for MySqlInbox {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
-        self.claim_in(tx, consumer, event_id).await
+        crate::error::during(
+            "inbox claim",
+            self.store.config().tables.inbox(),
+            async move { self.claim_in(tx, consumer, event_id).await },
+        )
+        .await
     }
 
     async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        tx.commit().await.store()
+        crate::error::during(
+            "inbox commit",
+            self.store.config().tables.inbox(),
+            async move { tx.commit().await.store() },
+        )
+        .await
     }
 
     async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        tx.rollback().await.store()
+        crate::error::during(
+            "inbox rollback",
+            self.store.config().tables.inbox(),
+            async move { tx.rollback().await.store() },
+        )
+        .await
     }
 
     async fn purge_older_than(
@@ -90,19 +112,26 @@ impl InboxStore for MySqlInbox {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        self.store.sync_clock().await?;
-        let mut conn = self.store.pool.acquire().await.store()?;
-        let cutoff = self
-            .store
-            .now(&mut conn)
-            .await?
-            .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
-        let done = sqlx::query(&self.store.queries.inbox_purge)
-            .bind(cutoff)
-            .bind(batch_size.min(i64::MAX as usize) as i64)
-            .execute(&mut *conn)
-            .await
-            .store()?;
-        Ok(done.rows_affected())
+        crate::error::during(
+            "inbox purge_older_than",
+            self.store.config().tables.inbox(),
+            async move {
+                self.store.sync_clock().await?;
+                let mut conn = self.store.pool.acquire().await.store()?;
+                let cutoff = self
+                    .store
+                    .now(&mut conn)
+                    .await?
+                    .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
+                let done = sqlx::query(&self.store.queries.inbox_purge)
+                    .bind(cutoff)
+                    .bind(batch_size.min(i64::MAX as usize) as i64)
+                    .execute(&mut *conn)
+                    .await
+                    .store()?;
+                Ok(done.rows_affected())
+            },
+        )
+        .await
     }
 }

@@ -129,21 +129,24 @@ impl MySqlStore {
     /// version found and left. Tables of another schema version are refused
     /// with [`StoreError::Config`] naming the upgrade notes.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
-        let schema = self.schema_sql();
-        let mut conn = self.pool.acquire().await.store()?;
-        let found = self.installed_version(&mut conn).await?;
-        let migrated = crate::config::check_schema_version(
-            &self.config.tables.events(),
-            found,
-            SCHEMA_VERSION,
-        )?;
-        for statement in split_statements(&schema) {
-            sqlx::Executor::execute(&mut *conn, statement.as_str())
-                .await
-                .store()?;
-        }
-        self.add_missing_indexes(&mut conn).await?;
-        Ok(migrated)
+        crate::error::during("migrate", self.config().tables.events(), async move {
+            let schema = self.schema_sql();
+            let mut conn = self.pool.acquire().await.store()?;
+            let found = self.installed_version(&mut conn).await?;
+            let migrated = crate::config::check_schema_version(
+                &self.config.tables.events(),
+                found,
+                SCHEMA_VERSION,
+            )?;
+            for statement in split_statements(&schema) {
+                sqlx::Executor::execute(&mut *conn, statement.as_str())
+                    .await
+                    .store()?;
+            }
+            self.add_missing_indexes(&mut conn).await?;
+            Ok(migrated)
+        })
+        .await
     }
 
     /// The schema version of the outbox tables: `None` if there are none,
@@ -240,77 +243,80 @@ impl MySqlStore {
         conn: &mut MySqlConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        for event in events {
-            check_event(event, &self.config.limits, false)?;
-        }
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Sorted, so two transactions locking overlapping keys cannot deadlock.
-        let keys: std::collections::BTreeSet<&str> =
-            events.iter().map(|e| e.partition_key.as_str()).collect();
-        let mut lock = self.queries.lock_keys.clone();
-        lock.push_str(&vec!["(?)"; keys.len()].join(", "));
-        lock.push_str(" ON DUPLICATE KEY UPDATE partition_key = partition_key");
-        let mut query = sqlx::query(&lock);
-        for key in &keys {
-            query = query.bind(*key);
-        }
-        query.execute(&mut *conn).await.store()?;
-
-        let now = self.now(&mut *conn).await?;
-        // Rows this call writes carry its mark: a concurrent enqueue of the
-        // same id (which waits for ours, then leaves the row alone) reads
-        // another mark back, whatever its snapshot.
-        let mark = i64::from_le_bytes(
-            EventId::random().as_uuid().as_bytes()[..8]
-                .try_into()
-                .expect("eight bytes"),
-        );
-        let mut insert = self.queries.enqueue_head.clone();
-        let mut seen = HashSet::new();
-        let fresh: Vec<&NewEvent> = events.iter().filter(|e| seen.insert(e.event_id)).collect();
-        insert.push_str(&vec![self.queries.enqueue_row; fresh.len()].join(", "));
-        insert.push_str(self.queries.enqueue_tail);
-        let mut query = sqlx::query(&insert);
-        for e in &fresh {
-            let available_at = now + self.config.delay_ms(e.available_at).unwrap_or(0) * 1000;
-            query = query
-                .bind(e.event_id.to_string())
-                .bind(&e.aggregate_type)
-                .bind(&e.aggregate_id)
-                .bind(&e.event_type)
-                .bind(&e.partition_key)
-                .bind(e.payload.as_str())
-                .bind(e.payload_version)
-                .bind(headers_json(e))
-                .bind(now)
-                .bind(available_at)
-                .bind(mark);
-        }
-        query.execute(&mut *conn).await.store()?;
-        let ids: Vec<String> = fresh.iter().map(|e| e.event_id.to_string()).collect();
-        let read_back = with_in_list(&self.queries.read_back, ids.len());
-        let mut ours: HashMap<EventId, i64> = HashMap::new();
-        for r in query_in(&read_back, &ids)
-            .fetch_all(&mut *conn)
-            .await
-            .store()?
-        {
-            if r.try_get::<i64, _>("enqueue_mark").store()? == mark {
-                ours.insert(
-                    row::event_id(&r, "event_id")?,
-                    r.try_get("sequence").store()?,
-                );
+        crate::error::during("enqueue", self.config().tables.events(), async move {
+            for event in events {
+                check_event(event, &self.config.limits, false)?;
             }
-        }
-        Ok(events
-            .iter()
-            .map(|e| match ours.remove(&e.event_id) {
-                Some(sequence) => EnqueueOutcome::Inserted { sequence },
-                None => EnqueueOutcome::AlreadyExists,
-            })
-            .collect())
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            // Sorted, so two transactions locking overlapping keys cannot deadlock.
+            let keys: std::collections::BTreeSet<&str> =
+                events.iter().map(|e| e.partition_key.as_str()).collect();
+            let mut lock = self.queries.lock_keys.clone();
+            lock.push_str(&vec!["(?)"; keys.len()].join(", "));
+            lock.push_str(" ON DUPLICATE KEY UPDATE partition_key = partition_key");
+            let mut query = sqlx::query(&lock);
+            for key in &keys {
+                query = query.bind(*key);
+            }
+            query.execute(&mut *conn).await.store()?;
+
+            let now = self.now(&mut *conn).await?;
+            // Rows this call writes carry its mark: a concurrent enqueue of the
+            // same id (which waits for ours, then leaves the row alone) reads
+            // another mark back, whatever its snapshot.
+            let mark = i64::from_le_bytes(
+                EventId::random().as_uuid().as_bytes()[..8]
+                    .try_into()
+                    .expect("eight bytes"),
+            );
+            let mut insert = self.queries.enqueue_head.clone();
+            let mut seen = HashSet::new();
+            let fresh: Vec<&NewEvent> = events.iter().filter(|e| seen.insert(e.event_id)).collect();
+            insert.push_str(&vec![self.queries.enqueue_row; fresh.len()].join(", "));
+            insert.push_str(self.queries.enqueue_tail);
+            let mut query = sqlx::query(&insert);
+            for e in &fresh {
+                let available_at = now + self.config.delay_ms(e.available_at).unwrap_or(0) * 1000;
+                query = query
+                    .bind(e.event_id.to_string())
+                    .bind(&e.aggregate_type)
+                    .bind(&e.aggregate_id)
+                    .bind(&e.event_type)
+                    .bind(&e.partition_key)
+                    .bind(e.payload.as_str())
+                    .bind(e.payload_version)
+                    .bind(headers_json(e))
+                    .bind(now)
+                    .bind(available_at)
+                    .bind(mark);
+            }
+            query.execute(&mut *conn).await.store()?;
+            let ids: Vec<String> = fresh.iter().map(|e| e.event_id.to_string()).collect();
+            let read_back = with_in_list(&self.queries.read_back, ids.len());
+            let mut ours: HashMap<EventId, i64> = HashMap::new();
+            for r in query_in(&read_back, &ids)
+                .fetch_all(&mut *conn)
+                .await
+                .store()?
+            {
+                if r.try_get::<i64, _>("enqueue_mark").store()? == mark {
+                    ours.insert(
+                        row::event_id(&r, "event_id")?,
+                        r.try_get("sequence").store()?,
+                    );
+                }
+            }
+            Ok(events
+                .iter()
+                .map(|e| match ours.remove(&e.event_id) {
+                    Some(sequence) => EnqueueOutcome::Inserted { sequence },
+                    None => EnqueueOutcome::AlreadyExists,
+                })
+                .collect())
+        })
+        .await
     }
 
     /// Appends history rows in one statement.
@@ -404,268 +410,288 @@ fn report(asked: impl Iterator<Item = EventId>, settled: &HashSet<EventId>) -> S
 #[async_trait]
 impl OutboxWriter for MySqlStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.sync_clock().await?;
-        let mut tx = self.pool.begin().await.store()?;
-        let outcomes = MySqlStore::enqueue(self, &mut tx, events).await?;
-        tx.commit().await.store()?;
-        Ok(outcomes)
+        crate::error::during("enqueue", self.config().tables.events(), async move {
+            self.sync_clock().await?;
+            let mut tx = self.pool.begin().await.store()?;
+            let outcomes = MySqlStore::enqueue(self, &mut tx, events).await?;
+            tx.commit().await.store()?;
+            Ok(outcomes)
+        })
+        .await
     }
 }
 
 #[async_trait]
 impl OutboxStore for MySqlStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        self.sync_clock().await?;
-        let mut tx = self.begin_relay().await?;
-        // One claimer at a time: concurrent claims could split a key's prefix.
-        sqlx::query(&self.queries.claim_lock)
-            .execute(&mut *tx)
-            .await
-            .store()?;
-        let now = self.now(&mut tx).await?;
-        let expires = now
-            .saturating_add(i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX));
-        self.reap(&mut tx, now).await?;
-        let block = request.poison == PoisonPolicy::Block;
-        let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
-
-        let (query, ordered) = match request.ordering {
-            Ordering::PerKey => (&self.queries.claim_candidates_per_key, true),
-            Ordering::Unordered => (&self.queries.claim_candidates_unordered, false),
-        };
-        let mut candidates = sqlx::query(query).bind(now);
-        if ordered {
-            candidates = candidates.bind(now).bind(now);
-        }
-        let candidates: Vec<(i64, String, bool)> = candidates
-            .bind(request.limit.min(i64::MAX as usize) as i64)
-            .fetch_all(&mut *tx)
-            .await
-            .store()?
-            .iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("sequence").store()?,
-                    row::text(r, "partition_key")?,
-                    r.try_get("suspect").store()?,
-                ))
-            })
-            .collect::<Result<_, StoreError>>()?;
-        let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
-        let locked: HashSet<i64> = self
-            .lock_claimable(&mut tx, &sequences, now)
-            .await?
-            .into_iter()
-            .collect();
-        // A row skipped as locked (a settlement in progress), a second crash
-        // suspect, or a row that does not decode under Block ends its key's
-        // prefix: nothing after it may be leased in this batch.
-        let rows: HashMap<i64, (i64, Result<outbox_core::StoredEvent, UnreadableEvent>)> = self
-            .read_rows(&mut tx, &locked.iter().copied().collect::<Vec<_>>())
-            .await?;
-        let mut stopped: HashSet<&str> = HashSet::new();
-        let mut suspect_taken = false;
-        let mut chosen = Vec::new();
-        let mut unreadable = Vec::new();
-        for (sequence, key, suspect) in &candidates {
-            if ordered && stopped.contains(key.as_str()) {
-                continue;
-            }
-            let Some((_, decoded)) = rows.get(sequence) else {
-                stopped.insert(key);
-                continue;
-            };
-            if *suspect {
-                if suspect_taken {
-                    stopped.insert(key);
-                    continue;
-                }
-                suspect_taken = true;
-            }
-            match decoded {
-                Ok(_) => chosen.push(*sequence),
-                Err(bad) => {
-                    unreadable.push(bad.clone());
-                    if block {
-                        stopped.insert(key);
-                    }
-                }
-            }
-        }
-        self.fail_unreadable(&mut tx, &unreadable, block, request.owner.as_str())
-            .await?;
-        let mut events = Vec::new();
-        if !chosen.is_empty() {
-            let lease = with_in_list(&self.queries.lease_rows, chosen.len());
-            let owner = request.owner.as_str();
-            chosen
-                .iter()
-                .fold(
-                    sqlx::query(&lease)
-                        .bind(new_lease_id())
-                        .bind(owner)
-                        .bind(expires),
-                    |q, s| q.bind(s),
-                )
+        crate::error::during("claim_batch", self.config().tables.events(), async move {
+            self.sync_clock().await?;
+            let mut tx = self.begin_relay().await?;
+            // One claimer at a time: concurrent claims could split a key's prefix.
+            sqlx::query(&self.queries.claim_lock)
                 .execute(&mut *tx)
                 .await
                 .store()?;
-            let lease_expires_at = row::from_micros(expires)?;
-            for sequence in &chosen {
-                let (token, decoded) = &rows[sequence];
-                let event = decoded.clone().expect("chosen rows decode");
-                events.push(ClaimedEvent {
-                    lease: Lease {
-                        sequence: *sequence,
-                        event_id: event.event_id,
-                        fencing_token: FencingToken(token + 1),
-                        lease_expires_at,
-                    },
-                    event,
-                });
+            let now = self.now(&mut tx).await?;
+            let expires = now.saturating_add(
+                i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX),
+            );
+            self.reap(&mut tx, now).await?;
+            let block = request.poison == PoisonPolicy::Block;
+            let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
+
+            let (query, ordered) = match request.ordering {
+                Ordering::PerKey => (&self.queries.claim_candidates_per_key, true),
+                Ordering::Unordered => (&self.queries.claim_candidates_unordered, false),
+            };
+            let mut candidates = sqlx::query(query).bind(now);
+            if ordered {
+                candidates = candidates.bind(now).bind(now);
             }
-        }
-        tx.commit().await.store()?;
-        Ok(ClaimedBatch {
-            events,
-            crash_looped,
-            unreadable,
+            let candidates: Vec<(i64, String, bool)> = candidates
+                .bind(request.limit.min(i64::MAX as usize) as i64)
+                .fetch_all(&mut *tx)
+                .await
+                .store()?
+                .iter()
+                .map(|r| {
+                    Ok((
+                        r.try_get("sequence").store()?,
+                        row::text(r, "partition_key")?,
+                        r.try_get("suspect").store()?,
+                    ))
+                })
+                .collect::<Result<_, StoreError>>()?;
+            let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
+            let locked: HashSet<i64> = self
+                .lock_claimable(&mut tx, &sequences, now)
+                .await?
+                .into_iter()
+                .collect();
+            // A row skipped as locked (a settlement in progress), a second crash
+            // suspect, or a row that does not decode under Block ends its key's
+            // prefix: nothing after it may be leased in this batch.
+            let rows: HashMap<i64, (i64, Result<outbox_core::StoredEvent, UnreadableEvent>)> = self
+                .read_rows(&mut tx, &locked.iter().copied().collect::<Vec<_>>())
+                .await?;
+            let mut stopped: HashSet<&str> = HashSet::new();
+            let mut suspect_taken = false;
+            let mut chosen = Vec::new();
+            let mut unreadable = Vec::new();
+            for (sequence, key, suspect) in &candidates {
+                if ordered && stopped.contains(key.as_str()) {
+                    continue;
+                }
+                let Some((_, decoded)) = rows.get(sequence) else {
+                    stopped.insert(key);
+                    continue;
+                };
+                if *suspect {
+                    if suspect_taken {
+                        stopped.insert(key);
+                        continue;
+                    }
+                    suspect_taken = true;
+                }
+                match decoded {
+                    Ok(_) => chosen.push(*sequence),
+                    Err(bad) => {
+                        unreadable.push(bad.clone());
+                        if block {
+                            stopped.insert(key);
+                        }
+                    }
+                }
+            }
+            self.fail_unreadable(&mut tx, &unreadable, block, request.owner.as_str())
+                .await?;
+            let mut events = Vec::new();
+            if !chosen.is_empty() {
+                let lease = with_in_list(&self.queries.lease_rows, chosen.len());
+                let owner = request.owner.as_str();
+                chosen
+                    .iter()
+                    .fold(
+                        sqlx::query(&lease)
+                            .bind(new_lease_id())
+                            .bind(owner)
+                            .bind(expires),
+                        |q, s| q.bind(s),
+                    )
+                    .execute(&mut *tx)
+                    .await
+                    .store()?;
+                let lease_expires_at = row::from_micros(expires)?;
+                for sequence in &chosen {
+                    let (token, decoded) = &rows[sequence];
+                    let event = decoded.clone().expect("chosen rows decode");
+                    events.push(ClaimedEvent {
+                        lease: Lease {
+                            sequence: *sequence,
+                            event_id: event.event_id,
+                            fencing_token: FencingToken(token + 1),
+                            lease_expires_at,
+                        },
+                        event,
+                    });
+                }
+            }
+            tx.commit().await.store()?;
+            Ok(ClaimedBatch {
+                events,
+                crash_looped,
+                unreadable,
+            })
         })
+        .await
     }
 
     async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        if leases.is_empty() {
-            return Ok(SettleReport::default());
-        }
-        self.sync_clock().await?;
-        let mut tx = self.begin_relay().await?;
-        let report = self.ack_in(&mut tx, leases).await?;
-        tx.commit().await.store()?;
-        Ok(report)
+        crate::error::during("ack", self.config().tables.events(), async move {
+            if leases.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            self.sync_clock().await?;
+            let mut tx = self.begin_relay().await?;
+            let report = self.ack_in(&mut tx, leases).await?;
+            tx.commit().await.store()?;
+            Ok(report)
+        })
+        .await
     }
 
     async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        if nacks.is_empty() {
-            return Ok(SettleReport::default());
-        }
-        self.sync_clock().await?;
-        let mut tx = self.begin_relay().await?;
-        let held = self
-            .lock_leased(&mut tx, &nacks.iter().map(|n| &n.lease).collect::<Vec<_>>())
-            .await?;
-        let by_id: HashMap<EventId, &Nack> = nacks.iter().map(|n| (n.lease.event_id, n)).collect();
-        if !held.is_empty() {
-            let now = self.now(&mut tx).await?;
-            let batch: Vec<_> = held
-                .iter()
-                .map(|h| {
-                    let (status, blocks, available) = match &by_id[&h.event_id].action {
-                        NackAction::Retry { after } => (
-                            codes::PENDING,
-                            false,
-                            Some(now.saturating_add(
-                                i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
-                            )),
-                        ),
-                        NackAction::Fail { block_key, .. } => (codes::FAILED, *block_key, None),
-                    };
-                    json!({"s": h.sequence, "st": status, "b": blocks, "a": available})
-                })
-                .collect();
-            let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
-            let nack = with_in_list(&self.queries.nack, sequences.len());
-            let batch = Value::Array(batch).to_string();
-            sequences
-                .iter()
-                .fold(sqlx::query(&nack).bind(batch), |q, s| q.bind(s))
-                .execute(&mut *tx)
-                .await
-                .store()?;
-            let entries: Vec<_> = held
-                .iter()
-                .map(|h| {
-                    let nack = by_id[&h.event_id];
-                    HistoryEntry {
-                        event_id: h.event_id,
-                        kind: codes::nack_kind(&nack.action),
-                        actor: h.owner.as_str(),
-                        error_class: Some(nack.error_class.as_str()),
-                        detail: nack.error.as_str(),
-                        attempts: h.attempts + 1,
-                    }
-                })
-                .collect();
-            self.record(&mut tx, &entries).await?;
-        }
-        tx.commit().await.store()?;
-        let settled = held.into_iter().map(|h| h.event_id).collect();
-        Ok(report(nacks.iter().map(|n| n.lease.event_id), &settled))
+        crate::error::during("nack", self.config().tables.events(), async move {
+            if nacks.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            self.sync_clock().await?;
+            let mut tx = self.begin_relay().await?;
+            let held = self
+                .lock_leased(&mut tx, &nacks.iter().map(|n| &n.lease).collect::<Vec<_>>())
+                .await?;
+            let by_id: HashMap<EventId, &Nack> =
+                nacks.iter().map(|n| (n.lease.event_id, n)).collect();
+            if !held.is_empty() {
+                let now = self.now(&mut tx).await?;
+                let batch: Vec<_> = held
+                    .iter()
+                    .map(|h| {
+                        let (status, blocks, available) = match &by_id[&h.event_id].action {
+                            NackAction::Retry { after } => (
+                                codes::PENDING,
+                                false,
+                                Some(now.saturating_add(
+                                    i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+                                )),
+                            ),
+                            NackAction::Fail { block_key, .. } => (codes::FAILED, *block_key, None),
+                        };
+                        json!({"s": h.sequence, "st": status, "b": blocks, "a": available})
+                    })
+                    .collect();
+                let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
+                let nack = with_in_list(&self.queries.nack, sequences.len());
+                let batch = Value::Array(batch).to_string();
+                sequences
+                    .iter()
+                    .fold(sqlx::query(&nack).bind(batch), |q, s| q.bind(s))
+                    .execute(&mut *tx)
+                    .await
+                    .store()?;
+                let entries: Vec<_> = held
+                    .iter()
+                    .map(|h| {
+                        let nack = by_id[&h.event_id];
+                        HistoryEntry {
+                            event_id: h.event_id,
+                            kind: codes::nack_kind(&nack.action),
+                            actor: h.owner.as_str(),
+                            error_class: Some(nack.error_class.as_str()),
+                            detail: nack.error.as_str(),
+                            attempts: h.attempts + 1,
+                        }
+                    })
+                    .collect();
+                self.record(&mut tx, &entries).await?;
+            }
+            tx.commit().await.store()?;
+            let settled = held.into_iter().map(|h| h.event_id).collect();
+            Ok(report(nacks.iter().map(|n| n.lease.event_id), &settled))
+        })
+        .await
     }
 
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        if releases.is_empty() {
-            return Ok(SettleReport::default());
-        }
-        let mut tx = self.begin_relay().await?;
-        let held = self
-            .lock_leased(
-                &mut tx,
-                &releases.iter().map(|r| &r.lease).collect::<Vec<_>>(),
-            )
-            .await?;
-        let started: HashMap<i64, bool> = releases
-            .iter()
-            .map(|r| (r.lease.sequence, r.attempt_started))
-            .collect();
-        if !held.is_empty() {
-            // Rows whose publishing had started are blamed as after a crash.
-            let blamed: HashMap<i64, i64> = blame(
-                &held
-                    .iter()
-                    .filter(|h| started[&h.sequence])
-                    .map(|h| (h.sequence, h.lease_id, h.suspect))
-                    .collect::<Vec<_>>(),
-            )
-            .into_iter()
-            .collect();
-            let batch: Vec<_> = held
+        crate::error::during("release", self.config().tables.events(), async move {
+            if releases.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            let mut tx = self.begin_relay().await?;
+            let held = self
+                .lock_leased(
+                    &mut tx,
+                    &releases.iter().map(|r| &r.lease).collect::<Vec<_>>(),
+                )
+                .await?;
+            let started: HashMap<i64, bool> = releases
                 .iter()
-                .map(|h| {
-                    json!([
-                        h.sequence,
-                        started[&h.sequence],
-                        blamed.get(&h.sequence).copied().unwrap_or(0)
-                    ])
-                })
+                .map(|r| (r.lease.sequence, r.attempt_started))
                 .collect();
-            let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
-            let release = with_in_list(&self.queries.release, sequences.len());
-            let batch = Value::Array(batch).to_string();
-            sequences
-                .iter()
-                .fold(sqlx::query(&release).bind(batch), |q, s| q.bind(s))
-                .execute(&mut *tx)
-                .await
-                .store()?;
-        }
-        tx.commit().await.store()?;
-        let settled = held.into_iter().map(|h| h.event_id).collect();
-        Ok(report(releases.iter().map(|r| r.lease.event_id), &settled))
+            if !held.is_empty() {
+                // Rows whose publishing had started are blamed as after a crash.
+                let blamed: HashMap<i64, i64> = blame(
+                    &held
+                        .iter()
+                        .filter(|h| started[&h.sequence])
+                        .map(|h| (h.sequence, h.lease_id, h.suspect))
+                        .collect::<Vec<_>>(),
+                )
+                .into_iter()
+                .collect();
+                let batch: Vec<_> = held
+                    .iter()
+                    .map(|h| {
+                        json!([
+                            h.sequence,
+                            started[&h.sequence],
+                            blamed.get(&h.sequence).copied().unwrap_or(0)
+                        ])
+                    })
+                    .collect();
+                let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
+                let release = with_in_list(&self.queries.release, sequences.len());
+                let batch = Value::Array(batch).to_string();
+                sequences
+                    .iter()
+                    .fold(sqlx::query(&release).bind(batch), |q, s| q.bind(s))
+                    .execute(&mut *tx)
+                    .await
+                    .store()?;
+            }
+            tx.commit().await.store()?;
+            let settled = held.into_iter().map(|h| h.event_id).collect();
+            Ok(report(releases.iter().map(|r| r.lease.event_id), &settled))
+        })
+        .await
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        self.sync_clock().await?;
-        let mut conn = self.pool.acquire().await.store()?;
-        let now = self.now(&mut conn).await?;
-        let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
-        sqlx::query(&self.queries.heartbeat)
-            .bind(relay.as_str())
-            .bind(now)
-            .bind(skew_ms)
-            .execute(&mut *conn)
-            .await
-            .store()?;
-        Ok(())
+        crate::error::during("heartbeat", self.config().tables.events(), async move {
+            self.sync_clock().await?;
+            let mut conn = self.pool.acquire().await.store()?;
+            let now = self.now(&mut conn).await?;
+            let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
+            sqlx::query(&self.queries.heartbeat)
+                .bind(relay.as_str())
+                .bind(now)
+                .bind(skew_ms)
+                .execute(&mut *conn)
+                .await
+                .store()?;
+            Ok(())
+        })
+        .await
     }
 }
 

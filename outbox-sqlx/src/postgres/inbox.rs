@@ -49,8 +49,15 @@ impl InboxStore for PgInbox {
     type Transaction = Transaction<'static, Postgres>;
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        self.store.sync_clock().await?;
-        self.store.pool.begin().await.store()
+        crate::error::during(
+            "inbox begin",
+            self.store.config().tables.inbox(),
+            async move {
+                self.store.sync_clock().await?;
+                self.store.pool.begin().await.store()
+            },
+        )
+        .await
     }
 
     async fn claim(
@@ -59,17 +66,34 @@ impl InboxStore for PgInbox {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
-        // A concurrent claim of the same key waits on the primary key until
-        // the first commits, then finds the row and inserts nothing.
-        self.claim_in(tx, consumer, event_id).await
+        crate::error::during(
+            "inbox claim",
+            self.store.config().tables.inbox(),
+            async move {
+                // A concurrent claim of the same key waits on the primary key until
+                // the first commits, then finds the row and inserts nothing.
+                self.claim_in(tx, consumer, event_id).await
+            },
+        )
+        .await
     }
 
     async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        tx.commit().await.store()
+        crate::error::during(
+            "inbox commit",
+            self.store.config().tables.inbox(),
+            async move { tx.commit().await.store() },
+        )
+        .await
     }
 
     async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        tx.rollback().await.store()
+        crate::error::during(
+            "inbox rollback",
+            self.store.config().tables.inbox(),
+            async move { tx.rollback().await.store() },
+        )
+        .await
     }
 
     async fn purge_older_than(
@@ -77,13 +101,20 @@ impl InboxStore for PgInbox {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        self.store.sync_clock().await?;
-        let done = sqlx::query(&self.store.queries.inbox_purge)
-            .bind(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX))
-            .bind(batch_size.min(i64::MAX as usize) as i64)
-            .execute(&self.store.pool)
-            .await
-            .store()?;
-        Ok(done.rows_affected())
+        crate::error::during(
+            "inbox purge_older_than",
+            self.store.config().tables.inbox(),
+            async move {
+                self.store.sync_clock().await?;
+                let done = sqlx::query(&self.store.queries.inbox_purge)
+                    .bind(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX))
+                    .bind(batch_size.min(i64::MAX as usize) as i64)
+                    .execute(&self.store.pool)
+                    .await
+                    .store()?;
+                Ok(done.rows_affected())
+            },
+        )
+        .await
     }
 }

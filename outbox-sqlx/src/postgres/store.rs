@@ -149,26 +149,29 @@ impl PgStore {
     /// refused with [`StoreError::Config`] naming the upgrade notes, before
     /// anything is changed.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
-        let mut tx = self.pool.begin().await.store()?;
-        sqlx::query(
-            "SELECT pg_advisory_xact_lock($1), set_config('client_min_messages', 'warning', true)",
-        )
-        .bind(self.queries.claim_lock ^ 0x5eed)
-        .execute(&mut *tx)
-        .await
-        .store()?;
-        let found = self.installed_version(&mut tx).await?;
-        let migrated = crate::config::check_schema_version(
-            &self.config.tables.events(),
-            found,
-            SCHEMA_VERSION,
-        )?;
-        let schema = self.schema_sql();
-        sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
+        crate::error::during("migrate", self.config().tables.events(), async move {
+            let mut tx = self.pool.begin().await.store()?;
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock($1), set_config('client_min_messages', 'warning', true)",
+            )
+            .bind(self.queries.claim_lock ^ 0x5eed)
+            .execute(&mut *tx)
             .await
             .store()?;
-        tx.commit().await.store()?;
-        Ok(migrated)
+            let found = self.installed_version(&mut tx).await?;
+            let migrated = crate::config::check_schema_version(
+                &self.config.tables.events(),
+                found,
+                SCHEMA_VERSION,
+            )?;
+            let schema = self.schema_sql();
+            sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
+                .await
+                .store()?;
+            tx.commit().await.store()?;
+            Ok(migrated)
+        })
+        .await
     }
 
     /// The schema version of the outbox tables: `None` if there are none,
@@ -224,55 +227,58 @@ impl PgStore {
         conn: &mut PgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        for event in events {
-            check_event(event, &self.config.limits, true)?;
-        }
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        let texts = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<_>>();
-        let rows = sqlx::query(&self.queries.enqueue)
-            .bind(
-                events
-                    .iter()
-                    .map(|e| *e.event_id.as_uuid())
-                    .collect::<Vec<Uuid>>(),
-            )
-            .bind(texts(|e| &e.aggregate_type))
-            .bind(texts(|e| &e.aggregate_id))
-            .bind(texts(|e| &e.event_type))
-            .bind(texts(|e| &e.partition_key))
-            .bind(texts(|e| e.payload.as_str()))
-            .bind(
-                events
-                    .iter()
-                    .map(|e| e.payload_version as i32)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(events.iter().map(headers_json).collect::<Vec<_>>())
-            .bind(
-                events
-                    .iter()
-                    .map(|e| self.config.delay_ms(e.available_at))
-                    .collect::<Vec<Option<i64>>>(),
-            )
-            .fetch_all(conn)
-            .await
-            .store()?;
-        let mut inserted = std::collections::HashMap::with_capacity(rows.len());
-        for row in rows {
-            let id: Uuid = row.try_get("event_id").store()?;
-            let sequence: i64 = row.try_get("sequence").store()?;
-            inserted.insert(id, sequence);
-        }
-        // A duplicate inside one batch: the first occurrence was written.
-        Ok(events
-            .iter()
-            .map(|e| match inserted.remove(e.event_id.as_uuid()) {
-                Some(sequence) => EnqueueOutcome::Inserted { sequence },
-                None => EnqueueOutcome::AlreadyExists,
-            })
-            .collect())
+        crate::error::during("enqueue", self.config().tables.events(), async move {
+            for event in events {
+                check_event(event, &self.config.limits, true)?;
+            }
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            let texts = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<_>>();
+            let rows = sqlx::query(&self.queries.enqueue)
+                .bind(
+                    events
+                        .iter()
+                        .map(|e| *e.event_id.as_uuid())
+                        .collect::<Vec<Uuid>>(),
+                )
+                .bind(texts(|e| &e.aggregate_type))
+                .bind(texts(|e| &e.aggregate_id))
+                .bind(texts(|e| &e.event_type))
+                .bind(texts(|e| &e.partition_key))
+                .bind(texts(|e| e.payload.as_str()))
+                .bind(
+                    events
+                        .iter()
+                        .map(|e| e.payload_version as i32)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(events.iter().map(headers_json).collect::<Vec<_>>())
+                .bind(
+                    events
+                        .iter()
+                        .map(|e| self.config.delay_ms(e.available_at))
+                        .collect::<Vec<Option<i64>>>(),
+                )
+                .fetch_all(conn)
+                .await
+                .store()?;
+            let mut inserted = std::collections::HashMap::with_capacity(rows.len());
+            for row in rows {
+                let id: Uuid = row.try_get("event_id").store()?;
+                let sequence: i64 = row.try_get("sequence").store()?;
+                inserted.insert(id, sequence);
+            }
+            // A duplicate inside one batch: the first occurrence was written.
+            Ok(events
+                .iter()
+                .map(|e| match inserted.remove(e.event_id.as_uuid()) {
+                    Some(sequence) => EnqueueOutcome::Inserted { sequence },
+                    None => EnqueueOutcome::AlreadyExists,
+                })
+                .collect())
+        })
+        .await
     }
 
     /// One statement: is there anything to claim? With a wake-up attached,
@@ -419,200 +425,219 @@ fn settled_report(
 #[async_trait]
 impl OutboxWriter for PgStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.sync_clock().await?;
-        let mut tx = self.pool.begin().await.store()?;
-        let outcomes = PgStore::enqueue(self, &mut tx, events).await?;
-        tx.commit().await.store()?;
-        Ok(outcomes)
+        crate::error::during("enqueue", self.config().tables.events(), async move {
+            self.sync_clock().await?;
+            let mut tx = self.pool.begin().await.store()?;
+            let outcomes = PgStore::enqueue(self, &mut tx, events).await?;
+            tx.commit().await.store()?;
+            Ok(outcomes)
+        })
+        .await
     }
 }
 
 #[async_trait]
 impl OutboxStore for PgStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        self.sync_clock().await?;
-        // While idle, one cheap statement instead of a claim.
-        if self.idle.load(AtomicOrdering::Relaxed) && !self.probe().await?.anything {
-            return Ok(ClaimedBatch::default());
-        }
-        let lease_ms = i64::try_from(request.lease_duration.as_millis()).unwrap_or(i64::MAX);
-        let mut kept = self.claims.lock(&self.pool).await?;
-        let rows = match sqlx::query(&self.queries.claim)
-            .bind(request.owner.as_str())
-            .bind(i32::try_from(request.limit).unwrap_or(i32::MAX))
-            .bind(lease_ms)
-            .bind(i32::try_from(request.crash_loop_limit).unwrap_or(i32::MAX))
-            .bind(request.ordering == Ordering::PerKey)
-            .bind(request.poison == PoisonPolicy::Block)
-            .fetch_all(kept.conn())
-            .await
-        {
-            Ok(rows) => rows,
-            Err(error) => {
-                kept.discard();
-                return Err(error).store();
+        crate::error::during("claim_batch", self.config().tables.events(), async move {
+            self.sync_clock().await?;
+            // While idle, one cheap statement instead of a claim.
+            if self.idle.load(AtomicOrdering::Relaxed) && !self.probe().await?.anything {
+                return Ok(ClaimedBatch::default());
             }
-        };
-        drop(kept);
-        let mut batch = ClaimedBatch::default();
-        let mut unreadable = Vec::new();
-        // Under Block, a row that fails parks its key: what follows it in
-        // this batch goes back (and is parked behind it).
-        let block = request.poison == PoisonPolicy::Block;
-        let mut blocked_keys = std::collections::HashSet::new();
-        let mut held_back = Vec::new();
-        for r in &rows {
-            let raw = row::raw_event(r)?;
-            let crash_looped: bool = r.try_get("crash_looped").store()?;
-            if crash_looped {
-                batch
-                    .crash_looped
-                    .push(raw.decode().unwrap_or_else(|u| u.event));
-                continue;
-            }
-            let token = FencingToken(r.try_get("fencing_token").store()?);
-            let lease_expires_at = r.try_get("lease_expires_at").store()?;
-            if blocked_keys.contains(&raw.partition_key) {
-                held_back.push(Release {
-                    lease: Lease {
-                        sequence: raw.sequence,
-                        event_id: raw.event_id,
-                        fencing_token: token,
-                        lease_expires_at,
-                    },
-                    attempt_started: false,
-                });
-                continue;
-            }
-            match raw.decode() {
-                Ok(event) => {
-                    let lease = Lease {
-                        sequence: event.sequence,
-                        event_id: event.event_id,
-                        fencing_token: token,
-                        lease_expires_at,
-                    };
-                    batch.events.push(ClaimedEvent { event, lease });
+            let lease_ms = i64::try_from(request.lease_duration.as_millis()).unwrap_or(i64::MAX);
+            let mut kept = self.claims.lock(&self.pool).await?;
+            let rows = match sqlx::query(&self.queries.claim)
+                .bind(request.owner.as_str())
+                .bind(i32::try_from(request.limit).unwrap_or(i32::MAX))
+                .bind(lease_ms)
+                .bind(i32::try_from(request.crash_loop_limit).unwrap_or(i32::MAX))
+                .bind(request.ordering == Ordering::PerKey)
+                .bind(request.poison == PoisonPolicy::Block)
+                .fetch_all(kept.conn())
+                .await
+            {
+                Ok(rows) => rows,
+                Err(error) => {
+                    kept.discard();
+                    return Err(error).store();
                 }
-                Err(bad) => {
-                    if block {
-                        blocked_keys.insert(bad.event.partition_key.clone());
+            };
+            drop(kept);
+            let mut batch = ClaimedBatch::default();
+            let mut unreadable = Vec::new();
+            // Under Block, a row that fails parks its key: what follows it in
+            // this batch goes back (and is parked behind it).
+            let block = request.poison == PoisonPolicy::Block;
+            let mut blocked_keys = std::collections::HashSet::new();
+            let mut held_back = Vec::new();
+            for r in &rows {
+                let raw = row::raw_event(r)?;
+                let crash_looped: bool = r.try_get("crash_looped").store()?;
+                if crash_looped {
+                    batch
+                        .crash_looped
+                        .push(raw.decode().unwrap_or_else(|u| u.event));
+                    continue;
+                }
+                let token = FencingToken(r.try_get("fencing_token").store()?);
+                let lease_expires_at = r.try_get("lease_expires_at").store()?;
+                if blocked_keys.contains(&raw.partition_key) {
+                    held_back.push(Release {
+                        lease: Lease {
+                            sequence: raw.sequence,
+                            event_id: raw.event_id,
+                            fencing_token: token,
+                            lease_expires_at,
+                        },
+                        attempt_started: false,
+                    });
+                    continue;
+                }
+                match raw.decode() {
+                    Ok(event) => {
+                        let lease = Lease {
+                            sequence: event.sequence,
+                            event_id: event.event_id,
+                            fencing_token: token,
+                            lease_expires_at,
+                        };
+                        batch.events.push(ClaimedEvent { event, lease });
                     }
-                    unreadable.push((bad, token));
+                    Err(bad) => {
+                        if block {
+                            blocked_keys.insert(bad.event.partition_key.clone());
+                        }
+                        unreadable.push((bad, token));
+                    }
                 }
             }
-        }
-        self.release(&held_back).await?;
-        self.fail_unreadable(&unreadable, block).await?;
-        batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
-        self.idle.store(
-            batch.events.is_empty() && batch.unreadable.is_empty(),
-            AtomicOrdering::Relaxed,
-        );
-        Ok(batch)
+            self.release(&held_back).await?;
+            self.fail_unreadable(&unreadable, block).await?;
+            batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
+            self.idle.store(
+                batch.events.is_empty() && batch.unreadable.is_empty(),
+                AtomicOrdering::Relaxed,
+            );
+            Ok(batch)
+        })
+        .await
     }
 
     async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        if leases.is_empty() {
-            return Ok(SettleReport::default());
-        }
-        self.sync_clock().await?;
-        let query = sqlx::query(&self.queries.ack)
-            .bind(leases.iter().map(|l| l.sequence).collect::<Vec<_>>())
-            .bind(leases.iter().map(|l| l.fencing_token.0).collect::<Vec<_>>());
-        self.settle_sequences(query, leases.iter().map(|l| (l.sequence, l.event_id)))
-            .await
+        crate::error::during("ack", self.config().tables.events(), async move {
+            if leases.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            self.sync_clock().await?;
+            let query = sqlx::query(&self.queries.ack)
+                .bind(leases.iter().map(|l| l.sequence).collect::<Vec<_>>())
+                .bind(leases.iter().map(|l| l.fencing_token.0).collect::<Vec<_>>());
+            self.settle_sequences(query, leases.iter().map(|l| (l.sequence, l.event_id)))
+                .await
+        })
+        .await
     }
 
     async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        if nacks.is_empty() {
-            return Ok(SettleReport::default());
-        }
-        self.sync_clock().await?;
-        let mut retry_after = Vec::with_capacity(nacks.len());
-        let mut blocks = Vec::with_capacity(nacks.len());
-        for nack in nacks {
-            match &nack.action {
-                NackAction::Retry { after } => {
-                    retry_after.push(Some(i64::try_from(after.as_millis()).unwrap_or(i64::MAX)));
-                    blocks.push(false);
-                }
-                NackAction::Fail { block_key, .. } => {
-                    retry_after.push(None);
-                    blocks.push(*block_key);
+        crate::error::during("nack", self.config().tables.events(), async move {
+            if nacks.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            self.sync_clock().await?;
+            let mut retry_after = Vec::with_capacity(nacks.len());
+            let mut blocks = Vec::with_capacity(nacks.len());
+            for nack in nacks {
+                match &nack.action {
+                    NackAction::Retry { after } => {
+                        retry_after
+                            .push(Some(i64::try_from(after.as_millis()).unwrap_or(i64::MAX)));
+                        blocks.push(false);
+                    }
+                    NackAction::Fail { block_key, .. } => {
+                        retry_after.push(None);
+                        blocks.push(*block_key);
+                    }
                 }
             }
-        }
-        let query = sqlx::query(&self.queries.nack)
-            .bind(nacks.iter().map(|n| n.lease.sequence).collect::<Vec<_>>())
-            .bind(
-                nacks
-                    .iter()
-                    .map(|n| n.lease.fencing_token.0)
-                    .collect::<Vec<_>>(),
+            let query = sqlx::query(&self.queries.nack)
+                .bind(nacks.iter().map(|n| n.lease.sequence).collect::<Vec<_>>())
+                .bind(
+                    nacks
+                        .iter()
+                        .map(|n| n.lease.fencing_token.0)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(retry_after)
+                .bind(blocks)
+                .bind(
+                    nacks
+                        .iter()
+                        .map(|n| codes::attempt_kind_code(codes::nack_kind(&n.action)))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    nacks
+                        .iter()
+                        .map(|n| n.error_class.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(nacks.iter().map(|n| n.error.as_str()).collect::<Vec<_>>());
+            self.settle_sequences(
+                query,
+                nacks.iter().map(|n| (n.lease.sequence, n.lease.event_id)),
             )
-            .bind(retry_after)
-            .bind(blocks)
-            .bind(
-                nacks
-                    .iter()
-                    .map(|n| codes::attempt_kind_code(codes::nack_kind(&n.action)))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                nacks
-                    .iter()
-                    .map(|n| n.error_class.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(nacks.iter().map(|n| n.error.as_str()).collect::<Vec<_>>());
-        self.settle_sequences(
-            query,
-            nacks.iter().map(|n| (n.lease.sequence, n.lease.event_id)),
-        )
+            .await
+        })
         .await
     }
 
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        if releases.is_empty() {
-            return Ok(SettleReport::default());
-        }
-        let query = sqlx::query(&self.queries.release)
-            .bind(
+        crate::error::during("release", self.config().tables.events(), async move {
+            if releases.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            let query = sqlx::query(&self.queries.release)
+                .bind(
+                    releases
+                        .iter()
+                        .map(|r| r.lease.sequence)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    releases
+                        .iter()
+                        .map(|r| r.lease.fencing_token.0)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    releases
+                        .iter()
+                        .map(|r| r.attempt_started)
+                        .collect::<Vec<_>>(),
+                );
+            self.settle_sequences(
+                query,
                 releases
                     .iter()
-                    .map(|r| r.lease.sequence)
-                    .collect::<Vec<_>>(),
+                    .map(|r| (r.lease.sequence, r.lease.event_id)),
             )
-            .bind(
-                releases
-                    .iter()
-                    .map(|r| r.lease.fencing_token.0)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                releases
-                    .iter()
-                    .map(|r| r.attempt_started)
-                    .collect::<Vec<_>>(),
-            );
-        self.settle_sequences(
-            query,
-            releases
-                .iter()
-                .map(|r| (r.lease.sequence, r.lease.event_id)),
-        )
+            .await
+        })
         .await
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        self.sync_clock().await?;
-        sqlx::query(&self.queries.heartbeat)
-            .bind(relay.as_str())
-            .bind(self.config.clock.now())
-            .execute(&self.pool)
-            .await
-            .store()?;
-        Ok(())
+        crate::error::during("heartbeat", self.config().tables.events(), async move {
+            self.sync_clock().await?;
+            sqlx::query(&self.queries.heartbeat)
+                .bind(relay.as_str())
+                .bind(self.config.clock.now())
+                .execute(&self.pool)
+                .await
+                .store()?;
+            Ok(())
+        })
+        .await
     }
 }

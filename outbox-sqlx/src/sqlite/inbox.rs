@@ -51,9 +51,16 @@ impl InboxStore for SqliteInbox {
     type Transaction = Transaction<'static, Sqlite>;
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        // Before the write lock is taken: syncing the test clock writes.
-        self.store.sync_clock().await?;
-        self.store.begin_immediate().await
+        crate::error::during(
+            "inbox begin",
+            self.store.config().tables.inbox(),
+            async move {
+                // Before the write lock is taken: syncing the test clock writes.
+                self.store.sync_clock().await?;
+                self.store.begin_immediate().await
+            },
+        )
+        .await
     }
 
     async fn claim(
@@ -62,15 +69,30 @@ impl InboxStore for SqliteInbox {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
-        self.claim_in(tx, consumer, event_id).await
+        crate::error::during(
+            "inbox claim",
+            self.store.config().tables.inbox(),
+            async move { self.claim_in(tx, consumer, event_id).await },
+        )
+        .await
     }
 
     async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        tx.commit().await.store()
+        crate::error::during(
+            "inbox commit",
+            self.store.config().tables.inbox(),
+            async move { tx.commit().await.store() },
+        )
+        .await
     }
 
     async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        tx.rollback().await.store()
+        crate::error::during(
+            "inbox rollback",
+            self.store.config().tables.inbox(),
+            async move { tx.rollback().await.store() },
+        )
+        .await
     }
 
     async fn purge_older_than(
@@ -78,20 +100,27 @@ impl InboxStore for SqliteInbox {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        self.store.sync_clock().await?;
-        let mut tx = self.store.begin_immediate().await?;
-        let cutoff = self
-            .store
-            .now(&mut tx)
-            .await?
-            .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
-        let done = sqlx::query(&self.store.queries.inbox_purge)
-            .bind(cutoff)
-            .bind(batch_size.min(i64::MAX as usize) as i64)
-            .execute(&mut *tx)
-            .await
-            .store()?;
-        tx.commit().await.store()?;
-        Ok(done.rows_affected())
+        crate::error::during(
+            "inbox purge_older_than",
+            self.store.config().tables.inbox(),
+            async move {
+                self.store.sync_clock().await?;
+                let mut tx = self.store.begin_immediate().await?;
+                let cutoff = self
+                    .store
+                    .now(&mut tx)
+                    .await?
+                    .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
+                let done = sqlx::query(&self.store.queries.inbox_purge)
+                    .bind(cutoff)
+                    .bind(batch_size.min(i64::MAX as usize) as i64)
+                    .execute(&mut *tx)
+                    .await
+                    .store()?;
+                tx.commit().await.store()?;
+                Ok(done.rows_affected())
+            },
+        )
+        .await
     }
 }

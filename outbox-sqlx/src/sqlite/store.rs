@@ -115,19 +115,22 @@ impl SqliteStore {
     /// schema version found and left. Tables of another schema version are
     /// refused with [`StoreError::Config`] naming the upgrade notes.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
-        let schema = self.schema_sql();
-        let mut tx = self.begin_immediate().await?;
-        let found = self.installed_version(&mut tx).await?;
-        let migrated = crate::config::check_schema_version(
-            &self.config.tables.events(),
-            found,
-            SCHEMA_VERSION,
-        )?;
-        sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
-            .await
-            .store()?;
-        tx.commit().await.store()?;
-        Ok(migrated)
+        crate::error::during("migrate", self.config().tables.events(), async move {
+            let schema = self.schema_sql();
+            let mut tx = self.begin_immediate().await?;
+            let found = self.installed_version(&mut tx).await?;
+            let migrated = crate::config::check_schema_version(
+                &self.config.tables.events(),
+                found,
+                SCHEMA_VERSION,
+            )?;
+            sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
+                .await
+                .store()?;
+            tx.commit().await.store()?;
+            Ok(migrated)
+        })
+        .await
     }
 
     /// The schema version of the outbox tables: `None` if there are none,
@@ -221,51 +224,54 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        for event in events {
-            check_event(event, &self.config.limits, false)?;
-        }
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        // No clock sync here: it would write, and the caller's transaction
-        // holds SQLite's one write lock.
-        let now = self.now(&mut *conn).await?;
-        let batch: Vec<_> = events
-            .iter()
-            .map(|e| {
-                json!({
-                    "id": e.event_id.to_string(),
-                    "at": e.aggregate_type,
-                    "ai": e.aggregate_id,
-                    "et": e.event_type,
-                    "pk": e.partition_key,
-                    "p": e.payload.as_str(),
-                    "v": e.payload_version,
-                    "h": headers_json(e),
-                    "d": self.config.delay_ms(e.available_at),
+        crate::error::during("enqueue", self.config().tables.events(), async move {
+            for event in events {
+                check_event(event, &self.config.limits, false)?;
+            }
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            // No clock sync here: it would write, and the caller's transaction
+            // holds SQLite's one write lock.
+            let now = self.now(&mut *conn).await?;
+            let batch: Vec<_> = events
+                .iter()
+                .map(|e| {
+                    json!({
+                        "id": e.event_id.to_string(),
+                        "at": e.aggregate_type,
+                        "ai": e.aggregate_id,
+                        "et": e.event_type,
+                        "pk": e.partition_key,
+                        "p": e.payload.as_str(),
+                        "v": e.payload_version,
+                        "h": headers_json(e),
+                        "d": self.config.delay_ms(e.available_at),
+                    })
                 })
-            })
-            .collect();
-        let rows = sqlx::query(&self.queries.enqueue)
-            .bind(serde_json::Value::Array(batch).to_string())
-            .bind(now)
-            .fetch_all(&mut *conn)
-            .await
-            .store()?;
-        let mut inserted = HashMap::with_capacity(rows.len());
-        for r in &rows {
-            inserted.insert(
-                row::event_id(r, "event_id")?,
-                r.try_get::<i64, _>("sequence").store()?,
-            );
-        }
-        Ok(events
-            .iter()
-            .map(|e| match inserted.remove(&e.event_id) {
-                Some(sequence) => EnqueueOutcome::Inserted { sequence },
-                None => EnqueueOutcome::AlreadyExists,
-            })
-            .collect())
+                .collect();
+            let rows = sqlx::query(&self.queries.enqueue)
+                .bind(serde_json::Value::Array(batch).to_string())
+                .bind(now)
+                .fetch_all(&mut *conn)
+                .await
+                .store()?;
+            let mut inserted = HashMap::with_capacity(rows.len());
+            for r in &rows {
+                inserted.insert(
+                    row::event_id(r, "event_id")?,
+                    r.try_get::<i64, _>("sequence").store()?,
+                );
+            }
+            Ok(events
+                .iter()
+                .map(|e| match inserted.remove(&e.event_id) {
+                    Some(sequence) => EnqueueOutcome::Inserted { sequence },
+                    None => EnqueueOutcome::AlreadyExists,
+                })
+                .collect())
+        })
+        .await
     }
 
     /// Appends history rows in one statement.
@@ -315,196 +321,207 @@ impl SqliteStore {
 #[async_trait]
 impl OutboxWriter for SqliteStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.sync_clock().await?;
-        let mut tx = self.begin_immediate().await?;
-        let outcomes = SqliteStore::enqueue(self, &mut tx, events).await?;
-        tx.commit().await.store()?;
-        Ok(outcomes)
+        crate::error::during("enqueue", self.config().tables.events(), async move {
+            self.sync_clock().await?;
+            let mut tx = self.begin_immediate().await?;
+            let outcomes = SqliteStore::enqueue(self, &mut tx, events).await?;
+            tx.commit().await.store()?;
+            Ok(outcomes)
+        })
+        .await
     }
 }
 
 #[async_trait]
 impl OutboxStore for SqliteStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        self.sync_clock().await?;
-        let mut tx = self.begin_immediate().await?;
-        let now = self.now(&mut tx).await?;
-        let expires = now
-            .saturating_add(i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX));
-        self.reap(&mut tx, now).await?;
-        let block = request.poison == PoisonPolicy::Block;
-        let looped = sqlx::query(&self.queries.crash_loops)
-            .bind(now)
-            .bind(i64::from(request.crash_loop_limit))
-            .bind(block)
-            .fetch_all(&mut *tx)
-            .await
-            .store()?;
-        let crash_looped: Vec<StoredEvent> = looped
-            .iter()
-            .map(|r| Ok(row::raw_event(r)?.decode().unwrap_or_else(|u| u.event)))
-            .collect::<Result<_, StoreError>>()?;
-        let detail = format!(
-            "{} publish attempts started and none finished",
-            request.crash_loop_limit
-        );
-        let entries: Vec<_> = crash_looped
-            .iter()
-            .map(|e| HistoryEntry {
-                event_id: e.event_id,
-                kind: AttemptKind::CrashLoop,
-                actor: request.owner.as_str(),
-                error_class: None,
-                detail: detail.as_str(),
-                attempts: i64::from(e.attempts),
-            })
-            .collect();
-        self.record(&mut tx, &entries).await?;
-
-        let (query, ordered) = match request.ordering {
-            Ordering::PerKey => (&self.queries.claim_per_key, true),
-            Ordering::Unordered => (&self.queries.claim_unordered, false),
-        };
-        let candidates: Vec<(i64, String, bool)> = sqlx::query(query)
-            .bind(now)
-            .bind(request.limit.min(i64::MAX as usize) as i64)
-            .fetch_all(&mut *tx)
-            .await
-            .store()?
-            .iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("sequence").store()?,
-                    r.try_get("partition_key").store()?,
-                    r.try_get("suspect").store()?,
-                ))
-            })
-            .collect::<Result<_, StoreError>>()?;
-        let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
-        let mut rows: HashMap<i64, (i64, Result<StoredEvent, UnreadableEvent>)> = HashMap::new();
-        for r in sqlx::query(&self.queries.read_rows)
-            .bind(json!(sequences).to_string())
-            .fetch_all(&mut *tx)
-            .await
-            .store()?
-        {
-            let raw = row::raw_event(&r)?;
-            rows.insert(
-                raw.sequence,
-                (r.try_get("fencing_token").store()?, raw.decode()),
+        crate::error::during("claim_batch", self.config().tables.events(), async move {
+            self.sync_clock().await?;
+            let mut tx = self.begin_immediate().await?;
+            let now = self.now(&mut tx).await?;
+            let expires = now.saturating_add(
+                i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX),
             );
-        }
-        // A second crash suspect, or a row that does not decode under
-        // Block, ends its key's prefix in this batch.
-        let mut stopped: HashSet<&str> = HashSet::new();
-        let mut suspect_taken = false;
-        let mut chosen = Vec::new();
-        let mut unreadable = Vec::new();
-        for (sequence, key, suspect) in &candidates {
-            if ordered && stopped.contains(key.as_str()) {
-                continue;
-            }
-            if *suspect {
-                if suspect_taken {
-                    stopped.insert(key);
-                    continue;
-                }
-                suspect_taken = true;
-            }
-            match &rows[sequence].1 {
-                Ok(_) => chosen.push(*sequence),
-                Err(bad) => {
-                    unreadable.push(bad.clone());
-                    if block {
-                        stopped.insert(key);
-                    }
-                }
-            }
-        }
-        if !unreadable.is_empty() {
-            let bad: Vec<i64> = unreadable.iter().map(|u| u.event.sequence).collect();
-            sqlx::query(&self.queries.fail_rows)
-                .bind(json!(bad).to_string())
+            self.reap(&mut tx, now).await?;
+            let block = request.poison == PoisonPolicy::Block;
+            let looped = sqlx::query(&self.queries.crash_loops)
+                .bind(now)
+                .bind(i64::from(request.crash_loop_limit))
                 .bind(block)
-                .execute(&mut *tx)
+                .fetch_all(&mut *tx)
                 .await
                 .store()?;
-            let entries: Vec<_> = unreadable
+            let crash_looped: Vec<StoredEvent> = looped
                 .iter()
-                .map(|u| HistoryEntry {
-                    event_id: u.event.event_id,
-                    kind: AttemptKind::Unreadable,
+                .map(|r| Ok(row::raw_event(r)?.decode().unwrap_or_else(|u| u.event)))
+                .collect::<Result<_, StoreError>>()?;
+            let detail = format!(
+                "{} publish attempts started and none finished",
+                request.crash_loop_limit
+            );
+            let entries: Vec<_> = crash_looped
+                .iter()
+                .map(|e| HistoryEntry {
+                    event_id: e.event_id,
+                    kind: AttemptKind::CrashLoop,
                     actor: request.owner.as_str(),
                     error_class: None,
-                    detail: u.reason.as_str(),
-                    attempts: i64::from(u.event.attempts),
+                    detail: detail.as_str(),
+                    attempts: i64::from(e.attempts),
                 })
                 .collect();
             self.record(&mut tx, &entries).await?;
-        }
-        let mut events = Vec::with_capacity(chosen.len());
-        if !chosen.is_empty() {
-            sqlx::query(&self.queries.lease_rows)
-                .bind(json!(chosen).to_string())
-                .bind(new_lease_id())
-                .bind(request.owner.as_str())
-                .bind(expires)
-                .execute(&mut *tx)
+
+            let (query, ordered) = match request.ordering {
+                Ordering::PerKey => (&self.queries.claim_per_key, true),
+                Ordering::Unordered => (&self.queries.claim_unordered, false),
+            };
+            let candidates: Vec<(i64, String, bool)> = sqlx::query(query)
+                .bind(now)
+                .bind(request.limit.min(i64::MAX as usize) as i64)
+                .fetch_all(&mut *tx)
                 .await
-                .store()?;
-            let lease_expires_at = row::from_micros(expires)?;
-            for sequence in &chosen {
-                let (token, decoded) = &rows[sequence];
-                let event = decoded.clone().expect("chosen rows decode");
-                events.push(ClaimedEvent {
-                    lease: Lease {
-                        sequence: *sequence,
-                        event_id: event.event_id,
-                        fencing_token: FencingToken(token + 1),
-                        lease_expires_at,
-                    },
-                    event,
-                });
+                .store()?
+                .iter()
+                .map(|r| {
+                    Ok((
+                        r.try_get("sequence").store()?,
+                        r.try_get("partition_key").store()?,
+                        r.try_get("suspect").store()?,
+                    ))
+                })
+                .collect::<Result<_, StoreError>>()?;
+            let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
+            let mut rows: HashMap<i64, (i64, Result<StoredEvent, UnreadableEvent>)> =
+                HashMap::new();
+            for r in sqlx::query(&self.queries.read_rows)
+                .bind(json!(sequences).to_string())
+                .fetch_all(&mut *tx)
+                .await
+                .store()?
+            {
+                let raw = row::raw_event(&r)?;
+                rows.insert(
+                    raw.sequence,
+                    (r.try_get("fencing_token").store()?, raw.decode()),
+                );
             }
-        }
-        tx.commit().await.store()?;
-        Ok(ClaimedBatch {
-            events,
-            crash_looped,
-            unreadable,
+            // A second crash suspect, or a row that does not decode under
+            // Block, ends its key's prefix in this batch.
+            let mut stopped: HashSet<&str> = HashSet::new();
+            let mut suspect_taken = false;
+            let mut chosen = Vec::new();
+            let mut unreadable = Vec::new();
+            for (sequence, key, suspect) in &candidates {
+                if ordered && stopped.contains(key.as_str()) {
+                    continue;
+                }
+                if *suspect {
+                    if suspect_taken {
+                        stopped.insert(key);
+                        continue;
+                    }
+                    suspect_taken = true;
+                }
+                match &rows[sequence].1 {
+                    Ok(_) => chosen.push(*sequence),
+                    Err(bad) => {
+                        unreadable.push(bad.clone());
+                        if block {
+                            stopped.insert(key);
+                        }
+                    }
+                }
+            }
+            if !unreadable.is_empty() {
+                let bad: Vec<i64> = unreadable.iter().map(|u| u.event.sequence).collect();
+                sqlx::query(&self.queries.fail_rows)
+                    .bind(json!(bad).to_string())
+                    .bind(block)
+                    .execute(&mut *tx)
+                    .await
+                    .store()?;
+                let entries: Vec<_> = unreadable
+                    .iter()
+                    .map(|u| HistoryEntry {
+                        event_id: u.event.event_id,
+                        kind: AttemptKind::Unreadable,
+                        actor: request.owner.as_str(),
+                        error_class: None,
+                        detail: u.reason.as_str(),
+                        attempts: i64::from(u.event.attempts),
+                    })
+                    .collect();
+                self.record(&mut tx, &entries).await?;
+            }
+            let mut events = Vec::with_capacity(chosen.len());
+            if !chosen.is_empty() {
+                sqlx::query(&self.queries.lease_rows)
+                    .bind(json!(chosen).to_string())
+                    .bind(new_lease_id())
+                    .bind(request.owner.as_str())
+                    .bind(expires)
+                    .execute(&mut *tx)
+                    .await
+                    .store()?;
+                let lease_expires_at = row::from_micros(expires)?;
+                for sequence in &chosen {
+                    let (token, decoded) = &rows[sequence];
+                    let event = decoded.clone().expect("chosen rows decode");
+                    events.push(ClaimedEvent {
+                        lease: Lease {
+                            sequence: *sequence,
+                            event_id: event.event_id,
+                            fencing_token: FencingToken(token + 1),
+                            lease_expires_at,
+                        },
+                        event,
+                    });
+                }
+            }
+            tx.commit().await.store()?;
+            Ok(ClaimedBatch {
+                events,
+                crash_looped,
+                unreadable,
+            })
         })
+        .await
     }
 
     async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        if leases.is_empty() {
-            return Ok(SettleReport::default());
-        }
-        self.sync_clock().await?;
-        let batch = leases
-            .iter()
-            .map(|l| json!([l.sequence, l.fencing_token.0]))
-            .collect();
-        self.settle_json(
-            &self.queries.ack,
-            batch,
-            true,
-            leases.iter().map(|l| l.event_id),
-        )
+        crate::error::during("ack", self.config().tables.events(), async move {
+            if leases.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            self.sync_clock().await?;
+            let batch = leases
+                .iter()
+                .map(|l| json!([l.sequence, l.fencing_token.0]))
+                .collect();
+            self.settle_json(
+                &self.queries.ack,
+                batch,
+                true,
+                leases.iter().map(|l| l.event_id),
+            )
+            .await
+        })
         .await
     }
 
     async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        if nacks.is_empty() {
-            return Ok(SettleReport::default());
-        }
-        self.sync_clock().await?;
-        let mut tx = self.begin_immediate().await?;
-        let now = self.now(&mut tx).await?;
-        let batch: Vec<_> = nacks
-            .iter()
-            .map(|n| {
-                let (status, blocks, available) =
-                    match &n.action {
+        crate::error::during("nack", self.config().tables.events(), async move {
+            if nacks.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            self.sync_clock().await?;
+            let mut tx = self.begin_immediate().await?;
+            let now = self.now(&mut tx).await?;
+            let batch: Vec<_> = nacks
+                .iter()
+                .map(|n| {
+                    let (status, blocks, available) = match &n.action {
                         NackAction::Retry { after } => (
                             codes::PENDING,
                             false,
@@ -514,124 +531,133 @@ impl OutboxStore for SqliteStore {
                         ),
                         NackAction::Fail { block_key, .. } => (codes::FAILED, *block_key, None),
                     };
-                json!({"s": n.lease.sequence, "t": n.lease.fencing_token.0, "st": status,
-                       "b": blocks, "a": available})
+                    json!({"s": n.lease.sequence, "t": n.lease.fencing_token.0, "st": status,
+                           "b": blocks, "a": available})
+                })
+                .collect();
+            let rows = sqlx::query(&self.queries.nack)
+                .bind(serde_json::Value::Array(batch).to_string())
+                .fetch_all(&mut *tx)
+                .await
+                .store()?;
+            let by_id: HashMap<EventId, &Nack> =
+                nacks.iter().map(|n| (n.lease.event_id, n)).collect();
+            let mut settled = HashSet::new();
+            let mut entries = Vec::with_capacity(rows.len());
+            let mut owners = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let id = row::event_id(r, "event_id")?;
+                settled.insert(id);
+                owners.push((
+                    id,
+                    r.try_get::<String, _>("lease_owner").store()?,
+                    r.try_get::<i64, _>("attempts").store()?,
+                ));
+            }
+            for (id, owner, attempts) in &owners {
+                let nack = by_id[id];
+                entries.push(HistoryEntry {
+                    event_id: *id,
+                    kind: codes::nack_kind(&nack.action),
+                    actor: owner.as_str(),
+                    error_class: Some(nack.error_class.as_str()),
+                    detail: nack.error.as_str(),
+                    attempts: *attempts,
+                });
+            }
+            self.record(&mut tx, &entries).await?;
+            tx.commit().await.store()?;
+            Ok(SettleReport {
+                applied: settled.len(),
+                fenced: nacks
+                    .iter()
+                    .map(|n| n.lease.event_id)
+                    .filter(|id| !settled.contains(id))
+                    .collect(),
             })
-            .collect();
-        let rows = sqlx::query(&self.queries.nack)
-            .bind(serde_json::Value::Array(batch).to_string())
-            .fetch_all(&mut *tx)
-            .await
-            .store()?;
-        let by_id: HashMap<EventId, &Nack> = nacks.iter().map(|n| (n.lease.event_id, n)).collect();
-        let mut settled = HashSet::new();
-        let mut entries = Vec::with_capacity(rows.len());
-        let mut owners = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let id = row::event_id(r, "event_id")?;
-            settled.insert(id);
-            owners.push((
-                id,
-                r.try_get::<String, _>("lease_owner").store()?,
-                r.try_get::<i64, _>("attempts").store()?,
-            ));
-        }
-        for (id, owner, attempts) in &owners {
-            let nack = by_id[id];
-            entries.push(HistoryEntry {
-                event_id: *id,
-                kind: codes::nack_kind(&nack.action),
-                actor: owner.as_str(),
-                error_class: Some(nack.error_class.as_str()),
-                detail: nack.error.as_str(),
-                attempts: *attempts,
-            });
-        }
-        self.record(&mut tx, &entries).await?;
-        tx.commit().await.store()?;
-        Ok(SettleReport {
-            applied: settled.len(),
-            fenced: nacks
-                .iter()
-                .map(|n| n.lease.event_id)
-                .filter(|id| !settled.contains(id))
-                .collect(),
         })
+        .await
     }
 
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        if releases.is_empty() {
-            return Ok(SettleReport::default());
-        }
-        let mut tx = self.begin_immediate().await?;
-        // Rows whose publishing had started are blamed as after a crash.
-        let started: Vec<i64> = releases
-            .iter()
-            .filter(|r| r.attempt_started)
-            .map(|r| r.lease.sequence)
-            .collect();
-        let mut blamed: HashMap<i64, i64> = HashMap::new();
-        if !started.is_empty() {
-            let held: Vec<(i64, i64, bool)> = sqlx::query(&self.queries.held)
-                .bind(json!(started).to_string())
-                .fetch_all(&mut *tx)
-                .await
-                .store()?
+        crate::error::during("release", self.config().tables.events(), async move {
+            if releases.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            let mut tx = self.begin_immediate().await?;
+            // Rows whose publishing had started are blamed as after a crash.
+            let started: Vec<i64> = releases
+                .iter()
+                .filter(|r| r.attempt_started)
+                .map(|r| r.lease.sequence)
+                .collect();
+            let mut blamed: HashMap<i64, i64> = HashMap::new();
+            if !started.is_empty() {
+                let held: Vec<(i64, i64, bool)> = sqlx::query(&self.queries.held)
+                    .bind(json!(started).to_string())
+                    .fetch_all(&mut *tx)
+                    .await
+                    .store()?
+                    .iter()
+                    .map(|r| {
+                        Ok((
+                            r.try_get("sequence").store()?,
+                            r.try_get("lease_id").store()?,
+                            r.try_get("suspect").store()?,
+                        ))
+                    })
+                    .collect::<Result<_, StoreError>>()?;
+                blamed = blame(&held).into_iter().collect();
+            }
+            let batch: Vec<_> = releases
                 .iter()
                 .map(|r| {
-                    Ok((
-                        r.try_get("sequence").store()?,
-                        r.try_get("lease_id").store()?,
-                        r.try_get("suspect").store()?,
-                    ))
+                    json!([
+                        r.lease.sequence,
+                        r.lease.fencing_token.0,
+                        r.attempt_started,
+                        blamed.get(&r.lease.sequence).copied().unwrap_or(0)
+                    ])
                 })
-                .collect::<Result<_, StoreError>>()?;
-            blamed = blame(&held).into_iter().collect();
-        }
-        let batch: Vec<_> = releases
-            .iter()
-            .map(|r| {
-                json!([
-                    r.lease.sequence,
-                    r.lease.fencing_token.0,
-                    r.attempt_started,
-                    blamed.get(&r.lease.sequence).copied().unwrap_or(0)
-                ])
-            })
-            .collect();
-        let rows = sqlx::query(&self.queries.release)
-            .bind(serde_json::Value::Array(batch).to_string())
-            .fetch_all(&mut *tx)
-            .await
-            .store()?;
-        tx.commit().await.store()?;
-        let settled: HashSet<EventId> = rows
-            .iter()
-            .map(|r| row::event_id(r, "event_id"))
-            .collect::<Result<_, _>>()?;
-        Ok(SettleReport {
-            applied: settled.len(),
-            fenced: releases
+                .collect();
+            let rows = sqlx::query(&self.queries.release)
+                .bind(serde_json::Value::Array(batch).to_string())
+                .fetch_all(&mut *tx)
+                .await
+                .store()?;
+            tx.commit().await.store()?;
+            let settled: HashSet<EventId> = rows
                 .iter()
-                .map(|r| r.lease.event_id)
-                .filter(|id| !settled.contains(id))
-                .collect(),
+                .map(|r| row::event_id(r, "event_id"))
+                .collect::<Result<_, _>>()?;
+            Ok(SettleReport {
+                applied: settled.len(),
+                fenced: releases
+                    .iter()
+                    .map(|r| r.lease.event_id)
+                    .filter(|id| !settled.contains(id))
+                    .collect(),
+            })
         })
+        .await
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        self.sync_clock().await?;
-        let mut tx = self.begin_immediate().await?;
-        let now = self.now(&mut tx).await?;
-        let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
-        sqlx::query(&self.queries.heartbeat)
-            .bind(relay.as_str())
-            .bind(now)
-            .bind(skew_ms)
-            .execute(&mut *tx)
-            .await
-            .store()?;
-        tx.commit().await.store()
+        crate::error::during("heartbeat", self.config().tables.events(), async move {
+            self.sync_clock().await?;
+            let mut tx = self.begin_immediate().await?;
+            let now = self.now(&mut tx).await?;
+            let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
+            sqlx::query(&self.queries.heartbeat)
+                .bind(relay.as_str())
+                .bind(now)
+                .bind(skew_ms)
+                .execute(&mut *tx)
+                .await
+                .store()?;
+            tx.commit().await.store()
+        })
+        .await
     }
 }
 
