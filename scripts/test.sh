@@ -31,6 +31,16 @@ tail -n 3 /tmp/outbox-quickstart.log
 target/debug/examples/billing-postgres > /tmp/outbox-billing.log
 tail -n 3 /tmp/outbox-billing.log
 
+step "outbox CLI on the quickstart's database (the README's lines)"
+quickstart_db="sqlite:${TMPDIR:-/tmp}/outbox-quickstart.db"
+target/debug/outbox --url "$quickstart_db" status
+failed_id=$(target/debug/outbox --url "$quickstart_db" --output json failed list \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["event_id"])')
+target/debug/outbox --url "$quickstart_db" failed show "$failed_id" > /dev/null
+target/debug/outbox --url "$quickstart_db" requeue "$failed_id" --reason "CI smoke" --operator ci
+target/debug/outbox --url "$quickstart_db" health --max-age 1h --relay-timeout 1h
+target/debug/outbox --url "$quickstart_db" purge --older-than 0s
+
 # The benchmark set at smoke sizes, in the debug build made above: it fails
 # only if a scenario errors or loses events, never on a missed target.
 step "benchmarks (--quick smoke, debug build)"

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use outbox_core::OutboxWriter;
-use outbox_core::testing::{CuttableProxy, events_over_keys};
+use outbox_core::testing::CuttableProxy;
+use outbox_core::{EventId, NewEvent, OutboxWriter};
 use outbox_sqlx::postgres::EndToEndDb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -61,13 +61,14 @@ impl Drop for ConfigFile {
 }
 
 /// The daemon rides out a broker outage (healthy, the backlog and its lag
-/// on `/metrics`), publishes the backlog to Redis once it is back, counts
-/// it on `/metrics`, and on SIGTERM drains and exits 0.
+/// on `/metrics`), publishes the billing example's events (two types) to
+/// Redis once it is back, counts them on `/metrics`, and on SIGTERM drains
+/// and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_relays_to_redis_serves_metrics_and_drains_on_sigterm() {
     let db = EndToEndDb::create("daemon").await;
     let (store, schema) = (&db.store, &db.schema);
-    let events = events_over_keys(50, 5);
+    let events = billing_events(10);
     OutboxWriter::enqueue(&**store, &events).await.unwrap();
 
     // Redis behind a proxy, cut at first.
@@ -111,11 +112,14 @@ listen = "{listen}"
     let child = spawn_daemon(&config);
 
     let claimable = r#"outbox_events{event_type="invoice.paid",state="claimable"}"#;
+    let failures = r#"outbox_events{event_type="payment.failed",state="claimable"}"#;
     let lag = r#"outbox_oldest_claimable_age_seconds{event_type="invoice.paid"}"#;
     let published = r#"outbox_relay_published_total{relay="daemon-test"}"#;
     proxy.wait_for_refused(3, Duration::from_secs(60)).await;
     let during = scrape_until(&listen, |m| {
-        gauge(m, claimable) == Some(50.0) && gauge(m, lag).is_some_and(|l| l > 0.0)
+        gauge(m, claimable) == Some(10.0)
+            && gauge(m, failures) == Some(20.0)
+            && gauge(m, lag).is_some_and(|l| l > 0.0)
     })
     .await;
     assert_eq!(gauge(&during, published), None, "nothing published yet");
@@ -126,8 +130,9 @@ listen = "{listen}"
     // The gauges are read at the scrape, the counter when the relay acks:
     // one scrape may fall between the two.
     scrape_until(&listen, |m| {
-        gauge(m, published) == Some(50.0)
+        gauge(m, published) == Some(30.0)
             && gauge(m, claimable) == Some(0.0)
+            && gauge(m, failures) == Some(0.0)
             && gauge(m, lag) == Some(0.0)
     })
     .await;
@@ -138,18 +143,20 @@ listen = "{listen}"
 
     let client = redis::Client::open(redis_url()).unwrap();
     let mut redis = client.get_multiplexed_async_connection().await.unwrap();
-    let stream = format!("{prefix}invoice.paid");
-    let len: usize = redis::cmd("XLEN")
-        .arg(&stream)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert_eq!(len, 50, "each event published once");
-    let _: () = redis::cmd("DEL")
-        .arg(&stream)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    for (event_type, expected) in [("invoice.paid", 10), ("payment.failed", 20)] {
+        let stream = format!("{prefix}{event_type}");
+        let len: usize = redis::cmd("XLEN")
+            .arg(&stream)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(len, expected, "each {event_type} event published once");
+        let _: () = redis::cmd("DEL")
+            .arg(&stream)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
 }
 
 fn spawn_daemon(config: &ConfigFile) -> tokio::process::Child {
@@ -193,29 +200,78 @@ fn kafka_bootstrap() -> String {
     std::env::var("OUTBOX_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:19092".into())
 }
 
-/// The same daemon with `kind = "kafka"`: the backlog reaches the topic
-/// (each event once, keyed by its partition key, in key order), the
-/// counters say so on `/metrics`, and SIGTERM drains.
+/// The billing example's events: per subscription, two failed payments
+/// then the paid invoice (`payment.failed`, `payment.failed`,
+/// `invoice.paid`), keyed by subscription.
+fn billing_events(subscriptions: usize) -> Vec<NewEvent> {
+    let mut events = Vec::new();
+    for attempt in ["a1", "a2", "a3"] {
+        for sub in 0..subscriptions {
+            let event_type = if attempt == "a3" {
+                "invoice.paid"
+            } else {
+                "payment.failed"
+            };
+            events.push(
+                NewEvent::builder(event_type, "invoice", format!("inv-{sub}"))
+                    .event_id(EventId::random())
+                    .partition_key(format!("sub-{sub}"))
+                    .payload(&serde_json::json!({
+                        "invoice_id": format!("inv-{sub}"),
+                        "attempt": attempt,
+                        "amount_cents": 2900,
+                    }))
+                    .correlation_id(format!("billing-run-{attempt}"))
+                    .build()
+                    .unwrap(),
+            );
+        }
+    }
+    events
+}
+
+/// `curl -sf URL`: the scrape an operator or Prometheus makes.
+async fn curl(url: &str) -> String {
+    let output = tokio::process::Command::new("curl")
+        .args(["-sf", "--max-time", "5", url])
+        .output()
+        .await
+        .expect("curl is installed");
+    assert!(output.status.success(), "curl {url}: {:?}", output.status);
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The same daemon with `kind = "kafka"`, on the billing example's events
+/// (two types, ten subscriptions): each reaches its topic once, each
+/// subscription's events in enqueue order, `curl /metrics` counts them per
+/// type, and SIGTERM drains.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_daemon_relays_to_kafka() {
+async fn the_daemon_relays_the_billing_events_to_kafka() {
     use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use outbox_kafka::rdkafka::client::DefaultClientContext;
     use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
     use outbox_kafka::rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
     let db = EndToEndDb::create("daemon").await;
-    let events = events_over_keys(40, 4);
+    let events = billing_events(10);
     OutboxWriter::enqueue(&*db.store, &events).await.unwrap();
     let prefix = format!("{}.", unique("daemon"));
-    let topic = format!("{prefix}invoice.paid");
+    let topics = [
+        format!("{prefix}payment.failed"),
+        format!("{prefix}invoice.paid"),
+    ];
     let bootstrap = kafka_bootstrap();
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .create()
         .unwrap();
+    let new_topics: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|t| NewTopic::new(t, 2, TopicReplication::Fixed(1)))
+        .collect();
     for created in admin
         .create_topics(
-            &[NewTopic::new(&topic, 2, TopicReplication::Fixed(1))],
+            &new_topics,
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         )
         .await
@@ -246,29 +302,41 @@ listen = "{listen}"
     ));
     let child = spawn_daemon(&config);
     let published = r#"outbox_relay_published_total{relay="daemon-kafka"}"#;
-    let claimable = r#"outbox_events{event_type="invoice.paid",state="claimable"}"#;
-    scrape_until(&listen, |m| {
-        gauge(m, published) == Some(40.0) && gauge(m, claimable) == Some(0.0)
-    })
-    .await;
+    scrape_until(&listen, |m| gauge(m, published) == Some(30.0)).await;
+    let metrics = curl(&format!("http://{listen}/metrics")).await;
+    for (event_type, state, value) in [
+        ("payment.failed", "claimable", 0.0),
+        ("invoice.paid", "claimable", 0.0),
+        ("payment.failed", "failed", 0.0),
+    ] {
+        let sample = format!(r#"outbox_events{{event_type="{event_type}",state="{state}"}}"#);
+        assert_eq!(gauge(&metrics, &sample), Some(value), "{sample}\n{metrics}");
+    }
+    assert_eq!(gauge(&metrics, published), Some(30.0));
+    assert!(
+        curl(&format!("http://{listen}/health"))
+            .await
+            .contains("ok")
+    );
     stop_with_sigterm(child).await;
 
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .set("group.id", unique("daemon-reader"))
-        .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();
-    // Both partitions from the start, without a group join.
+    // Every partition of both topics from the start, without a group join.
     let mut partitions = TopicPartitionList::new();
-    for partition in 0..2 {
-        partitions
-            .add_partition_offset(&topic, partition, Offset::Beginning)
-            .unwrap();
+    for topic in &topics {
+        for partition in 0..2 {
+            partitions
+                .add_partition_offset(topic, partition, Offset::Beginning)
+                .unwrap();
+        }
     }
     consumer.assign(&partitions).unwrap();
-    let mut read: Vec<(String, String)> = Vec::new();
+    let mut read: Vec<(String, String, String)> = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while read.len() < events.len() && std::time::Instant::now() < deadline {
         if let Some(message) = consumer.poll(Duration::from_millis(200)) {
@@ -284,22 +352,27 @@ listen = "{listen}"
                         .map(|v| String::from_utf8_lossy(v).into_owned())
                 })
                 .expect("every message carries its event_id header");
-            read.push((key, id));
+            read.push((message.topic().to_owned(), key, id));
         }
     }
     assert_eq!(read.len(), events.len(), "each event once: {read:?}");
-    for key in events.iter().map(|e| &e.partition_key) {
+    for event in &events {
+        let topic = format!("{prefix}{}", event.event_type);
         let expected: Vec<String> = events
             .iter()
-            .filter(|e| &e.partition_key == key)
+            .filter(|e| e.partition_key == event.partition_key && e.event_type == event.event_type)
             .map(|e| e.event_id.to_string())
             .collect();
         let got: Vec<String> = read
             .iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, id)| id.clone())
+            .filter(|(t, k, _)| *t == topic && *k == event.partition_key)
+            .map(|(_, _, id)| id.clone())
             .collect();
-        assert_eq!(got, expected, "key {key} in enqueue order");
+        assert_eq!(
+            got, expected,
+            "{} on {topic} in enqueue order",
+            event.partition_key
+        );
     }
 }
 
