@@ -14,10 +14,10 @@ pub struct Cli {
     pub url: Option<String>,
     /// PostgreSQL schema or MySQL/MariaDB database holding the tables
     /// (default: the search path, or the URL's database).
-    #[arg(long, global = true)]
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true)]
     pub schema: Option<String>,
     /// Table name prefix (default `outbox_`).
-    #[arg(long, global = true)]
+    #[arg(long, env = "OUTBOX_PREFIX", global = true)]
     pub prefix: Option<String>,
     /// Output of read commands.
     #[arg(long, value_enum, default_value_t = Output::Text, global = true)]
@@ -81,9 +81,10 @@ pub enum Command {
     /// Run a relay from a TOML file until SIGTERM/SIGINT (graceful drain),
     /// with `/metrics` and `/health` over HTTP if configured.
     Relay {
-        /// The settings file (see the crate README).
+        /// The settings file (see the crate README); `OUTBOX_<SECTION>_<KEY>`
+        /// variables override it, or replace it when it is left out.
         #[arg(long)]
-        config: std::path::PathBuf,
+        config: Option<std::path::PathBuf>,
     },
     /// Exit non-zero with a one-line reason when something is stuck.
     Health {

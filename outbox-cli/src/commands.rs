@@ -18,7 +18,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         prefix: cli.prefix.clone(),
     };
     if let Command::Relay { config } = &cli.command {
-        return crate::daemon::run(cli.url.as_deref(), &tables, config).await;
+        return crate::daemon::run(cli.url.as_deref(), &tables, config.as_deref()).await;
     }
     let Some(url) = cli.url.as_deref() else {
         return Err(CliError::usage(

@@ -160,14 +160,33 @@ listen = "{listen}"
 }
 
 fn spawn_daemon(config: &ConfigFile) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+    daemon_command()
         .args(["relay", "--config"])
         .arg(&config.0)
-        .env_remove("OUTBOX_URL")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap()
+}
+
+/// `outbox relay` configured by `OUTBOX_*` variables only, no file.
+fn spawn_daemon_from_environment(variables: &[(&str, &str)]) -> tokio::process::Child {
+    daemon_command()
+        .arg("relay")
+        .envs(variables.iter().copied())
+        .spawn()
+        .unwrap()
+}
+
+/// The binary with no `OUTBOX_*` settings inherited from the test's own
+/// environment.
+fn daemon_command() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("OUTBOX_")) {
+        command.env_remove(name);
+    }
+    command
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    command
 }
 
 /// SIGTERM: the daemon drains, says so, and exits 0.
@@ -241,10 +260,11 @@ async fn curl(url: &str) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
-/// The same daemon with `kind = "kafka"`, on the billing example's events
-/// (two types, ten subscriptions): each reaches its topic once, each
-/// subscription's events in enqueue order, `curl /metrics` counts them per
-/// type, and SIGTERM drains.
+/// The same daemon with `kind = "kafka"`, configured by the environment
+/// alone (no file), on the billing example's events (two types, ten
+/// subscriptions): each reaches its topic once, each subscription's events
+/// in enqueue order, `curl /metrics` counts them per type, and SIGTERM
+/// drains.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_relays_the_billing_events_to_kafka() {
     use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -281,26 +301,16 @@ async fn the_daemon_relays_the_billing_events_to_kafka() {
     }
 
     let listen = free_address();
-    let config = ConfigFile::with(&format!(
-        r#"
-url = "{url}"
-schema = "{schema}"
-
-[relay]
-id = "daemon-kafka"
-
-[broker]
-kind = "kafka"
-bootstrap = "{bootstrap}"
-topic_prefix = "{prefix}"
-
-[http]
-listen = "{listen}"
-"#,
-        url = pg_url(),
-        schema = db.schema,
-    ));
-    let child = spawn_daemon(&config);
+    let url = pg_url();
+    let child = spawn_daemon_from_environment(&[
+        ("OUTBOX_URL", &url),
+        ("OUTBOX_SCHEMA", &db.schema),
+        ("OUTBOX_RELAY_ID", "daemon-kafka"),
+        ("OUTBOX_BROKER_KIND", "kafka"),
+        ("OUTBOX_BROKER_BOOTSTRAP", &bootstrap),
+        ("OUTBOX_BROKER_TOPIC_PREFIX", &prefix),
+        ("OUTBOX_HTTP_LISTEN", &listen),
+    ]);
     let published = r#"outbox_relay_published_total{relay="daemon-kafka"}"#;
     scrape_until(&listen, |m| gauge(m, published) == Some(30.0)).await;
     let metrics = curl(&format!("http://{listen}/metrics")).await;

@@ -1,6 +1,12 @@
-//! The relay daemon's settings: a TOML file, the store URL from `--url` /
-//! `OUTBOX_URL` when the file has none. Unknown keys are refused, so a typo
-//! is an error, not a default.
+//! The relay daemon's settings: a TOML file and/or the environment, the
+//! store URL from `--url` / `OUTBOX_URL` when the file has none.
+//!
+//! Every key of a section can also be set as `OUTBOX_<SECTION>_<KEY>`
+//! (`OUTBOX_RELAY_BATCH_SIZE=500`, `OUTBOX_BROKER_KIND=redis`,
+//! `OUTBOX_HTTP_LISTEN=0.0.0.0:9464`); the environment overrides the file,
+//! and without a file it is the whole configuration. Unknown keys are
+//! refused, in the file and in the environment alike, so a typo is an
+//! error, not a default.
 
 use std::time::Duration;
 
@@ -52,6 +58,10 @@ pub struct RelaySection {
     pub max_attempts: Option<u32>,
     /// How long shutdown lets the batch in flight finish.
     pub drain_timeout: Option<String>,
+    /// Delay after an event's first failed attempt (`1s`).
+    pub retry_initial_backoff: Option<String>,
+    /// Longest delay between an event's attempts (`5m`).
+    pub retry_max_backoff: Option<String>,
 }
 
 /// `[broker]`.
@@ -71,6 +81,12 @@ pub enum BrokerSection {
         bootstrap: String,
         /// Default empty.
         topic_prefix: Option<String>,
+        /// Bound on one batch's delivery reports (`4s`, the default).
+        delivery_timeout: Option<String>,
+        /// librdkafka settings passed through (`"security.protocol" =
+        /// "SSL"`, `"compression.type" = "zstd"`).
+        #[serde(default)]
+        settings: std::collections::BTreeMap<String, String>,
     },
 }
 
@@ -99,11 +115,30 @@ fn duration(name: &str, text: &Option<String>) -> Result<Option<Duration>, CliEr
 }
 
 impl DaemonConfig {
-    /// Reads and checks `path`.
-    pub fn load(path: &std::path::Path) -> Result<Self, CliError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| CliError::usage(format!("{}: {e}", path.display())))
+    /// Reads `path` (if any), overrides it with `OUTBOX_<SECTION>_<KEY>`
+    /// variables from `environment`, and checks the result.
+    pub fn load(
+        path: Option<&std::path::Path>,
+        environment: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, CliError> {
+        let source = path.map_or_else(|| "the environment".to_owned(), |p| p.display().to_string());
+        let mut table = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| CliError::usage(format!("{source}: {e}")))?;
+                toml::from_str::<toml::Table>(&text)
+                    .map_err(|e| CliError::usage(format!("{source}: {e}")))?
+            }
+            None => toml::Table::new(),
+        };
+        let overridden = overlay_environment(&mut table, environment)
+            .map_err(|e| CliError::usage(format!("environment: {e}")))?;
+        let source = if overridden && path.is_some() {
+            format!("{source} with OUTBOX_* overrides")
+        } else {
+            source
+        };
+        toml::Table::try_into(table).map_err(|e| CliError::usage(format!("{source}: {e}")))
     }
 
     /// The relay's settings: the library's defaults with the file's values.
@@ -152,6 +187,12 @@ impl DaemonConfig {
                 ..config.retry
             };
         }
+        if let Some(d) = duration("relay.retry_initial_backoff", &r.retry_initial_backoff)? {
+            config.retry.initial_interval = d;
+        }
+        if let Some(d) = duration("relay.retry_max_backoff", &r.retry_max_backoff)? {
+            config.retry.max_interval = d;
+        }
         config
             .validate()
             .map_err(|e| CliError::usage(format!("relay: {}", e.0)))?;
@@ -172,5 +213,111 @@ impl DaemonConfig {
             (Some(older), Some(every)) if !every.is_zero() => Ok(Some((older, every))),
             _ => Err(CliError::usage("purge.every must be non-zero")),
         }
+    }
+}
+
+/// The sections a variable `OUTBOX_<SECTION>_<KEY>` can set.
+const SECTIONS: [&str; 4] = ["relay", "broker", "http", "purge"];
+
+/// Sets `table.section.key` from each `OUTBOX_<SECTION>_<KEY>` variable
+/// (digits-only values as integers, the rest as strings); other variables
+/// are left alone. Returns whether any was set.
+fn overlay_environment(
+    table: &mut toml::Table,
+    environment: impl IntoIterator<Item = (String, String)>,
+) -> Result<bool, String> {
+    let mut overridden = false;
+    for (name, value) in environment {
+        let Some(rest) = name.strip_prefix("OUTBOX_") else {
+            continue;
+        };
+        let rest = rest.to_ascii_lowercase();
+        let Some((section, key)) = SECTIONS.iter().find_map(|section| {
+            rest.strip_prefix(section)
+                .and_then(|r| r.strip_prefix('_'))
+                .filter(|key| !key.is_empty())
+                .map(|key| (*section, key.to_owned()))
+        }) else {
+            continue;
+        };
+        let entry = table
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(section_table) = entry else {
+            return Err(format!("{section} is not a section"));
+        };
+        let value = match value.parse::<i64>() {
+            Ok(n) if value.bytes().all(|b| b.is_ascii_digit()) => toml::Value::Integer(n),
+            _ => toml::Value::String(value),
+        };
+        section_table.insert(key, value);
+        overridden = true;
+    }
+    Ok(overridden)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_environment_alone_is_a_configuration() {
+        let config = DaemonConfig::load(
+            None,
+            env(&[
+                ("OUTBOX_BROKER_KIND", "redis"),
+                ("OUTBOX_BROKER_URL", "redis://127.0.0.1:6379"),
+                ("OUTBOX_RELAY_BATCH_SIZE", "250"),
+                ("OUTBOX_RELAY_POISON", "block"),
+                ("OUTBOX_RELAY_RETRY_INITIAL_BACKOFF", "2s"),
+                ("OUTBOX_HTTP_LISTEN", "127.0.0.1:9464"),
+                ("OUTBOX_PG_URL", "ignored: not a section"),
+                ("PATH", "/usr/bin"),
+            ]),
+        )
+        .unwrap();
+        let relay = config.relay_config().unwrap();
+        assert_eq!(relay.batch_size, 250);
+        assert_eq!(relay.poison, PoisonPolicy::Block);
+        assert_eq!(relay.retry.initial_interval, Duration::from_secs(2));
+        assert!(matches!(config.broker, BrokerSection::Redis { .. }));
+        assert_eq!(config.http.unwrap().listen, "127.0.0.1:9464");
+    }
+
+    #[test]
+    fn the_environment_overrides_the_file_and_its_typos_are_refused() {
+        let path = std::env::temp_dir().join(format!("outbox-config-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            "[relay]\nbatch_size = 100\nordering = \"unordered\"\n\n[broker]\nkind = \"kafka\"\nbootstrap = \"a:9092\"\n[broker.settings]\n\"compression.type\" = \"zstd\"\n",
+        )
+        .unwrap();
+        let config =
+            DaemonConfig::load(Some(&path), env(&[("OUTBOX_RELAY_BATCH_SIZE", "7")])).unwrap();
+        let relay = config.relay_config().unwrap();
+        assert_eq!(relay.batch_size, 7, "the environment wins");
+        assert_eq!(
+            relay.ordering,
+            Ordering::Unordered,
+            "the file's other keys stay"
+        );
+        let BrokerSection::Kafka { settings, .. } = &config.broker else {
+            panic!("kafka");
+        };
+        assert_eq!(settings["compression.type"], "zstd");
+
+        let typo = DaemonConfig::load(Some(&path), env(&[("OUTBOX_RELAY_BATCHSIZE", "7")]))
+            .unwrap_err()
+            .to_string();
+        assert!(typo.contains("unknown field `batchsize`"), "{typo}");
+        assert!(typo.contains("OUTBOX_* overrides"), "{typo}");
+        std::fs::remove_file(&path).unwrap();
     }
 }

@@ -23,9 +23,9 @@ const RELAY_CONNECTIONS: u32 = 8;
 pub async fn run(
     url: Option<&str>,
     tables: &Tables,
-    path: &std::path::Path,
+    path: Option<&std::path::Path>,
 ) -> Result<(), CliError> {
-    let config = DaemonConfig::load(path)?;
+    let config = DaemonConfig::load(path, std::env::vars())?;
     let relay_config = config.relay_config()?;
     let purge = config.purge_schedule()?;
     let url = config.url.as_deref().or(url).ok_or_else(|| {
@@ -103,14 +103,21 @@ fn publisher(broker: &BrokerSection) -> Result<Arc<dyn Publisher>, CliError> {
         BrokerSection::Kafka {
             bootstrap,
             topic_prefix,
+            delivery_timeout,
+            settings,
         } => {
             let router =
                 outbox_kafka::TopicRouter::with_prefix(topic_prefix.clone().unwrap_or_default());
-            let publisher = outbox_kafka::KafkaPublisher::new(
-                &outbox_kafka::KafkaPublisherConfig::new(bootstrap),
-                router,
-            )
-            .map_err(|e| CliError::usage(format!("broker.bootstrap: {e}")))?;
+            let mut kafka = outbox_kafka::KafkaPublisherConfig::new(bootstrap);
+            if let Some(timeout) = delivery_timeout {
+                kafka.delivery_timeout = crate::duration::parse(timeout)
+                    .map_err(|e| CliError::usage(format!("broker.delivery_timeout: {e}")))?;
+            }
+            for (key, value) in settings {
+                kafka = kafka.set(key, value);
+            }
+            let publisher = outbox_kafka::KafkaPublisher::new(&kafka, router)
+                .map_err(|e| CliError::usage(format!("broker: {e}")))?;
             Ok(Arc::new(publisher))
         }
     }
