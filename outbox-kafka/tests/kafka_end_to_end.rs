@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::store::{EventState, OutboxAdmin};
-use outbox_core::testing::trace_recorder::TraceRecorder;
+use outbox_core::testing::trace_recorder::{TraceRecorder, enqueue_in_span};
 use outbox_core::testing::{
     DieAfterCommit, DieAfterPublishing, RelayFleet, assert_exactly_once_in_key_order,
     events_over_keys, relay_suite,
 };
-use outbox_core::{CancellationToken, EventId, InboxStore, NewEvent, OutboxWriter};
+use outbox_core::{CancellationToken, InboxStore, OutboxWriter};
 use outbox_kafka::{
     Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
     KafkaPublisherConfig, TopicRouter,
@@ -155,16 +155,7 @@ impl Handler<Transaction<'static, Postgres>, KafkaEvent> for RecordEffect {
 async fn one_trace_runs_from_the_enqueue_through_kafka_into_the_handler() {
     let recorder = TraceRecorder::install();
     let setup = setup().await;
-    async {
-        let paid = NewEvent::builder("invoice.paid", "invoice", "inv-1")
-            .event_id(EventId::random())
-            .payload(&serde_json::json!({ "amount_cents": 1200 }))
-            .build()
-            .unwrap();
-        OutboxWriter::enqueue(&*setup.store, &[paid]).await.unwrap();
-    }
-    .instrument(tracing::info_span!("pay_invoice"))
-    .await;
+    enqueue_in_span(&*setup.store, "pay_invoice").await;
     let relays = RelayFleet::spawn(
         setup.store.clone(),
         Arc::new(setup.publisher()),

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::store::{EventState, OutboxAdmin};
+use outbox_core::testing::trace_recorder::{TraceRecorder, enqueue_in_span};
 use outbox_core::testing::{
     DieAfterPublishing, OutageCounter, PublishGate, RelayFleet, assert_exactly_once_in_key_order,
     events_over_keys, relay_suite,
@@ -23,6 +24,7 @@ use outbox_sqlx::postgres::{EffectLog, EndToEndDb};
 use sqlx::{Postgres, Transaction};
 use support::{Aws, OwnEmulator, Subscribed, unique};
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 /// The emulator is slow (4 relays × 400 events take over a minute on two
 /// cores under a full parallel run); every wait ends as soon as its
@@ -47,8 +49,11 @@ impl Handler<Transaction<'static, Postgres>, SqsEvent> for RecordEffect {
         tx: &mut Transaction<'static, Postgres>,
         event: &SqsEvent,
     ) -> Result<(), HandlerError> {
+        // A span of the handler's own, as application code opens: the trace
+        // test finds it under the consumer's span.
         self.log
             .record(tx, &event.partition_key, event.event_id)
+            .instrument(tracing::info_span!("record_effect"))
             .await
             .map_err(|e| HandlerError::Retry(e.to_string()))
     }
@@ -132,6 +137,23 @@ async fn run_consumer_until(setup: &Setup, effects: usize) -> ConsumerReport {
         .await
         .unwrap()
         .unwrap()
+}
+
+/// OpenTelemetry across the hop: the span around the enqueue, the relay's
+/// publish span and the SQS consumer's handler span share one trace
+/// (carried in the `traceparent` message attribute). Current-thread
+/// runtime: the relay and consumer tasks report to this thread's recorder.
+#[tokio::test]
+async fn one_trace_runs_from_the_enqueue_through_sns_into_the_handler() {
+    let recorder = TraceRecorder::install();
+    let setup = setup(true, true).await;
+    enqueue_in_span(&*setup.store, "pay_invoice").await;
+    let relays = setup.relays(Arc::new(setup.publisher()), 1);
+    let consumed = run_consumer_until(&setup, 1).await;
+    relays.stop(DEADLINE).await;
+    assert_eq!(consumed.applied, 1, "{consumed:?}");
+    let trace = recorder.assert_one_trace("pay_invoice", "record_effect");
+    println!("one trace from producer to handler: {trace}");
 }
 
 /// Four relays → FIFO topic → FIFO queue → consumer: 400 events over 20

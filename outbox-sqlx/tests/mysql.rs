@@ -421,22 +421,12 @@ mod unreachable {
 #[tokio::test]
 async fn driver_errors_name_the_operation_and_table_once() {
     let store = store_on(ManualClock::at_epoch()).await;
-    let table = store.config().tables.events();
     store.pool().close().await;
-    let error = outbox_core::store::OutboxAdmin::stats(&store)
-        .await
-        .unwrap_err();
-    assert!(
-        error.is_retryable(),
-        "a closed pool is unavailable: {error}"
-    );
-    outbox_core::testing::assert_names_the_operation_once(&error, "stats", &table);
-    let error = outbox_core::InboxStore::begin(&store.inbox())
-        .await
-        .unwrap_err();
-    outbox_core::testing::assert_names_the_operation_once(
-        &error,
-        "inbox begin",
+    support::assert_closed_pool_errors_name_their_operation(
+        &store,
+        &store.inbox(),
+        &store.config().tables.events(),
         &store.config().tables.inbox(),
-    );
+    )
+    .await;
 }

@@ -444,23 +444,13 @@ async fn migrate_reports_and_checks_the_schema_version() {
 /// message is said once (not again as the error's source).
 #[tokio::test]
 async fn driver_errors_name_the_operation_and_table_once() {
-    let (store, schema) = store_in_schema(ManualClock::at_epoch()).await;
-    let table = format!("{schema}.outbox_events");
+    let store = store_on(ManualClock::at_epoch()).await;
     store.pool().close().await;
-    let error = outbox_core::store::OutboxAdmin::stats(&store)
-        .await
-        .unwrap_err();
-    assert!(
-        error.is_retryable(),
-        "a closed pool is unavailable: {error}"
-    );
-    outbox_core::testing::assert_names_the_operation_once(&error, "stats", &table);
-    let error = outbox_core::InboxStore::begin(&store.inbox())
-        .await
-        .unwrap_err();
-    outbox_core::testing::assert_names_the_operation_once(
-        &error,
-        "inbox begin",
+    support::assert_closed_pool_errors_name_their_operation(
+        &store,
+        &store.inbox(),
+        &store.config().tables.events(),
         &store.config().tables.inbox(),
-    );
+    )
+    .await;
 }

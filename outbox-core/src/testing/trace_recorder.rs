@@ -111,3 +111,20 @@ impl TraceRecorder {
         trace
     }
 }
+
+/// Enqueues one `invoice.paid` event through `store` inside a span called
+/// `span` (the producer's request), so the event captures its context.
+pub async fn enqueue_in_span<W: crate::store::OutboxWriter + ?Sized>(store: &W, span: &str) {
+    use tracing::Instrument;
+    let request = tracing::info_span!("request", otel.name = span);
+    async {
+        let paid = crate::NewEvent::builder("invoice.paid", "invoice", "inv-1")
+            .event_id(crate::EventId::random())
+            .payload(&serde_json::json!({ "amount_cents": 1200 }))
+            .build()
+            .expect("a valid event");
+        store.enqueue(&[paid]).await.expect("enqueue");
+    }
+    .instrument(request)
+    .await;
+}

@@ -22,3 +22,26 @@ pub fn unreachable(service: &str, url: &str, error: impl std::fmt::Display) -> !
     panic!("{service} unreachable at {url}: {error} (start it with scripts/services.sh)");
 }
 pub mod private_pg;
+
+/// On a store whose pool was closed: `stats` and the inbox's `begin` fail
+/// as unavailable, and each error names its operation and table once.
+pub async fn assert_closed_pool_errors_name_their_operation<S, I>(
+    store: &S,
+    inbox: &I,
+    events_table: &str,
+    inbox_table: &str,
+) where
+    S: outbox_core::store::OutboxAdmin,
+    I: outbox_core::InboxStore,
+{
+    let error = store.stats().await.unwrap_err();
+    assert!(
+        error.is_retryable(),
+        "a closed pool is unavailable: {error}"
+    );
+    outbox_core::testing::assert_names_the_operation_once(&error, "stats", events_table);
+    let Err(error) = inbox.begin().await else {
+        panic!("begin on a closed pool succeeded");
+    };
+    outbox_core::testing::assert_names_the_operation_once(&error, "inbox begin", inbox_table);
+}
