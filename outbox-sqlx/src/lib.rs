@@ -1,20 +1,16 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+// What the SQL adapters share (schema, statements, codes, validation) is
+// `outbox-sql`'s; these aliases keep the `crate::…` paths the stores use.
+use outbox_sql::config;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod admin_common;
+use outbox_sql::{admin_common, codes, validate};
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
-mod blame;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod codes;
-mod config;
+use outbox_sql::{blame, history};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod history;
 mod pool;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod validate;
 
 #[cfg(feature = "mysql")]
 pub mod mysql;

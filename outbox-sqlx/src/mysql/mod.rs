@@ -2,7 +2,7 @@
 
 mod admin;
 mod inbox;
-mod queries;
+use outbox_sql::mysql as queries;
 mod row;
 mod store;
 #[cfg(feature = "testing")]

@@ -21,10 +21,9 @@ use crate::error::ResultExt;
 use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
 
-const SCHEMA: &str = include_str!("schema.sql");
-
-/// The version of `schema.sql`; tables of another version are refused.
-pub const SCHEMA_VERSION: i32 = 2;
+/// The version of the schema the store creates; tables of another version
+/// are refused by `migrate` (see the CHANGELOG's upgrade notes).
+pub use outbox_sql::mysql::SCHEMA_VERSION;
 
 /// The outbox, attempt history, inbox and relay tables on MySQL 8 or
 /// MariaDB ≥ 10.6.
@@ -84,7 +83,7 @@ impl MySqlStore {
 
     /// The schema DDL for these table names (what [`MySqlStore::migrate`] runs).
     pub fn schema_sql(&self) -> String {
-        self.config.tables.render(SCHEMA)
+        outbox_sql::mysql::schema_sql(&self.config.tables)
     }
 
     /// Store time: the server's clock (plus the shift tests set), in
@@ -138,7 +137,7 @@ impl MySqlStore {
                 found,
                 SCHEMA_VERSION,
             )?;
-            for statement in split_statements(&schema) {
+            for statement in outbox_sql::mysql::split_statements(&schema) {
                 sqlx::Executor::execute(&mut *conn, statement.as_str())
                     .await
                     .store()?;
@@ -383,21 +382,6 @@ pub(super) struct Held {
     attempts: i64,
     lease_id: i64,
     suspect: bool,
-}
-
-/// Splits the schema into statements (it has no procedural bodies).
-fn split_statements(schema: &str) -> Vec<String> {
-    let without_comments: String = schema
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    without_comments
-        .split(';')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect()
 }
 
 fn report(asked: impl Iterator<Item = EventId>, settled: &HashSet<EventId>) -> SettleReport {

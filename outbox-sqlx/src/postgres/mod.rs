@@ -4,7 +4,7 @@ mod admin;
 mod inbox;
 mod kept;
 mod listen;
-mod queries;
+use outbox_sql::postgres as queries;
 mod row;
 mod store;
 #[cfg(feature = "testing")]

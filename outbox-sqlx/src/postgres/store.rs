@@ -20,11 +20,9 @@ use crate::config::{Migrated, StoreConfig};
 use crate::error::ResultExt;
 use crate::validate::{check_event, headers_json};
 
-const SCHEMA: &str = include_str!("schema.sql");
-
-/// The version of `schema.sql`. Tables of any other version are refused by
-/// [`PgStore::migrate`] (see the CHANGELOG's upgrade notes).
-pub const SCHEMA_VERSION: i32 = 2;
+/// The version of the schema the store creates; tables of another version
+/// are refused by `migrate` (see the CHANGELOG's upgrade notes).
+pub use outbox_sql::postgres::SCHEMA_VERSION;
 
 /// The outbox, attempt history, inbox and relay tables on PostgreSQL (≥ 13).
 ///
@@ -115,32 +113,7 @@ impl PgStore {
     /// [`PgStore::migrate`] runs; `migrations/postgres/` holds it rendered
     /// with the defaults).
     pub fn schema_sql(&self) -> String {
-        let limits = &self.config.limits;
-        self.config
-            .tables
-            .render(SCHEMA)
-            .replace("{{channel}}", &self.queries.channel)
-            .replace("{{claim_lock}}", &self.queries.claim_lock.to_string())
-            .replace("{{producer_lock}}", &self.queries.producer_lock.to_string())
-            // pg_locks shows a bigint advisory key as two oids.
-            .replace(
-                "{{producer_lock_classid}}",
-                &((self.queries.producer_lock as u64) >> 32).to_string(),
-            )
-            .replace(
-                "{{producer_lock_objid}}",
-                &((self.queries.producer_lock as u64) & 0xffff_ffff).to_string(),
-            )
-            .replace("{{schema_version}}", &SCHEMA_VERSION.to_string())
-            .replace(
-                "{{max_identifier_bytes}}",
-                &limits.max_identifier_bytes.to_string(),
-            )
-            .replace(
-                "{{max_payload_bytes}}",
-                &limits.max_payload_bytes.to_string(),
-            )
-            .replace("{{max_header_bytes}}", &limits.max_header_bytes.to_string())
+        outbox_sql::postgres::schema_sql(&self.config, &self.queries)
     }
 
     /// Creates or updates the tables, indexes, trigger and functions.

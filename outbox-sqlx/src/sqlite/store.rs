@@ -26,10 +26,9 @@ use crate::error::ResultExt;
 use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
 
-const SCHEMA: &str = include_str!("schema.sql");
-
-/// The version of `schema.sql`; tables of another version are refused.
-pub const SCHEMA_VERSION: i32 = 2;
+/// The version of the schema the store creates; tables of another version
+/// are refused by `migrate` (see the CHANGELOG's upgrade notes).
+pub use outbox_sql::sqlite::SCHEMA_VERSION;
 
 /// The outbox, attempt history, inbox and relay tables in a SQLite file.
 ///
@@ -108,7 +107,7 @@ impl SqliteStore {
 
     /// The schema DDL for these table names (what [`SqliteStore::migrate`] runs).
     pub fn schema_sql(&self) -> String {
-        self.config.tables.render(SCHEMA)
+        outbox_sql::sqlite::schema_sql(&self.config.tables)
     }
 
     /// Creates the tables and indexes if missing. Idempotent; reports the

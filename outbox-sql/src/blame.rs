@@ -9,7 +9,7 @@ use outbox_core::store::crash_culprit;
 
 /// `(sequence, 1 if the crash is blamed on it, else 0)` for rows given as
 /// `(sequence, lease id, already a suspect)`.
-pub(crate) fn blame(rows: &[(i64, i64, bool)]) -> Vec<(i64, i64)> {
+pub fn blame(rows: &[(i64, i64, bool)]) -> Vec<(i64, i64)> {
     let mut by_lease: HashMap<i64, Vec<(i64, bool)>> = HashMap::new();
     for (sequence, lease, suspect) in rows {
         by_lease
@@ -28,34 +28,40 @@ pub(crate) fn blame(rows: &[(i64, i64, bool)]) -> Vec<(i64, i64)> {
 }
 
 /// A row a lease holds, as the reaper reads it.
-pub(crate) struct InFlight {
-    pub(crate) sequence: i64,
-    pub(crate) lease_id: i64,
-    pub(crate) owner: String,
-    pub(crate) expires_at: i64,
-    pub(crate) unstarted: bool,
-    pub(crate) suspect: bool,
+pub struct InFlight {
+    /// The row.
+    pub sequence: i64,
+    /// The claim that leased it.
+    pub lease_id: i64,
+    /// The relay that claimed it.
+    pub owner: String,
+    /// When the lease ends (store time, microseconds).
+    pub expires_at: i64,
+    /// The relay released it before publishing.
+    pub unstarted: bool,
+    /// Already blamed for a crash once.
+    pub suspect: bool,
 }
 
 /// What reaping the expired leases among `in_flight` does.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Reaping {
+pub struct Reaping {
     /// Rows of expired leases whose publishing may have started:
     /// `(sequence, 1 if the crash is blamed on it)`; all become suspects.
-    pub(crate) blamed: Vec<(i64, i64)>,
+    pub blamed: Vec<(i64, i64)>,
     /// Rows of expired leases that never started (a relay's prefetch): back
     /// to pending, unblamed.
-    pub(crate) returned: Vec<i64>,
+    pub returned: Vec<i64>,
     /// Rows of live leases younger than a reaped lease of their owner: mark
     /// them unstarted, for when they expire in turn.
-    pub(crate) unstarted: Vec<i64>,
+    pub unstarted: Vec<i64>,
 }
 
 /// A relay publishes its leases one at a time in claim order and claims the
 /// next meanwhile (prefetch): of one owner's leases in flight only the
 /// oldest can have started publishing. Expired leases are blamed
 /// ([`blame`]) if they could have started, returned otherwise.
-pub(crate) fn reap(in_flight: &[InFlight], now: i64) -> Reaping {
+pub fn reap(in_flight: &[InFlight], now: i64) -> Reaping {
     // Leases by owner, oldest first (same lease length: expiry order is
     // claim order).
     let mut leases: HashMap<i64, Vec<&InFlight>> = HashMap::new();
@@ -96,7 +102,7 @@ pub(crate) fn reap(in_flight: &[InFlight], now: i64) -> Reaping {
 }
 
 /// A fresh id for one claim's lease (random: no counter to contend on).
-pub(crate) fn new_lease_id() -> i64 {
+pub fn new_lease_id() -> i64 {
     i64::from_le_bytes(
         EventId::random().as_uuid().as_bytes()[..8]
             .try_into()

@@ -3,15 +3,18 @@
 use outbox_core::store::{AttemptKind, FailReason};
 use outbox_core::{ErrorClass, StoreError};
 
-/// Row status codes.
-pub(crate) const PENDING: i16 = 0;
-pub(crate) const IN_FLIGHT: i16 = 1;
-pub(crate) const PUBLISHED: i16 = 2;
-// The PostgreSQL statements spell the code out in their SQL text.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) const FAILED: i16 = 3;
+/// Row status: waiting to be claimed (or parked, or delayed).
+pub const PENDING: i16 = 0;
+/// Row status: leased by a relay.
+pub const IN_FLIGHT: i16 = 1;
+/// Row status: published.
+pub const PUBLISHED: i16 = 2;
+/// Row status: failed for good (the PostgreSQL statements spell the code
+/// out in their SQL text).
+pub const FAILED: i16 = 3;
 
-pub(crate) fn attempt_kind_code(kind: AttemptKind) -> &'static str {
+/// The text stored for an attempt kind.
+pub fn attempt_kind_code(kind: AttemptKind) -> &'static str {
     match kind {
         AttemptKind::TransientFailure => "TransientFailure",
         AttemptKind::PermanentFailure => "PermanentFailure",
@@ -24,7 +27,8 @@ pub(crate) fn attempt_kind_code(kind: AttemptKind) -> &'static str {
     }
 }
 
-pub(crate) fn attempt_kind(code: &str) -> Result<AttemptKind, StoreError> {
+/// The attempt kind stored as `code`.
+pub fn attempt_kind(code: &str) -> Result<AttemptKind, StoreError> {
     Ok(match code {
         "TransientFailure" => AttemptKind::TransientFailure,
         "PermanentFailure" => AttemptKind::PermanentFailure,
@@ -38,7 +42,8 @@ pub(crate) fn attempt_kind(code: &str) -> Result<AttemptKind, StoreError> {
     })
 }
 
-pub(crate) fn error_class(code: &str) -> Result<ErrorClass, StoreError> {
+/// The error class stored as `code`.
+pub fn error_class(code: &str) -> Result<ErrorClass, StoreError> {
     Ok(match code {
         "transient" => ErrorClass::Transient,
         "permanent" => ErrorClass::Permanent,
@@ -48,7 +53,7 @@ pub(crate) fn error_class(code: &str) -> Result<ErrorClass, StoreError> {
 }
 
 /// The history kind a nack records.
-pub(crate) fn nack_kind(action: &outbox_core::store::NackAction) -> AttemptKind {
+pub fn nack_kind(action: &outbox_core::store::NackAction) -> AttemptKind {
     use outbox_core::store::NackAction;
     match action {
         NackAction::Retry { .. } => AttemptKind::TransientFailure,

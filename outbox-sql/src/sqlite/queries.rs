@@ -4,53 +4,60 @@
 
 use crate::config::TableNames;
 
-pub(super) const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
+/// Columns that rebuild a [`outbox_core::RawEvent`], in the row mapper\'s order.
+pub const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
     event_type, partition_key, payload, payload_version, headers, created_at, available_at, attempts";
 
 /// Pending and due (`?1` is now). Expired leases are reaped before any
 /// claim looks for candidates.
 const CLAIMABLE: &str = "(c.status = 0 AND c.available_at <= ?1)";
 
-pub(super) struct Queries {
-    pub(super) now: String,
-    pub(super) sync_clock: String,
-    pub(super) enqueue: String,
-    pub(super) in_flight: String,
-    pub(super) reap: String,
-    pub(super) return_rows: String,
-    pub(super) mark_unstarted: String,
-    pub(super) crash_loops: String,
-    pub(super) claim_per_key: String,
-    pub(super) claim_unordered: String,
-    pub(super) read_rows: String,
-    pub(super) lease_rows: String,
-    pub(super) fail_rows: String,
-    pub(super) held: String,
-    pub(super) ack: String,
-    pub(super) nack: String,
-    pub(super) release: String,
-    pub(super) record_many: String,
-    pub(super) heartbeat: String,
-    pub(super) stats: String,
-    pub(super) held_back: String,
-    pub(super) event_state: String,
-    pub(super) failed_events: String,
-    pub(super) history: String,
-    pub(super) blocked_keys: String,
-    pub(super) requeue: String,
-    pub(super) skip: String,
-    pub(super) supersede_lock: String,
-    pub(super) supersede_insert: String,
-    pub(super) supersede_mark: String,
-    pub(super) purge_history: String,
-    pub(super) purge: String,
-    pub(super) relays: String,
-    pub(super) inbox_claim: String,
-    pub(super) inbox_purge: String,
+/// Every statement, built once from validated names. Each field is the
+/// statement of the store operation it is named after; its parameters and
+/// result columns are what the adapter binds and maps (see the store that
+/// uses it).
+#[allow(missing_docs)]
+pub struct Queries {
+    pub now: String,
+    pub sync_clock: String,
+    pub enqueue: String,
+    pub in_flight: String,
+    pub reap: String,
+    pub return_rows: String,
+    pub mark_unstarted: String,
+    pub crash_loops: String,
+    pub claim_per_key: String,
+    pub claim_unordered: String,
+    pub read_rows: String,
+    pub lease_rows: String,
+    pub fail_rows: String,
+    pub held: String,
+    pub ack: String,
+    pub nack: String,
+    pub release: String,
+    pub record_many: String,
+    pub heartbeat: String,
+    pub stats: String,
+    pub held_back: String,
+    pub event_state: String,
+    pub failed_events: String,
+    pub history: String,
+    pub blocked_keys: String,
+    pub requeue: String,
+    pub skip: String,
+    pub supersede_lock: String,
+    pub supersede_insert: String,
+    pub supersede_mark: String,
+    pub purge_history: String,
+    pub purge: String,
+    pub relays: String,
+    pub inbox_claim: String,
+    pub inbox_purge: String,
 }
 
 impl Queries {
-    pub(super) fn new(names: &TableNames) -> Self {
+    /// The statements for these table names.
+    pub fn new(names: &TableNames) -> Self {
         let events = names.events();
         let attempts = names.attempts();
         let inbox = names.inbox();

@@ -57,7 +57,7 @@ impl TableNames {
     }
 
     /// `schema.` or nothing, for qualifying table names.
-    pub(crate) fn qualifier(&self) -> String {
+    pub fn qualifier(&self) -> String {
         self.schema
             .as_ref()
             .map(|s| format!("{s}."))
@@ -85,21 +85,13 @@ impl TableNames {
     }
 
     /// Another table of this outbox (`<prefix>_<suffix>`), qualified.
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-        allow(dead_code)
-    )]
-    pub(crate) fn table(&self, suffix: &str) -> String {
+    pub fn table(&self, suffix: &str) -> String {
         format!("{}{}_{suffix}", self.qualifier(), self.prefix)
     }
 
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-        allow(dead_code)
-    )]
     /// Renders a schema template written with the default names
     /// (`outbox_events`, …) and `{{schema}}` before every table reference.
-    pub(crate) fn render(&self, template: &str) -> String {
+    pub fn render(&self, template: &str) -> String {
         template
             .replace("{{schema}}", &self.qualifier())
             .replace("outbox_", &format!("{}_", self.prefix))
@@ -126,7 +118,7 @@ impl Migrated {
 /// Refuses tables another schema version made: an error that says which
 /// and where the upgrade is described, rather than SQL failing later.
 /// Tables of the expected version (or none) migrate.
-pub(crate) fn check_schema_version(
+pub fn check_schema_version(
     events: &str,
     found: Option<i32>,
     expected: i32,
@@ -141,7 +133,7 @@ pub(crate) fn check_schema_version(
             version: expected,
         }),
         Some(v) => Err(StoreError::Config(format!(
-            "the outbox tables ({events}) are schema version {v}; this version of outbox-sqlx \
+            "the outbox tables ({events}) are schema version {v}; this version of the outbox \
              needs version {expected}. Drain the outbox, then follow the upgrade notes in \
              CHANGELOG.md (\"Upgrading to schema version {expected}\")"
         ))),
@@ -149,7 +141,7 @@ pub(crate) fn check_schema_version(
 }
 
 /// Accepts `[a-z_][a-z0-9_]*` up to `max` bytes.
-pub(crate) fn check_identifier(what: &str, value: &str, max: usize) -> Result<(), StoreError> {
+pub fn check_identifier(what: &str, value: &str, max: usize) -> Result<(), StoreError> {
     let mut chars = value.chars();
     let valid_start = chars
         .next()
@@ -215,14 +207,7 @@ impl StoreConfig {
 
     /// The delay until `available_at` by the host clock, in milliseconds
     /// (`None` for "as soon as committed").
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-        allow(dead_code)
-    )]
-    pub(crate) fn delay_ms(
-        &self,
-        available_at: Option<chrono::DateTime<chrono::Utc>>,
-    ) -> Option<i64> {
+    pub fn delay_ms(&self, available_at: Option<chrono::DateTime<chrono::Utc>>) -> Option<i64> {
         available_at.map(|at| {
             let delay = outbox_core::clock::elapsed_between(at, self.clock.now());
             i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)
@@ -231,11 +216,7 @@ impl StoreConfig {
 
     /// How far tests have shifted store time, in microseconds (0 on the
     /// database clock).
-    #[cfg_attr(
-        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-        allow(dead_code)
-    )]
-    pub(crate) fn shift_micros(&self) -> Option<i64> {
+    pub fn shift_micros(&self) -> Option<i64> {
         match &self.time {
             StoreTime::Database => None,
             StoreTime::Shifted(clock) => {

@@ -6,7 +6,7 @@ use outbox_core::{EventLimits, InvalidEvent, NewEvent};
 /// Checks `event` against `limits` and against characters SQL text columns
 /// refuse (NUL), plus U+0000 inside JSON when `json_refuses_nul` (PostgreSQL
 /// `jsonb`).
-pub(crate) fn check_event(
+pub fn check_event(
     event: &NewEvent,
     limits: &EventLimits,
     json_refuses_nul: bool,
@@ -37,7 +37,7 @@ pub(crate) fn check_event(
 
 /// The headers as the JSON object stored beside the event: flat, string
 /// values only ([`outbox_core::Headers::to_flat_json`]).
-pub(crate) fn headers_json(event: &NewEvent) -> String {
+pub fn headers_json(event: &NewEvent) -> String {
     event.headers.to_flat_json()
 }
 

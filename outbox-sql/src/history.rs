@@ -7,20 +7,24 @@ use serde_json::{Value, json};
 use crate::codes;
 
 /// One row for the attempts table.
-#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
-pub(crate) struct HistoryEntry<'a> {
-    pub(crate) event_id: EventId,
-    pub(crate) kind: AttemptKind,
-    pub(crate) actor: &'a str,
-    pub(crate) error_class: Option<&'a str>,
-    pub(crate) detail: &'a str,
-    pub(crate) attempts: i64,
+pub struct HistoryEntry<'a> {
+    /// The event.
+    pub event_id: EventId,
+    /// What happened.
+    pub kind: AttemptKind,
+    /// Who did it (relay id or operator).
+    pub actor: &'a str,
+    /// The publish error class, if one.
+    pub error_class: Option<&'a str>,
+    /// The error or the operator's reason.
+    pub detail: &'a str,
+    /// The event's attempt count after this entry.
+    pub attempts: i64,
 }
 
-#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
 impl HistoryEntry<'_> {
     /// Entries as the JSON array the batch insert reads (`json_each` / `JSON_TABLE`).
-    pub(crate) fn batch_json(entries: &[HistoryEntry<'_>]) -> String {
+    pub fn batch_json(entries: &[HistoryEntry<'_>]) -> String {
         let rows: Vec<Value> = entries
             .iter()
             .map(|e| {

@@ -5,51 +5,57 @@
 use crate::config::TableNames;
 
 /// Columns that rebuild a [`outbox_core::RawEvent`], in `row::raw_event` order.
-pub(super) const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
+pub const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
     event_type, partition_key, payload::text AS payload, payload_version, headers::text AS headers, \
     created_at, available_at, attempts";
 
-pub(super) struct Queries {
-    pub(super) channel: String,
-    pub(super) claim_lock: i64,
+/// Every statement, built once from validated names. Each field is the
+/// statement of the store operation it is named after; its parameters and
+/// result columns are what the adapter binds and maps (see the store that
+/// uses it).
+#[allow(missing_docs)]
+pub struct Queries {
+    pub channel: String,
+    pub claim_lock: i64,
     /// Held shared by every transaction that inserts events (the insert
     /// trigger), seen by a relay that has just asked for NOTIFY.
-    pub(super) producer_lock: i64,
-    pub(super) enqueue: String,
-    pub(super) sync_clock: String,
-    pub(super) probe: String,
-    pub(super) stop_waiting: String,
-    pub(super) watch_producers: String,
-    pub(super) claim: String,
-    pub(super) fail_unreadable: String,
-    pub(super) ack: String,
-    pub(super) nack: String,
-    pub(super) release: String,
-    pub(super) heartbeat: String,
-    pub(super) stats: String,
-    pub(super) held_back: String,
-    pub(super) open_transactions: String,
-    pub(super) event_state: String,
-    pub(super) failed_events: String,
-    pub(super) history: String,
-    pub(super) history_many: String,
-    pub(super) blocked_keys: String,
-    pub(super) requeue: String,
-    pub(super) skip: String,
-    pub(super) supersede_lock: String,
-    pub(super) supersede_insert: String,
-    pub(super) supersede_mark: String,
-    pub(super) unpark_key: String,
-    pub(super) record: String,
-    pub(super) purge: String,
-    pub(super) prune_cursor_log: String,
-    pub(super) relays: String,
-    pub(super) inbox_claim: String,
-    pub(super) inbox_purge: String,
+    pub producer_lock: i64,
+    pub enqueue: String,
+    pub sync_clock: String,
+    pub probe: String,
+    pub stop_waiting: String,
+    pub watch_producers: String,
+    pub claim: String,
+    pub fail_unreadable: String,
+    pub ack: String,
+    pub nack: String,
+    pub release: String,
+    pub heartbeat: String,
+    pub stats: String,
+    pub held_back: String,
+    pub open_transactions: String,
+    pub event_state: String,
+    pub failed_events: String,
+    pub history: String,
+    pub history_many: String,
+    pub blocked_keys: String,
+    pub requeue: String,
+    pub skip: String,
+    pub supersede_lock: String,
+    pub supersede_insert: String,
+    pub supersede_mark: String,
+    pub unpark_key: String,
+    pub record: String,
+    pub purge: String,
+    pub prune_cursor_log: String,
+    pub relays: String,
+    pub inbox_claim: String,
+    pub inbox_purge: String,
 }
 
 impl Queries {
-    pub(super) fn new(names: &TableNames) -> Self {
+    /// The statements for these table names.
+    pub fn new(names: &TableNames) -> Self {
         let events = names.events();
         let attempts = names.attempts();
         let inbox = names.inbox();

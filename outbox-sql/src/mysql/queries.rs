@@ -5,67 +5,74 @@
 
 use crate::config::TableNames;
 
-pub(super) const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
+/// Columns that rebuild a [`outbox_core::RawEvent`], in the row mapper\'s order.
+pub const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
     event_type, partition_key, payload, payload_version, headers, created_at, available_at, attempts";
 
 /// Pending and due (`?` is now). Expired leases are reaped before any
 /// claim looks for candidates.
 const CLAIMABLE: &str = "(c.status = 0 AND c.available_at <= ?)";
 
-pub(super) struct Queries {
-    pub(super) now: String,
-    pub(super) sync_clock: String,
-    pub(super) lock_keys: String,
-    pub(super) enqueue_head: String,
-    pub(super) enqueue_row: &'static str,
-    pub(super) enqueue_tail: &'static str,
-    pub(super) read_back: String,
-    pub(super) claim_lock: String,
-    pub(super) in_flight: String,
-    pub(super) lock_expired: String,
-    pub(super) reap: String,
-    pub(super) return_rows: String,
-    pub(super) mark_unstarted: String,
-    pub(super) crash_loop_candidates: String,
-    pub(super) claim_candidates_per_key: String,
-    pub(super) claim_candidates_unordered: String,
-    pub(super) lock_rows: String,
-    pub(super) fail_rows: String,
-    pub(super) lease_rows: String,
-    pub(super) read_rows: String,
-    pub(super) lock_leased: String,
-    pub(super) ack: String,
-    pub(super) unblock_superseded: String,
-    pub(super) nack: String,
-    pub(super) release: String,
-    pub(super) record_many: String,
-    pub(super) heartbeat: String,
-    pub(super) stats: String,
-    pub(super) held_back: String,
-    pub(super) event_state: String,
-    pub(super) failed_events: String,
-    pub(super) history: String,
-    pub(super) blocked_keys: String,
-    pub(super) requeue: String,
-    pub(super) skip: String,
-    pub(super) select_failed: String,
-    pub(super) supersede_mark: String,
-    pub(super) purge_select: String,
-    pub(super) purge_history: String,
-    pub(super) purge: String,
-    pub(super) relays: String,
-    pub(super) inbox_claim: String,
-    pub(super) inbox_purge: String,
+/// Every statement, built once from validated names. Each field is the
+/// statement of the store operation it is named after; its parameters and
+/// result columns are what the adapter binds and maps (see the store that
+/// uses it).
+#[allow(missing_docs)]
+pub struct Queries {
+    pub now: String,
+    pub sync_clock: String,
+    pub lock_keys: String,
+    pub enqueue_head: String,
+    pub enqueue_row: &'static str,
+    pub enqueue_tail: &'static str,
+    pub read_back: String,
+    pub claim_lock: String,
+    pub in_flight: String,
+    pub lock_expired: String,
+    pub reap: String,
+    pub return_rows: String,
+    pub mark_unstarted: String,
+    pub crash_loop_candidates: String,
+    pub claim_candidates_per_key: String,
+    pub claim_candidates_unordered: String,
+    pub lock_rows: String,
+    pub fail_rows: String,
+    pub lease_rows: String,
+    pub read_rows: String,
+    pub lock_leased: String,
+    pub ack: String,
+    pub unblock_superseded: String,
+    pub nack: String,
+    pub release: String,
+    pub record_many: String,
+    pub heartbeat: String,
+    pub stats: String,
+    pub held_back: String,
+    pub event_state: String,
+    pub failed_events: String,
+    pub history: String,
+    pub blocked_keys: String,
+    pub requeue: String,
+    pub skip: String,
+    pub select_failed: String,
+    pub supersede_mark: String,
+    pub purge_select: String,
+    pub purge_history: String,
+    pub purge: String,
+    pub relays: String,
+    pub inbox_claim: String,
+    pub inbox_purge: String,
 }
 
 /// `query` with its `{in}` replaced by `n` placeholders: rows addressed by
 /// primary key, so a statement locks exactly the rows of its batch.
-pub(super) fn with_in_list(query: &str, n: usize) -> String {
+pub fn with_in_list(query: &str, n: usize) -> String {
     query.replace("{in}", &vec!["?"; n.max(1)].join(", "))
 }
 
 impl Queries {
-    pub(super) fn new(names: &TableNames) -> Self {
+    /// The statements for these table names.
+    pub fn new(names: &TableNames) -> Self {
         let events = names.events();
         let attempts = names.attempts();
         let inbox = names.inbox();

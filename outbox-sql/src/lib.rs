@@ -1,0 +1,23 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+
+/// Explains why an operator action found no event to act on.
+pub mod admin_common;
+/// Crash blame for the stores that mark leases on rows (MySQL, SQLite).
+pub mod blame;
+/// Codes stored in the tables: event status, attempt kinds, error classes.
+pub mod codes;
+/// Table names, store settings, schema versions.
+pub mod config;
+/// Attempt-history rows as the stores append them in batches.
+pub mod history;
+/// MySQL/MariaDB schema and statements.
+pub mod mysql;
+/// PostgreSQL schema and statements.
+pub mod postgres;
+/// SQLite schema and statements.
+pub mod sqlite;
+/// The checks every enqueue runs before a row is written.
+pub mod validate;
+
+pub use config::{DEFAULT_PREFIX, Migrated, StoreConfig, TableNames};

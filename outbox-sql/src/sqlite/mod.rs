@@ -1,0 +1,18 @@
+//! SQLite: the schema template, its version, and every statement.
+
+mod queries;
+
+pub use queries::{EVENT_COLUMNS, Queries};
+
+use crate::config::TableNames;
+
+/// The schema template, written with the default names.
+pub const SCHEMA: &str = include_str!("schema.sql");
+
+/// The schema version the template creates.
+pub const SCHEMA_VERSION: i32 = 2;
+
+/// The schema DDL for these table names.
+pub fn schema_sql(tables: &TableNames) -> String {
+    tables.render(SCHEMA)
+}
