@@ -15,6 +15,8 @@ pub mod history;
 pub mod mysql;
 /// PostgreSQL schema and statements.
 pub mod postgres;
+/// A claim's and a settlement's rows, and a nack's parameters, for any driver.
+pub mod settle;
 /// SQLite schema and statements.
 pub mod sqlite;
 /// The checks every enqueue runs before a row is written.

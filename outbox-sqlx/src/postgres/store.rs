@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 
 use async_trait::async_trait;
 use outbox_core::store::{
-    ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FencingToken, Lease, Nack,
-    NackAction, OutboxStore, OutboxWriter, RelayId, Release, SettleReport,
+    ClaimRequest, ClaimedBatch, EnqueueOutcome, FencingToken, Lease, Nack, OutboxStore,
+    OutboxWriter, RelayId, Release, SettleReport,
 };
 use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError, UnreadableEvent};
 use sqlx::{PgConnection, PgPool, Row};
@@ -15,10 +15,10 @@ use uuid::Uuid;
 use super::kept::KeptConnection;
 use super::queries::Queries;
 use super::row;
-use crate::codes;
 use crate::config::{Migrated, StoreConfig};
 use crate::error::ResultExt;
 use crate::validate::{check_event, headers_json};
+use outbox_sql::settle::{ClaimRow, NackColumns, SortedClaim, sort_claim};
 
 /// The version of the schema the store creates; tables of another version
 /// are refused by `migrate` (see the CHANGELOG's upgrade notes).
@@ -373,26 +373,19 @@ impl PgStore {
     }
 }
 
-/// What a settlement did: the rows it returned were settled, the rest of
-/// `asked` (sequence, event id) was fenced.
+/// What a settlement did: the `sequence` of each row it returned was
+/// settled, the rest of `asked` (sequence, event id) was fenced.
 fn settled_report(
     rows: &[sqlx::postgres::PgRow],
     asked: impl Iterator<Item = (i64, EventId)>,
 ) -> Result<SettleReport, StoreError> {
-    let mut settled = std::collections::HashSet::with_capacity(rows.len());
+    let mut settled = Vec::with_capacity(rows.len());
     for row in rows {
         if let Some(sequence) = row.try_get::<Option<i64>, _>("sequence").store()? {
-            settled.insert(sequence);
+            settled.push(sequence);
         }
     }
-    let fenced = asked
-        .filter(|(sequence, _)| !settled.contains(sequence))
-        .map(|(_, id)| id)
-        .collect();
-    Ok(SettleReport {
-        applied: settled.len(),
-        fenced,
-    })
+    Ok(outbox_sql::settle::settled_report(settled, asked))
 }
 
 #[async_trait]
@@ -437,54 +430,23 @@ impl OutboxStore for PgStore {
                 }
             };
             drop(kept);
-            let mut batch = ClaimedBatch::default();
-            let mut unreadable = Vec::new();
-            // Under Block, a row that fails parks its key: what follows it in
-            // this batch goes back (and is parked behind it).
+            let rows = rows
+                .iter()
+                .map(|r| {
+                    Ok(ClaimRow {
+                        raw: row::raw_event(r)?,
+                        crash_looped: r.try_get("crash_looped").store()?,
+                        fencing_token: r.try_get("fencing_token").store()?,
+                        lease_expires_at: r.try_get("lease_expires_at").store()?,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
             let block = request.poison == PoisonPolicy::Block;
-            let mut blocked_keys = std::collections::HashSet::new();
-            let mut held_back = Vec::new();
-            for r in &rows {
-                let raw = row::raw_event(r)?;
-                let crash_looped: bool = r.try_get("crash_looped").store()?;
-                if crash_looped {
-                    batch
-                        .crash_looped
-                        .push(raw.decode().unwrap_or_else(|u| u.event));
-                    continue;
-                }
-                let token = FencingToken(r.try_get("fencing_token").store()?);
-                let lease_expires_at = r.try_get("lease_expires_at").store()?;
-                if blocked_keys.contains(&raw.partition_key) {
-                    held_back.push(Release {
-                        lease: Lease {
-                            sequence: raw.sequence,
-                            event_id: raw.event_id,
-                            fencing_token: token,
-                            lease_expires_at,
-                        },
-                        attempt_started: false,
-                    });
-                    continue;
-                }
-                match raw.decode() {
-                    Ok(event) => {
-                        let lease = Lease {
-                            sequence: event.sequence,
-                            event_id: event.event_id,
-                            fencing_token: token,
-                            lease_expires_at,
-                        };
-                        batch.events.push(ClaimedEvent { event, lease });
-                    }
-                    Err(bad) => {
-                        if block {
-                            blocked_keys.insert(bad.event.partition_key.clone());
-                        }
-                        unreadable.push((bad, token));
-                    }
-                }
-            }
+            let SortedClaim {
+                mut batch,
+                held_back,
+                unreadable,
+            } = sort_claim(rows, block)?;
             self.release(&held_back).await?;
             self.fail_unreadable(&unreadable, block).await?;
             batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
@@ -518,44 +480,15 @@ impl OutboxStore for PgStore {
                 return Ok(SettleReport::default());
             }
             self.sync_clock().await?;
-            let mut retry_after = Vec::with_capacity(nacks.len());
-            let mut blocks = Vec::with_capacity(nacks.len());
-            for nack in nacks {
-                match &nack.action {
-                    NackAction::Retry { after } => {
-                        retry_after
-                            .push(Some(i64::try_from(after.as_millis()).unwrap_or(i64::MAX)));
-                        blocks.push(false);
-                    }
-                    NackAction::Fail { block_key, .. } => {
-                        retry_after.push(None);
-                        blocks.push(*block_key);
-                    }
-                }
-            }
+            let columns = NackColumns::of(nacks);
             let query = sqlx::query(&self.queries.nack)
-                .bind(nacks.iter().map(|n| n.lease.sequence).collect::<Vec<_>>())
-                .bind(
-                    nacks
-                        .iter()
-                        .map(|n| n.lease.fencing_token.0)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(retry_after)
-                .bind(blocks)
-                .bind(
-                    nacks
-                        .iter()
-                        .map(|n| codes::attempt_kind_code(codes::nack_kind(&n.action)))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    nacks
-                        .iter()
-                        .map(|n| n.error_class.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(nacks.iter().map(|n| n.error.as_str()).collect::<Vec<_>>());
+                .bind(columns.sequences)
+                .bind(columns.tokens)
+                .bind(columns.retry_after_ms)
+                .bind(columns.block_key)
+                .bind(columns.kinds)
+                .bind(columns.classes)
+                .bind(columns.errors);
             self.settle_sequences(
                 query,
                 nacks.iter().map(|n| (n.lease.sequence, n.lease.event_id)),
