@@ -9,6 +9,8 @@ pub mod blame;
 pub mod codes;
 /// Table names, store settings, schema versions.
 pub mod config;
+/// An enqueue as column arrays, and its outcomes.
+pub mod enqueue;
 /// Attempt-history rows as the stores append them in batches.
 pub mod history;
 /// MySQL/MariaDB schema and statements.

@@ -17,7 +17,7 @@ use super::queries::Queries;
 use super::row;
 use crate::config::{Migrated, StoreConfig};
 use crate::error::ResultExt;
-use crate::validate::{check_event, headers_json};
+use outbox_sql::enqueue::EnqueueColumns;
 use outbox_sql::settle::{ClaimRow, NackColumns, SortedClaim, sort_claim};
 
 /// The version of the schema the store creates; tables of another version
@@ -201,55 +201,33 @@ impl PgStore {
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
         crate::error::during("enqueue", self.config().tables.events(), async move {
-            for event in events {
-                check_event(event, &self.config.limits, true)?;
-            }
+            let columns = EnqueueColumns::checked(events, &self.config, true)?;
             if events.is_empty() {
                 return Ok(Vec::new());
             }
-            let texts = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<_>>();
             let rows = sqlx::query(&self.queries.enqueue)
-                .bind(
-                    events
-                        .iter()
-                        .map(|e| *e.event_id.as_uuid())
-                        .collect::<Vec<Uuid>>(),
-                )
-                .bind(texts(|e| &e.aggregate_type))
-                .bind(texts(|e| &e.aggregate_id))
-                .bind(texts(|e| &e.event_type))
-                .bind(texts(|e| &e.partition_key))
-                .bind(texts(|e| e.payload.as_str()))
-                .bind(
-                    events
-                        .iter()
-                        .map(|e| e.payload_version as i32)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(events.iter().map(headers_json).collect::<Vec<_>>())
-                .bind(
-                    events
-                        .iter()
-                        .map(|e| self.config.delay_ms(e.available_at))
-                        .collect::<Vec<Option<i64>>>(),
-                )
+                .bind(columns.event_ids)
+                .bind(columns.aggregate_types)
+                .bind(columns.aggregate_ids)
+                .bind(columns.event_types)
+                .bind(columns.partition_keys)
+                .bind(columns.payloads)
+                .bind(columns.payload_versions)
+                .bind(columns.headers)
+                .bind(columns.delays_ms)
                 .fetch_all(conn)
                 .await
                 .store()?;
-            let mut inserted = std::collections::HashMap::with_capacity(rows.len());
-            for row in rows {
-                let id: Uuid = row.try_get("event_id").store()?;
-                let sequence: i64 = row.try_get("sequence").store()?;
-                inserted.insert(id, sequence);
-            }
-            // A duplicate inside one batch: the first occurrence was written.
-            Ok(events
+            let inserted = rows
                 .iter()
-                .map(|e| match inserted.remove(e.event_id.as_uuid()) {
-                    Some(sequence) => EnqueueOutcome::Inserted { sequence },
-                    None => EnqueueOutcome::AlreadyExists,
+                .map(|row| {
+                    Ok((
+                        row.try_get("event_id").store()?,
+                        row.try_get("sequence").store()?,
+                    ))
                 })
-                .collect())
+                .collect::<Result<Vec<(Uuid, i64)>, StoreError>>()?;
+            Ok(outbox_sql::enqueue::outcomes(events, inserted))
         })
         .await
     }
