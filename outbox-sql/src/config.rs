@@ -115,6 +115,21 @@ impl Migrated {
     }
 }
 
+/// The tables' schema version from what is there: no events table, no
+/// tables (`None`); an events table without the version record, version 1
+/// (it predates the record); else the record's version (1 if empty).
+pub fn installed_version(
+    events_table: bool,
+    version_record: bool,
+    version: Option<i32>,
+) -> Option<i32> {
+    match (events_table, version_record) {
+        (false, _) => None,
+        (true, false) => Some(1),
+        (true, true) => Some(version.unwrap_or(1)),
+    }
+}
+
 /// Refuses tables another schema version made: an error that says which
 /// and where the upgrade is described, rather than SQL failing later.
 /// Tables of the expected version (or none) migrate.

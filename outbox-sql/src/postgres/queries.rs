@@ -51,6 +51,14 @@ pub struct Queries {
     pub relays: String,
     pub inbox_claim: String,
     pub inbox_purge: String,
+    /// Taken first by `migrate`'s transaction: concurrent migrations take
+    /// turns, and the schema's notices are not sent to the client.
+    pub migrate_lock: String,
+    /// `events` and `record`: the events table and the schema-version
+    /// record, as text, or NULL where missing.
+    pub installed_tables: String,
+    /// `version`: the schema-version record's (when the table exists).
+    pub installed_version: String,
 }
 
 impl Queries {
@@ -385,6 +393,20 @@ impl Queries {
                 "DELETE FROM {inbox} WHERE (consumer, event_id) IN (
                      SELECT consumer, event_id FROM {inbox}
                      WHERE claimed_at <= {now} - $1 * interval '1 millisecond' LIMIT $2)"
+            ),
+            migrate_lock: format!(
+                "SELECT pg_advisory_xact_lock({}), \
+                 set_config('client_min_messages', 'warning', true)",
+                lock_key(&events) ^ 0x5eed
+            ),
+            installed_tables: format!(
+                "SELECT to_regclass('{events}')::text AS events, \
+                 to_regclass('{record}')::text AS record",
+                record = names.table("schema_version")
+            ),
+            installed_version: format!(
+                "SELECT MAX(version) AS version FROM {}",
+                names.table("schema_version")
             ),
         }
     }

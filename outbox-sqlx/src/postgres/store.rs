@@ -124,13 +124,10 @@ impl PgStore {
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         crate::error::during("migrate", self.config().tables.events(), async move {
             let mut tx = self.pool.begin().await.store()?;
-            sqlx::query(
-                "SELECT pg_advisory_xact_lock($1), set_config('client_min_messages', 'warning', true)",
-            )
-            .bind(self.queries.claim_lock ^ 0x5eed)
-            .execute(&mut *tx)
-            .await
-            .store()?;
+            sqlx::query(&self.queries.migrate_lock)
+                .execute(&mut *tx)
+                .await
+                .store()?;
             let found = self.installed_version(&mut tx).await?;
             let migrated = crate::config::check_schema_version(
                 &self.config.tables.events(),
@@ -155,26 +152,23 @@ impl PgStore {
     }
 
     async fn installed_version(&self, conn: &mut PgConnection) -> Result<Option<i32>, StoreError> {
-        let tables = &self.config.tables;
         let (events, record): (Option<String>, Option<String>) =
-            sqlx::query_as("SELECT to_regclass($1)::text, to_regclass($2)::text")
-                .bind(tables.events())
-                .bind(tables.table("schema_version"))
+            sqlx::query_as(&self.queries.installed_tables)
                 .fetch_one(&mut *conn)
                 .await
                 .store()?;
-        match (events, record) {
-            (None, _) => Ok(None),
-            (Some(_), None) => Ok(Some(1)),
-            (Some(_), Some(record)) => {
-                let version: Option<i32> =
-                    sqlx::query_scalar(&format!("SELECT MAX(version) FROM {record}"))
-                        .fetch_one(&mut *conn)
-                        .await
-                        .store()?;
-                Ok(Some(version.unwrap_or(1)))
-            }
-        }
+        let version = match (&events, &record) {
+            (Some(_), Some(_)) => sqlx::query_scalar(&self.queries.installed_version)
+                .fetch_one(&mut *conn)
+                .await
+                .store()?,
+            _ => None,
+        };
+        Ok(outbox_sql::config::installed_version(
+            events.is_some(),
+            record.is_some(),
+            version,
+        ))
     }
 
     /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the

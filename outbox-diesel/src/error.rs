@@ -1,0 +1,71 @@
+//! Diesel's errors as the core's, deciding retryability.
+
+use diesel::result::DatabaseErrorKind;
+use diesel::result::Error as DieselError;
+use outbox_core::StoreError;
+
+/// Serialization failures are conflicts (retry the transaction); a lost
+/// connection is unavailable; the rest (bad SQL, constraint violations,
+/// a row that does not map) retrying will not cure.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn store_error(error: DieselError) -> StoreError {
+    match &error {
+        DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, info) => {
+            StoreError::Conflict(info.message().to_owned())
+        }
+        DieselError::DatabaseError(
+            DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
+            _,
+        ) => StoreError::Unavailable(Box::new(error)),
+        _ => StoreError::fatal(error),
+    }
+}
+
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) trait ResultExt<T> {
+    fn store(self) -> Result<T, StoreError>;
+}
+
+impl<T> ResultExt<T> for Result<T, DieselError> {
+    fn store(self) -> Result<T, StoreError> {
+        self.map_err(store_error)
+    }
+}
+
+/// The error of a Diesel transaction that enqueues: Diesel's own (the
+/// business statements, begin/commit) or the outbox's. Use it as the
+/// transaction's error type, or give yours `From` both, so `?` works on
+/// either inside `conn.transaction(...)`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Diesel failed (a statement, the transaction).
+    #[error("diesel: {0}")]
+    Diesel(diesel::result::Error),
+    /// The outbox refused or failed (bad input, a store error).
+    #[error("outbox: {0}")]
+    Outbox(StoreError),
+}
+
+// By hand, not `#[from]`: that would also make the inner error this error's
+// `source` and repeat it in reports.
+impl From<diesel::result::Error> for Error {
+    fn from(error: diesel::result::Error) -> Self {
+        Self::Diesel(error)
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(error: StoreError) -> Self {
+        Self::Outbox(error)
+    }
+}
+
+impl Error {
+    /// As the core's error (Diesel's classified as [`store_error`] does).
+    pub fn into_store_error(self) -> StoreError {
+        match self {
+            Self::Diesel(error) => store_error(error),
+            Self::Outbox(error) => error,
+        }
+    }
+}

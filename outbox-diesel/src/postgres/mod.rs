@@ -1,0 +1,188 @@
+//! PostgreSQL: enqueue inside your Diesel transaction, on
+//! [`diesel::PgConnection`] or diesel-async's [`AsyncPgConnection`], and
+//! migrate the tables; the statements are `outbox-sql`'s, the same the
+//! sqlx store runs.
+
+mod statements;
+
+use std::sync::Arc;
+
+use diesel::connection::SimpleConnection;
+use diesel::{Connection, PgConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use outbox_core::store::EnqueueOutcome;
+use outbox_core::{NewEvent, StoreError};
+use outbox_sql::enqueue::{EnqueueColumns, outcomes};
+use outbox_sql::postgres::Queries;
+use outbox_sql::{Migrated, StoreConfig};
+
+use crate::error::ResultExt;
+use statements::{Inserted, Installed, InstalledVersion};
+
+pub use outbox_sql::postgres::SCHEMA_VERSION;
+
+/// The outbox tables as a Diesel application writes them: enqueue in the
+/// transaction of the business write, and migrate.
+///
+/// Any relay over the same tables publishes what you enqueue here: the
+/// sqlx store (`outbox_sqlx::postgres::PgStore` with `outbox_core::Relay`)
+/// or the `outbox relay` daemon. The events are the same rows, written by
+/// the same statement.
+#[derive(Clone)]
+pub struct PgOutbox {
+    config: StoreConfig,
+    queries: Arc<Queries>,
+}
+
+impl std::fmt::Debug for PgOutbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOutbox")
+            .field("tables", &self.config.tables)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgOutbox {
+    /// The outbox on `config`'s tables (names were validated when built).
+    pub fn new(config: StoreConfig) -> Self {
+        let queries = Arc::new(Queries::new(&config.tables));
+        Self { config, queries }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// Enqueues `events` on `conn`, inside your transaction
+    /// (`conn.transaction(async |conn| { … })`), in one
+    /// statement. Each outcome says whether a row was written or the
+    /// `event_id` already existed (a no-op). Invalid events are refused
+    /// before anything is sent, so your transaction stays usable.
+    pub async fn enqueue(
+        &self,
+        conn: &mut AsyncPgConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        let columns = EnqueueColumns::checked(events, &self.config, true)
+            .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<Inserted> =
+            diesel_async::RunQueryDsl::load(statements::enqueue(&self.queries, columns), conn)
+                .await
+                .store()
+                .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
+        Ok(outcomes(events, rows.into_iter().map(Inserted::pair)))
+    }
+
+    /// [`PgOutbox::enqueue`] on a synchronous [`PgConnection`], inside
+    /// `conn.transaction(|conn| …)`.
+    pub fn enqueue_sync(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        let columns = EnqueueColumns::checked(events, &self.config, true)
+            .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<Inserted> =
+            diesel::RunQueryDsl::load(statements::enqueue(&self.queries, columns), conn)
+                .store()
+                .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
+        Ok(outcomes(events, rows.into_iter().map(Inserted::pair)))
+    }
+
+    /// The schema DDL and functions for these names and limits (what
+    /// [`PgOutbox::migrate`] runs; the sqlx store's `schema_sql` is the
+    /// same text).
+    pub fn schema_sql(&self) -> String {
+        outbox_sql::postgres::schema_sql(&self.config, &self.queries)
+    }
+
+    /// Creates or updates the tables, indexes, trigger and functions, in
+    /// one transaction. Idempotent and quiet; concurrent callers take
+    /// turns. Tables of another schema version are refused before anything
+    /// changes, naming the upgrade notes.
+    pub async fn migrate(&self, conn: &mut AsyncPgConnection) -> Result<Migrated, StoreError> {
+        let schema = self.schema_sql();
+        let migrated = conn
+            .transaction::<_, crate::Error, _>(async |conn| {
+                diesel_async::RunQueryDsl::execute(
+                    diesel::sql_query(self.queries.migrate_lock.as_str()),
+                    &mut *conn,
+                )
+                .await?;
+                let installed: Installed = diesel_async::RunQueryDsl::get_result(
+                    diesel::sql_query(self.queries.installed_tables.as_str()),
+                    &mut *conn,
+                )
+                .await?;
+                let version = if installed.both() {
+                    diesel_async::RunQueryDsl::get_result::<InstalledVersion>(
+                        diesel::sql_query(self.queries.installed_version.as_str()),
+                        &mut *conn,
+                    )
+                    .await?
+                    .version
+                } else {
+                    None
+                };
+                let migrated = self.check(&installed, version)?;
+                conn.batch_execute(&schema).await?;
+                Ok(migrated)
+            })
+            .await;
+        migrated.map_err(|e| {
+            e.into_store_error()
+                .during("migrate", self.config.tables.events())
+        })
+    }
+
+    /// [`PgOutbox::migrate`] on a synchronous [`PgConnection`].
+    pub fn migrate_sync(&self, conn: &mut PgConnection) -> Result<Migrated, StoreError> {
+        let schema = self.schema_sql();
+        let migrated = conn.transaction::<_, crate::Error, _>(|conn| {
+            diesel::RunQueryDsl::execute(
+                diesel::sql_query(self.queries.migrate_lock.as_str()),
+                conn,
+            )?;
+            let installed: Installed = diesel::RunQueryDsl::get_result(
+                diesel::sql_query(self.queries.installed_tables.as_str()),
+                conn,
+            )?;
+            let version = if installed.both() {
+                diesel::RunQueryDsl::get_result::<InstalledVersion>(
+                    diesel::sql_query(self.queries.installed_version.as_str()),
+                    conn,
+                )?
+                .version
+            } else {
+                None
+            };
+            let migrated = self.check(&installed, version)?;
+            conn.batch_execute(&schema)?;
+            Ok(migrated)
+        });
+        migrated.map_err(|e| {
+            e.into_store_error()
+                .during("migrate", self.config.tables.events())
+        })
+    }
+
+    fn check(&self, installed: &Installed, version: Option<i32>) -> Result<Migrated, StoreError> {
+        let found = outbox_sql::config::installed_version(
+            installed.events.is_some(),
+            installed.record.is_some(),
+            version,
+        );
+        outbox_sql::config::check_schema_version(
+            &self.config.tables.events(),
+            found,
+            SCHEMA_VERSION,
+        )
+    }
+}

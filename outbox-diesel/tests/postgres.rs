@@ -1,0 +1,248 @@
+//! A Diesel application's enqueue (sync and async) on live PostgreSQL,
+//! published by the sqlx store's relay over the same tables: the two ORMs
+//! run one protocol.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::Connection;
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use outbox_core::memory::RecordingPublisher;
+use outbox_core::store::{EnqueueOutcome, OutboxAdmin};
+use outbox_core::testing::{RelayFleet, event};
+use outbox_core::{EventId, InvalidEvent, NewEvent, StoreError};
+use outbox_diesel::postgres::PgOutbox;
+use outbox_diesel::{StoreConfig, TableNames};
+use outbox_sqlx::postgres::{EndToEndDb, PgStore};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn url() -> String {
+    std::env::var("OUTBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into())
+}
+
+async fn connect() -> AsyncPgConnection {
+    AsyncPgConnection::establish(&url())
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", url()))
+}
+
+fn outbox_in(schema: &str) -> PgOutbox {
+    PgOutbox::new(StoreConfig::with_tables(
+        TableNames::default().in_schema(schema).unwrap(),
+    ))
+}
+
+/// The event commits with the business row in one Diesel transaction, a
+/// rolled-back transaction leaves neither, and the sqlx store's relay
+/// publishes exactly the committed event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_commits_with_the_diesel_transaction_and_the_sqlx_relay_publishes_it() {
+    let db = EndToEndDb::create("diesel").await;
+    let outbox = outbox_in(&db.schema);
+    let mut conn = connect().await;
+    let invoices = format!("{}.invoices", db.schema);
+    conn.batch_execute(&format!(
+        "CREATE TABLE {invoices} (id TEXT PRIMARY KEY, status TEXT NOT NULL);
+         INSERT INTO {invoices} VALUES ('inv-1', 'open'), ('inv-2', 'open')"
+    ))
+    .await
+    .unwrap();
+
+    let paid = event("inv-1", 1);
+    let pay = format!("UPDATE {invoices} SET status = 'paid' WHERE id = $1");
+    let outcomes = conn
+        .transaction::<_, outbox_diesel::Error, _>(async |conn| {
+            diesel_async::RunQueryDsl::execute(
+                diesel::sql_query(&pay).bind::<diesel::sql_types::Text, _>("inv-1"),
+                &mut *conn,
+            )
+            .await?;
+            Ok(outbox.enqueue(conn, std::slice::from_ref(&paid)).await?)
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcomes[..], [EnqueueOutcome::Inserted { .. }]));
+
+    let rolled_back = event("inv-2", 1);
+    let result = conn
+        .transaction::<(), outbox_diesel::Error, _>(async |conn| {
+            diesel_async::RunQueryDsl::execute(
+                diesel::sql_query(&pay).bind::<diesel::sql_types::Text, _>("inv-2"),
+                &mut *conn,
+            )
+            .await?;
+            outbox
+                .enqueue(conn, std::slice::from_ref(&rolled_back))
+                .await?;
+            Err(StoreError::Config("the payment was declined".into()).into())
+        })
+        .await;
+    assert!(result.is_err());
+    assert!(
+        db.store
+            .event_state(rolled_back.event_id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let publisher = Arc::new(RecordingPublisher::new());
+    let relays = RelayFleet::spawn(db.store.clone(), publisher.clone(), "sqlx-relay", 1);
+    tokio::time::timeout(DEADLINE, publisher.wait_for_deliveries(1))
+        .await
+        .expect("the sqlx relay publishes the event Diesel enqueued");
+    relays.stop(DEADLINE).await;
+    assert_eq!(publisher.delivered_ids(), vec![paid.event_id]);
+    // Every field as written (the payload as JSON: jsonb keeps its value,
+    // not its spelling).
+    let mut delivered = publisher.delivered()[0].event.clone();
+    let json = |p: &outbox_core::Payload| -> serde_json::Value {
+        serde_json::from_str(p.as_str()).unwrap()
+    };
+    assert_eq!(json(&delivered.payload), json(&paid.payload));
+    delivered.payload = paid.payload.clone();
+    assert_eq!(delivered, paid);
+}
+
+/// Bad input is refused with a typed error before anything is sent, so the
+/// caller's Diesel transaction stays usable; a duplicate id is a reported
+/// no-op, inside one bulk insert and across calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_before_the_insert_and_duplicates_are_reported() {
+    let db = EndToEndDb::create("diesel").await;
+    let outbox = outbox_in(&db.schema);
+    let mut conn = connect().await;
+    let good = event("k", 1);
+    let mut bad = event("k", 2);
+    bad.partition_key = String::new();
+    let outcomes = conn
+        .transaction::<_, outbox_diesel::Error, _>(async |conn| {
+            let refused = outbox.enqueue(conn, &[good.clone(), bad.clone()]).await;
+            assert!(
+                matches!(
+                    refused,
+                    Err(StoreError::InvalidEvent(InvalidEvent::EmptyField(
+                        "partition_key"
+                    )))
+                ),
+                "{refused:?}"
+            );
+            // The transaction is still usable: the good event goes in, and
+            // a repeat of it in the same batch is reported, not written.
+            Ok(outbox.enqueue(conn, &[good.clone(), good.clone()]).await?)
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        outcomes[..],
+        [
+            EnqueueOutcome::Inserted { .. },
+            EnqueueOutcome::AlreadyExists
+        ]
+    ));
+    let again = conn
+        .transaction::<_, outbox_diesel::Error, _>(async |conn| {
+            Ok(outbox.enqueue(conn, std::slice::from_ref(&good)).await?)
+        })
+        .await
+        .unwrap();
+    assert_eq!(again, [EnqueueOutcome::AlreadyExists]);
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!(
+        stats[0].claimable, 1,
+        "one row for the good event: {stats:?}"
+    );
+}
+
+/// The synchronous API: `PgConnection::transaction`, bulk, and `migrate`
+/// on a fresh schema that the sqlx store then finds current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sync_api_migrates_and_enqueues_in_a_pg_connection_transaction() {
+    let schema = format!(
+        "diesel_{}",
+        &EventId::random().as_uuid().simple().to_string()[..12]
+    );
+    let outbox = outbox_in(&schema);
+    let events: Vec<NewEvent> = (1..=3).map(|n| event("sync", n)).collect();
+    let (migrated, again, outcomes) = tokio::task::spawn_blocking({
+        let (outbox, schema, events) = (outbox.clone(), schema.clone(), events.clone());
+        move || {
+            let mut conn = diesel::PgConnection::establish(&url())
+                .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", url()));
+            diesel::connection::SimpleConnection::batch_execute(
+                &mut conn,
+                &format!("CREATE SCHEMA {schema}"),
+            )
+            .unwrap();
+            let migrated = outbox.migrate_sync(&mut conn).unwrap();
+            let again = outbox.migrate_sync(&mut conn).unwrap();
+            let outcomes = conn
+                .transaction::<_, outbox_diesel::Error, _>(|conn| {
+                    Ok(outbox.enqueue_sync(conn, &events)?)
+                })
+                .unwrap();
+            (migrated, again, outcomes)
+        }
+    })
+    .await
+    .unwrap();
+    assert!(migrated.created(), "{migrated:?}");
+    assert_eq!(again.found, Some(2));
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, EnqueueOutcome::Inserted { .. }))
+    );
+
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url())
+        .await
+        .unwrap();
+    let sqlx_store = PgStore::new(
+        pool.clone(),
+        outbox_sqlx::StoreConfig::with_tables(
+            outbox_sqlx::TableNames::default()
+                .in_schema(&schema)
+                .unwrap(),
+        ),
+    );
+    let found = sqlx_store.migrate().await.unwrap();
+    assert_eq!(
+        found.found,
+        Some(2),
+        "the sqlx store finds Diesel's tables current"
+    );
+    assert_eq!(sqlx_store.stats().await.unwrap()[0].claimable, 3);
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// Async `migrate` on a fresh schema creates the tables, then reports them
+/// current; tables of another version are refused untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_migrate_reports_and_checks_the_schema_version() {
+    let db = EndToEndDb::create("diesel").await;
+    let outbox = outbox_in(&db.schema);
+    let mut conn = connect().await;
+    let current = outbox.migrate(&mut conn).await.unwrap();
+    assert_eq!((current.found, current.version), (Some(2), 2));
+    conn.batch_execute(&format!(
+        "UPDATE {}.outbox_schema_version SET version = 1",
+        db.schema
+    ))
+    .await
+    .unwrap();
+    let refused = outbox.migrate(&mut conn).await.unwrap_err();
+    assert!(!refused.is_retryable());
+    assert!(
+        refused
+            .to_string()
+            .contains("Upgrading to schema version 2"),
+        "{refused}"
+    );
+}
