@@ -246,3 +246,41 @@ async fn async_migrate_reports_and_checks_the_schema_version() {
         "{refused}"
     );
 }
+
+/// Inbox claims are one table: a claim committed through Diesel is a
+/// duplicate to the sqlx inbox, and the other way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_claims_written_by_one_orm_are_seen_by_the_other() {
+    use outbox_core::InboxStore;
+    let db = EndToEndDb::create("diesel").await;
+    let pool = diesel_async::pooled_connection::deadpool::Pool::builder(
+        diesel_async::pooled_connection::AsyncDieselConnectionManager::<AsyncPgConnection>::new(
+            url(),
+        ),
+    )
+    .max_size(2)
+    .build()
+    .unwrap();
+    let diesel_store = outbox_diesel::postgres::PgStore::new(
+        pool,
+        StoreConfig::with_tables(TableNames::default().in_schema(&db.schema).unwrap()),
+    );
+    let (diesel_inbox, sqlx_inbox) = (diesel_store.inbox(), db.store.inbox());
+    let (first, second) = (EventId::random(), EventId::random());
+
+    let mut tx = diesel_inbox.begin().await.unwrap();
+    assert!(diesel_inbox.claim(&mut tx, "billing", first).await.unwrap());
+    diesel_inbox.commit(tx).await.unwrap();
+    let mut tx = sqlx_inbox.begin().await.unwrap();
+    assert!(!sqlx_inbox.claim(&mut tx, "billing", first).await.unwrap());
+    assert!(sqlx_inbox.claim(&mut tx, "billing", second).await.unwrap());
+    sqlx_inbox.commit(tx).await.unwrap();
+    let mut tx = diesel_inbox.begin().await.unwrap();
+    assert!(
+        !diesel_inbox
+            .claim(&mut tx, "billing", second)
+            .await
+            .unwrap()
+    );
+    diesel_inbox.rollback(tx).await.unwrap();
+}

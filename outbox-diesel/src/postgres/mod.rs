@@ -3,7 +3,14 @@
 //! migrate the tables; the statements are `outbox-sql`'s, the same the
 //! sqlx store runs.
 
+mod admin;
+mod inbox;
+mod rows;
 mod statements;
+mod store;
+
+pub use inbox::{PgInbox, PgInboxTx};
+pub use store::PgStore;
 
 use std::sync::Arc;
 

@@ -1,0 +1,140 @@
+//! [`PgInbox`]: the inbox on PostgreSQL through diesel-async. Its
+//! transaction owns a pooled connection with a transaction open: write the
+//! effect through it with Diesel (`&mut *tx` is an `AsyncPgConnection`), and
+//! it commits with the claim or not at all.
+
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use diesel::sql_types::{BigInt, Text, Uuid as SqlUuid};
+use diesel_async::pooled_connection::deadpool::Object;
+use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
+use outbox_core::{EventId, InboxStore, StoreError};
+
+use super::store::PgStore;
+use crate::error::ResultExt;
+
+/// The inbox table of a [`PgStore`].
+#[derive(Clone, Debug)]
+pub struct PgInbox {
+    store: PgStore,
+}
+
+impl PgStore {
+    /// The inbox sharing this store's pool and names.
+    pub fn inbox(&self) -> PgInbox {
+        PgInbox {
+            store: self.clone(),
+        }
+    }
+}
+
+/// A pooled connection inside an open transaction (Diesel's transaction
+/// manager knows it: a `conn.transaction(...)` inside it is a savepoint).
+pub struct PgInboxTx {
+    conn: Object<AsyncPgConnection>,
+}
+
+impl Deref for PgInboxTx {
+    type Target = AsyncPgConnection;
+    fn deref(&self) -> &AsyncPgConnection {
+        &self.conn
+    }
+}
+
+impl DerefMut for PgInboxTx {
+    fn deref_mut(&mut self) -> &mut AsyncPgConnection {
+        &mut self.conn
+    }
+}
+
+impl PgInbox {
+    /// Claims `(consumer, event_id)` on `conn` (inside your transaction),
+    /// for callers who manage their own. `true` means "apply the effect now".
+    pub async fn claim_in(
+        &self,
+        conn: &mut AsyncPgConnection,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        let inserted = diesel::sql_query(self.store.queries().inbox_claim.as_str())
+            .bind::<Text, _>(consumer)
+            .bind::<SqlUuid, _>(*event_id.as_uuid())
+            .execute(conn)
+            .await
+            .store()?;
+        Ok(inserted == 1)
+    }
+
+    fn table(&self) -> String {
+        self.store.config().tables.inbox()
+    }
+}
+
+#[async_trait]
+impl InboxStore for PgInbox {
+    type Transaction = PgInboxTx;
+
+    async fn begin(&self) -> Result<PgInboxTx, StoreError> {
+        let begun = async {
+            let mut conn = self.store.conn().await?;
+            self.store.sync_clock(&mut conn).await?;
+            AnsiTransactionManager::begin_transaction(&mut *conn)
+                .await
+                .store()?;
+            Ok(PgInboxTx { conn })
+        };
+        begun
+            .await
+            .map_err(|e: StoreError| e.during("inbox begin", self.table()))
+    }
+
+    async fn claim(
+        &self,
+        tx: &mut PgInboxTx,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        // A concurrent claim of the same key waits on the primary key until
+        // the first commits, then finds the row and inserts nothing.
+        self.claim_in(tx, consumer, event_id)
+            .await
+            .map_err(|e| e.during("inbox claim", self.table()))
+    }
+
+    async fn commit(&self, mut tx: PgInboxTx) -> Result<(), StoreError> {
+        AnsiTransactionManager::commit_transaction(&mut *tx.conn)
+            .await
+            .store()
+            .map_err(|e| e.during("inbox commit", self.table()))
+    }
+
+    async fn rollback(&self, mut tx: PgInboxTx) -> Result<(), StoreError> {
+        AnsiTransactionManager::rollback_transaction(&mut *tx.conn)
+            .await
+            .store()
+            .map_err(|e| e.during("inbox rollback", self.table()))
+    }
+
+    async fn purge_older_than(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        let purge = async {
+            let mut conn = self.store.conn().await?;
+            self.store.sync_clock(&mut conn).await?;
+            let purged = diesel::sql_query(self.store.queries().inbox_purge.as_str())
+                .bind::<BigInt, _>(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX))
+                .bind::<BigInt, _>(batch_size.min(i64::MAX as usize) as i64)
+                .execute(&mut conn)
+                .await
+                .store()?;
+            Ok(purged as u64)
+        };
+        purge
+            .await
+            .map_err(|e: StoreError| e.during("inbox purge", self.table()))
+    }
+}
