@@ -58,6 +58,11 @@ fn diesel_store(clock: ManualClock) -> BoxFuture<'static, Arc<PgStore>> {
 
 mod store {
     outbox_core::store_conformance_tests!(super::diesel_store);
+    outbox_core::commit_order_conformance_tests!(super::diesel_store);
+}
+
+mod failure {
+    outbox_core::failure_conformance_tests!(super::diesel_store);
 }
 
 mod relay {

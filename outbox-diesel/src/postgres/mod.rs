@@ -8,6 +8,8 @@ mod inbox;
 mod rows;
 mod statements;
 mod store;
+#[cfg(feature = "testing")]
+mod testing;
 
 pub use inbox::{PgInbox, PgInboxTx};
 pub use store::PgStore;

@@ -17,6 +17,10 @@ use outbox_sql::settle::{ClaimRow, NackColumns, SortedClaim, settled_report, sor
 use outbox_sql::{Migrated, StoreConfig};
 
 use super::PgOutbox;
+
+/// A bound statement, ready to run on either connection.
+type Statement<'a> =
+    diesel::query_builder::BoxedSqlQuery<'a, diesel::pg::Pg, diesel::query_builder::SqlQuery>;
 use super::rows::{ClaimedRow, Settled};
 use crate::error::ResultExt;
 
@@ -104,20 +108,49 @@ impl PgStore {
     /// Runs a settlement statement; the rest of `asked` was fenced off.
     async fn settle(
         &self,
-        query: diesel::query_builder::BoxedSqlQuery<
-            '_,
-            diesel::pg::Pg,
-            diesel::query_builder::SqlQuery,
-        >,
+        query: Statement<'_>,
         asked: impl Iterator<Item = (i64, EventId)>,
     ) -> Result<SettleReport, StoreError> {
         let mut conn = self.conn().await?;
         self.sync_clock(&mut conn).await?;
-        let rows: Vec<Settled> = query.load(&mut conn).await.store()?;
+        self.settle_on(&mut conn, query, asked).await
+    }
+
+    /// [`PgStore::settle`] on `conn` (a transaction of the caller's).
+    async fn settle_on(
+        &self,
+        conn: &mut AsyncPgConnection,
+        query: Statement<'_>,
+        asked: impl Iterator<Item = (i64, EventId)>,
+    ) -> Result<SettleReport, StoreError> {
+        let rows: Vec<Settled> = query.load(conn).await.store()?;
         Ok(settled_report(
             rows.into_iter().filter_map(|r| r.sequence),
             asked,
         ))
+    }
+
+    fn ack_statement(&self, leases: &[Lease]) -> Statement<'_> {
+        diesel::sql_query(self.queries().ack.as_str())
+            .into_boxed()
+            .bind::<Array<BigInt>, _>(leases.iter().map(|l| l.sequence).collect::<Vec<_>>())
+            .bind::<Array<BigInt>, _>(leases.iter().map(|l| l.fencing_token.0).collect::<Vec<_>>())
+    }
+
+    /// Acks `leases` on `conn` (a transaction of the caller's, for tests
+    /// that hold a settlement open).
+    #[cfg(feature = "testing")]
+    pub(super) async fn ack_on(
+        &self,
+        conn: &mut AsyncPgConnection,
+        leases: &[Lease],
+    ) -> Result<SettleReport, StoreError> {
+        self.settle_on(
+            conn,
+            self.ack_statement(leases),
+            leases.iter().map(|l| (l.sequence, l.event_id)),
+        )
+        .await
     }
 
     /// Fails claimed rows that do not decode, each on its own (history kind
@@ -216,13 +249,12 @@ impl OutboxStore for PgStore {
         if leases.is_empty() {
             return Ok(SettleReport::default());
         }
-        let query = diesel::sql_query(self.queries().ack.as_str())
-            .into_boxed()
-            .bind::<Array<BigInt>, _>(leases.iter().map(|l| l.sequence).collect::<Vec<_>>())
-            .bind::<Array<BigInt>, _>(leases.iter().map(|l| l.fencing_token.0).collect::<Vec<_>>());
-        self.settle(query, leases.iter().map(|l| (l.sequence, l.event_id)))
-            .await
-            .map_err(|e| e.during("ack", self.table()))
+        self.settle(
+            self.ack_statement(leases),
+            leases.iter().map(|l| (l.sequence, l.event_id)),
+        )
+        .await
+        .map_err(|e| e.during("ack", self.table()))
     }
 
     async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
