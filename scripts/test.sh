@@ -30,6 +30,8 @@ target/debug/examples/quickstart > /tmp/outbox-quickstart.log
 tail -n 3 /tmp/outbox-quickstart.log
 target/debug/examples/billing-postgres > /tmp/outbox-billing.log
 tail -n 3 /tmp/outbox-billing.log
+target/debug/examples/diesel-billing > /tmp/outbox-diesel-billing.log
+tail -n 3 /tmp/outbox-diesel-billing.log
 
 step "outbox CLI on the quickstart's database (the README's lines)"
 quickstart_db="sqlite:${TMPDIR:-/tmp}/outbox-quickstart.db"
