@@ -30,6 +30,16 @@ use statements::{Inserted, Installed, InstalledVersion};
 
 pub use outbox_sql::postgres::SCHEMA_VERSION;
 
+/// The outbox tables as a Diesel migration (default names, created in the
+/// connection's current schema), for applications that run their schema
+/// through `diesel_migrations`:
+/// `conn.run_pending_migrations(outbox_diesel::postgres::MIGRATIONS)`.
+/// The same tables as [`PgOutbox::migrate`] with default names (a test
+/// compares the catalogs); its `up.sql` is the default rendering of the
+/// schema template.
+pub const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
+    diesel_migrations::embed_migrations!("migrations");
+
 /// The outbox tables as a Diesel application writes them: enqueue in the
 /// transaction of the business write, and migrate.
 ///

@@ -1,0 +1,1048 @@
+-- outbox schema for PostgreSQL (>= 13: xid8, pg_snapshot). Rendered with the
+-- configured names and limits; the file in migrations/postgres/ is this
+-- template with the defaults. README.md ("How the PostgreSQL store works")
+-- explains the design; the comments here say what each piece is for.
+
+-- Which version of this schema the tables are (migrate() refuses tables of
+-- another version with an error naming the upgrade notes).
+CREATE TABLE IF NOT EXISTS outbox_schema_version (version INTEGER NOT NULL);
+INSERT INTO outbox_schema_version (version)
+    SELECT 2 WHERE NOT EXISTS (SELECT 1 FROM outbox_schema_version);
+
+CREATE SEQUENCE IF NOT EXISTS outbox_events_seq;
+
+-- Store time: the database clock (every lease, delay, backoff and age is
+-- measured on it, so relay and producer hosts may disagree with each other),
+-- shifted only by tests (`clock_shift`). `relay_waiting` is set while a
+-- relay waits for a NOTIFY.
+CREATE TABLE IF NOT EXISTS outbox_control (
+    id            BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
+    clock_shift   INTERVAL NOT NULL DEFAULT '0',
+    relay_waiting BOOLEAN NOT NULL DEFAULT FALSE
+);
+INSERT INTO outbox_control (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING;
+
+CREATE OR REPLACE FUNCTION outbox_now() RETURNS timestamptz
+    LANGUAGE sql STABLE AS
+$$ SELECT now() + clock_shift FROM outbox_control $$;
+
+CREATE TABLE IF NOT EXISTS outbox_events (
+    sequence          BIGINT PRIMARY KEY DEFAULT nextval('outbox_events_seq'),
+    -- The writing transaction. The first tick whose snapshot sees it
+    -- committed appends the row to claim order (outbox_order): commit order
+    -- between transactions, insert order within one.
+    txid              xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    -- Claim position, written only when a row leaves the stream (status 3,
+    -- 4, 5); a status-0 row's position is in outbox_order.
+    position          BIGINT,
+    event_id          UUID NOT NULL,
+    aggregate_type    TEXT NOT NULL CHECK (btrim(aggregate_type) <> ''),
+    aggregate_id      TEXT NOT NULL CHECK (btrim(aggregate_id) <> ''),
+    event_type        TEXT NOT NULL CHECK (btrim(event_type) <> ''),
+    partition_key     TEXT NOT NULL CHECK (btrim(partition_key) <> ''),
+    payload           JSONB NOT NULL,
+    payload_version   INTEGER NOT NULL DEFAULT 1 CHECK (payload_version >= 0),
+    -- A flat object of string values (correlation_id, causation_id,
+    -- traceparent and free keys).
+    headers           JSONB NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(headers) = 'object'),
+    created_at        TIMESTAMPTZ NOT NULL DEFAULT outbox_now(),
+    available_at      TIMESTAMPTZ NOT NULL DEFAULT outbox_now(),
+    -- 0 pending in the stream (published once a claim's lease on it is
+    --   acked; see outbox_order and outbox_leases)
+    -- 2 published, written (a row that had left the stream)
+    -- 3 failed
+    -- 4 tracked: pending outside the stream (delayed, retrying, released,
+    --   requeued, a replacement, or held behind an earlier row of its key),
+    --   found by its own index wherever the cursor is
+    -- 5 parked behind a failed row that blocks its key
+    status            SMALLINT NOT NULL DEFAULT 0 CHECK (status IN (0, 2, 3, 4, 5)),
+    blocks_key        BOOLEAN NOT NULL DEFAULT FALSE,
+    superseded_by     UUID,
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    -- Crashes blamed on this row alone (crash-loop detection), and whether
+    -- it shared a lease that ended without an outcome (then it is claimed
+    -- as the only suspect of a lease until it settles).
+    unfinished_claims INTEGER NOT NULL DEFAULT 0,
+    suspect           BOOLEAN NOT NULL DEFAULT FALSE,
+    published_at      TIMESTAMPTZ,
+    CONSTRAINT outbox_events_event_id_key UNIQUE (event_id)
+);
+
+-- Ticks find new rows by transaction.
+CREATE INDEX IF NOT EXISTS outbox_events_txid
+    ON outbox_events (txid);
+-- Rows outside the stream, per key in claim order: the claim visits each
+-- key's first such row (a loose index scan), never the backlog behind it.
+CREATE INDEX IF NOT EXISTS outbox_events_tracked
+    ON outbox_events (partition_key, position) WHERE status IN (4, 5) OR blocks_key;
+-- Rows blamed for crashes: the crash-loop sweep reads only these.
+CREATE INDEX IF NOT EXISTS outbox_events_unfinished
+    ON outbox_events (unfinished_claims) WHERE status = 4 AND unfinished_claims > 0;
+CREATE INDEX IF NOT EXISTS outbox_events_published
+    ON outbox_events (published_at) WHERE status = 2;
+CREATE INDEX IF NOT EXISTS outbox_events_failed
+    ON outbox_events (sequence) WHERE status = 3;
+
+-- Claim order ("the stream"): each tick appends the rows whose transactions
+-- it first sees committed, in sequence order, as runs of at most 64 (small
+-- enough to stay in the heap page, unTOASTed). Position p is
+-- sequences[p - first_position + 1]; its key and available_at ride along,
+-- so a claim decides on the run alone and reads only the rows it picks.
+CREATE TABLE IF NOT EXISTS outbox_order (
+    first_position BIGINT PRIMARY KEY,
+    lo_sequence    BIGINT NOT NULL,
+    hi_sequence    BIGINT NOT NULL,
+    ticked_at      TIMESTAMPTZ NOT NULL,
+    sequences      BIGINT[] NOT NULL,
+    keys           TEXT[] NOT NULL,
+    available_at   TIMESTAMPTZ[] NOT NULL
+);
+-- Which run holds a sequence (event_state, purge).
+CREATE INDEX IF NOT EXISTS outbox_order_sequences
+    ON outbox_order USING gist (int8range(lo_sequence, hi_sequence, '[]'));
+
+-- The claim cursor and the last tick. Every stream position below
+-- `position` has been dealt with by a claim (leased, parked as tracked, or
+-- published); `end_position` is the next position a tick hands out.
+-- `tick_snapshot` is the snapshot of the last tick, valid on the cluster
+-- `system_identifier` names: on any other cluster (a restored dump, a
+-- logical replica after cutover) the next tick rebases (README, "After a
+-- restore").
+CREATE TABLE IF NOT EXISTS outbox_cursor (
+    id                BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
+    position          BIGINT NOT NULL DEFAULT 0,
+    end_position      BIGINT NOT NULL DEFAULT 0,
+    tick_snapshot     pg_snapshot,
+    system_identifier BIGINT,
+    moved_at          TIMESTAMPTZ NOT NULL DEFAULT now(),
+    rebased_at        TIMESTAMPTZ
+);
+INSERT INTO outbox_cursor (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING;
+
+-- Where the cursor was when, at most one entry per second: when a stream
+-- row was published (to the second), and what purge may delete.
+CREATE TABLE IF NOT EXISTS outbox_cursor_log (
+    position BIGINT PRIMARY KEY,
+    at       TIMESTAMPTZ NOT NULL
+);
+
+-- A relay's claim. `held` (with `held_positions`) are the rows still in
+-- flight, fenced by the token; `positions` every stream position the claim
+-- took, kept until the cursor has passed them all (an acked stream row needs
+-- no write of its own). `keys` are the partition keys still in flight: a key
+-- with a row in flight waits whole.
+CREATE TABLE IF NOT EXISTS outbox_leases (
+    token          BIGSERIAL PRIMARY KEY,
+    owner          TEXT NOT NULL,
+    claimed_at     TIMESTAMPTZ NOT NULL,
+    expires_at     TIMESTAMPTZ NOT NULL,
+    held           BIGINT[] NOT NULL,
+    held_positions BIGINT[] NOT NULL,
+    tracked        BIGINT[] NOT NULL,
+    positions      BIGINT[] NOT NULL,
+    max_position   BIGINT NOT NULL,
+    keys           TEXT[] NOT NULL,
+    -- The one row of the lease under crash suspicion, if any.
+    suspect        BIGINT,
+    -- Claimed while an older lease of its owner was in flight (a relay's
+    -- prefetch) when that one expired: its publishing never started.
+    unstarted      BOOLEAN NOT NULL DEFAULT FALSE
+);
+-- A lease lives for one batch: compressing its arrays costs more than it saves.
+ALTER TABLE outbox_leases ALTER COLUMN held SET STORAGE EXTERNAL;
+ALTER TABLE outbox_leases ALTER COLUMN held_positions SET STORAGE EXTERNAL;
+ALTER TABLE outbox_leases ALTER COLUMN positions SET STORAGE EXTERNAL;
+ALTER TABLE outbox_leases ALTER COLUMN keys SET STORAGE EXTERNAL;
+-- Leases come and go with every batch, and an open transaction anywhere on
+-- the server keeps their dead versions: claims reach the live ones (and
+-- those the cursor has not passed) by index, never by reading the heap.
+CREATE INDEX IF NOT EXISTS outbox_leases_live
+    ON outbox_leases (expires_at) WHERE cardinality(held) > 0;
+CREATE INDEX IF NOT EXISTS outbox_leases_max_position
+    ON outbox_leases (max_position);
+
+CREATE TABLE IF NOT EXISTS outbox_attempts (
+    id          BIGSERIAL PRIMARY KEY,
+    event_id    UUID NOT NULL,
+    kind        TEXT NOT NULL,
+    at          TIMESTAMPTZ NOT NULL,
+    actor       TEXT NOT NULL,
+    error_class TEXT,
+    detail      TEXT NOT NULL,
+    attempts    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS outbox_attempts_event ON outbox_attempts (event_id, id);
+
+CREATE TABLE IF NOT EXISTS outbox_inbox (
+    consumer   TEXT NOT NULL,
+    event_id   UUID NOT NULL,
+    claimed_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (consumer, event_id)
+);
+CREATE INDEX IF NOT EXISTS outbox_inbox_claimed_at ON outbox_inbox (claimed_at);
+
+CREATE TABLE IF NOT EXISTS outbox_relays (
+    relay     TEXT PRIMARY KEY,
+    last_seen TIMESTAMPTZ NOT NULL,
+    -- The relay host's clock at that moment minus the database's: shown to
+    -- operators, never used for a lease.
+    clock_skew_ms BIGINT NOT NULL DEFAULT 0
+);
+
+-- Wake idle relays on commit (a hint: polling stays the backstop), only
+-- while a relay waits: a NOTIFY costs every committing transaction a
+-- cluster-wide lock, which a busy relay does not need.
+--
+-- A producer whose insert read the flag just before a relay set it sends
+-- no NOTIFY. So every inserting transaction first holds a shared advisory
+-- lock (it never waits: producers share it and no relay ever asks for it);
+-- a relay that has just set the flag sees the holders in pg_locks and
+-- watches them until they end (outbox_watch_producers).
+CREATE OR REPLACE FUNCTION outbox_events_notify() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(7107296362001212369);
+    IF (SELECT relay_waiting FROM outbox_control) THEN
+        PERFORM pg_notify('outbox_events', '');
+    END IF;
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS outbox_events_notify ON outbox_events;
+CREATE TRIGGER outbox_events_notify
+    AFTER INSERT ON outbox_events
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox_events_notify();
+
+-- Enqueue from any language, with the same checks, ordering and delay
+-- semantics as the Rust `enqueue` (README, "Enqueue from SQL"). Returns the
+-- new row's sequence, or NULL when an event with this id exists (a no-op).
+CREATE OR REPLACE FUNCTION outbox_enqueue(
+    p_event_id        uuid,
+    p_event_type      text,
+    p_aggregate_type  text,
+    p_aggregate_id    text,
+    p_payload         jsonb,
+    p_partition_key   text DEFAULT NULL,
+    p_headers         jsonb DEFAULT '{}',
+    p_payload_version integer DEFAULT 1,
+    p_delay           interval DEFAULT NULL
+) RETURNS bigint
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_key      text := coalesce(p_partition_key, p_aggregate_id);
+    v_field    text;
+    v_value    text;
+    v_sequence bigint;
+BEGIN
+    IF p_event_id IS NULL THEN
+        RAISE EXCEPTION 'outbox: event_id must not be null' USING ERRCODE = '22023';
+    END IF;
+    FOREACH v_field IN ARRAY ARRAY['event_type', 'aggregate_type', 'aggregate_id', 'partition_key'] LOOP
+        v_value := CASE v_field WHEN 'event_type' THEN p_event_type
+                                WHEN 'aggregate_type' THEN p_aggregate_type
+                                WHEN 'aggregate_id' THEN p_aggregate_id
+                                ELSE v_key END;
+        IF v_value IS NULL OR btrim(v_value) = '' THEN
+            RAISE EXCEPTION 'outbox: event field `%` must not be empty', v_field USING ERRCODE = '22023';
+        END IF;
+        IF octet_length(v_value) > 255 THEN
+            RAISE EXCEPTION 'outbox: event field `%` is % bytes, longer than the limit of 255',
+                v_field, octet_length(v_value) USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+    IF p_payload IS NULL THEN
+        RAISE EXCEPTION 'outbox: payload must not be null (use the JSON value null)' USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(p_payload::text) > 262144 THEN
+        RAISE EXCEPTION 'outbox: payload is % bytes, larger than the limit of 262144',
+            octet_length(p_payload::text) USING ERRCODE = '22023';
+    END IF;
+    IF p_headers IS NULL OR jsonb_typeof(p_headers) <> 'object' THEN
+        RAISE EXCEPTION 'outbox: headers must be a JSON object of string values' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_each(p_headers) WHERE jsonb_typeof(value) <> 'string') THEN
+        RAISE EXCEPTION 'outbox: every header value must be a JSON string' USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT coalesce(sum(octet_length(key) + octet_length(value #>> '{}')), 0)
+        FROM jsonb_each(p_headers)) > 16384 THEN
+        RAISE EXCEPTION 'outbox: headers are larger than the limit of 16384 bytes'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_payload_version IS NULL OR p_payload_version < 0 THEN
+        RAISE EXCEPTION 'outbox: payload_version must be a non-negative integer' USING ERRCODE = '22023';
+    END IF;
+    IF p_delay < interval '0' THEN
+        RAISE EXCEPTION 'outbox: delay must not be negative' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type,
+        partition_key, payload, payload_version, headers, available_at)
+    VALUES (p_event_id, p_aggregate_type, p_aggregate_id, p_event_type, v_key, p_payload,
+        p_payload_version, p_headers, outbox_now() + coalesce(p_delay, interval '0'))
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING sequence INTO v_sequence;
+    RETURN v_sequence;
+END
+$$;
+
+-- Appends to claim order every stream row whose transaction committed
+-- since the last tick (PgQ's batch rule: visible in this snapshot, not in
+-- the last one; only the last snapshot's in-progress xids and the xids at
+-- or above its xmax need looking at). A transaction that commits late is
+-- appended when it commits; one left open elsewhere on the server delays
+-- nothing but its own rows. Runs under the claim lock.
+CREATE OR REPLACE FUNCTION outbox_tick() RETURNS bigint
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_snapshot pg_snapshot := pg_current_snapshot();
+    v_system   bigint := (SELECT system_identifier FROM pg_control_system());
+    v_cursor   record;
+    v_count    bigint;
+BEGIN
+    SELECT * INTO v_cursor FROM outbox_cursor;
+    IF v_cursor.tick_snapshot IS NULL
+       OR v_cursor.system_identifier IS DISTINCT FROM v_system
+       OR pg_snapshot_xmax(v_snapshot) < pg_snapshot_xmax(v_cursor.tick_snapshot) THEN
+        RETURN outbox_rebase(v_snapshot, v_system);
+    END IF;
+    WITH new_rows AS (
+        SELECT e.sequence, e.partition_key, e.available_at FROM outbox_events e
+        WHERE e.txid >= pg_snapshot_xmax(v_cursor.tick_snapshot)
+          AND e.txid < pg_snapshot_xmax(v_snapshot)
+          AND e.status = 0 AND e.position IS NULL
+          AND pg_visible_in_snapshot(e.txid, v_snapshot)
+        UNION ALL
+        -- One index probe per transaction the last tick saw in progress
+        -- and this one sees committed (one still running has nothing to
+        -- show yet), whatever the (generic) plan guesses of their number.
+        SELECT e.sequence, e.partition_key, e.available_at
+        FROM (SELECT x.id FROM pg_snapshot_xip(v_cursor.tick_snapshot) AS x(id)
+              WHERE pg_visible_in_snapshot(x.id, v_snapshot) OFFSET 0) x
+        CROSS JOIN LATERAL (SELECT * FROM outbox_events y WHERE y.txid = x.id OFFSET 0) e
+        WHERE e.status = 0 AND e.position IS NULL
+    ), numbered AS (
+        SELECT *, row_number() OVER (ORDER BY sequence) - 1 AS n FROM new_rows
+    ), appended AS (
+        INSERT INTO outbox_order (first_position, lo_sequence, hi_sequence, ticked_at,
+                                            sequences, keys, available_at)
+        SELECT v_cursor.end_position + min(n), min(sequence), max(sequence), outbox_now(),
+               array_agg(sequence ORDER BY sequence), array_agg(partition_key ORDER BY sequence),
+               array_agg(available_at ORDER BY sequence)
+        FROM numbered GROUP BY n / 64
+        RETURNING cardinality(sequences) AS appended
+    )
+    SELECT coalesce(sum(appended), 0) INTO v_count FROM appended;
+    UPDATE outbox_cursor
+    SET end_position = end_position + v_count, tick_snapshot = v_snapshot;
+    RETURN v_count;
+END
+$$;
+
+-- The first tick, or the first on another cluster than the last tick's (a
+-- dump restored elsewhere, a logical replica after cutover, pg_upgrade):
+-- the last snapshot means nothing here, so every committed stream row not
+-- yet in claim order is appended (in sequence order). Rows whose
+-- transaction ids a later tick would look at again (not visible in this
+-- snapshot by number: another cluster's ids, or committed since it was
+-- taken) are marked as already ordered (txid 0) in the same statement.
+CREATE OR REPLACE FUNCTION outbox_rebase(p_snapshot pg_snapshot, p_system bigint)
+    RETURNS bigint
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_end   bigint := (SELECT end_position FROM outbox_cursor);
+    v_first boolean := (SELECT tick_snapshot IS NULL FROM outbox_cursor);
+    v_count bigint;
+BEGIN
+    WITH ordered AS (
+        SELECT unnest(sequences) AS sequence FROM outbox_order
+    ), new_rows AS (
+        SELECT e.sequence, e.partition_key, e.available_at FROM outbox_events e
+        WHERE e.status = 0 AND e.position IS NULL
+          AND NOT EXISTS (SELECT 1 FROM ordered o WHERE o.sequence = e.sequence)
+    ), numbered AS (
+        SELECT *, row_number() OVER (ORDER BY sequence) - 1 AS n FROM new_rows
+    ), appended AS (
+        INSERT INTO outbox_order (first_position, lo_sequence, hi_sequence, ticked_at,
+                                            sequences, keys, available_at)
+        SELECT v_end + min(n), min(sequence), max(sequence), outbox_now(),
+               array_agg(sequence ORDER BY sequence), array_agg(partition_key ORDER BY sequence),
+               array_agg(available_at ORDER BY sequence)
+        FROM numbered GROUP BY n / 64
+        RETURNING cardinality(sequences) AS appended
+    ), settled AS (
+        UPDATE outbox_events SET txid = '0'
+        WHERE txid >= pg_snapshot_xmin(p_snapshot) AND NOT pg_visible_in_snapshot(txid, p_snapshot)
+    )
+    SELECT coalesce(sum(appended), 0) INTO v_count FROM appended;
+    UPDATE outbox_cursor
+    SET end_position = end_position + v_count, tick_snapshot = p_snapshot,
+        system_identifier = p_system,
+        rebased_at = CASE WHEN v_first THEN rebased_at ELSE outbox_now() END;
+    IF NOT v_first THEN
+        RAISE LOG 'outbox: outbox_events is on another cluster (system identifier %): % events appended to claim order',
+            p_system, v_count;
+    END IF;
+    RETURN v_count;
+END
+$$;
+
+-- Index for unordered claims: tracked rows in claim order.
+CREATE INDEX IF NOT EXISTS outbox_events_tracked_due
+    ON outbox_events (position) WHERE status = 4;
+
+-- Rows `p_rows` (at stream positions `p_positions`) of one lease ended
+-- without an outcome after publishing may have started: they leave the
+-- stream, and the crash is counted on one row only when it is certain
+-- which (the lease's one suspect, or a single row); otherwise they all
+-- become suspects. Returns how many rows it wrote.
+CREATE OR REPLACE FUNCTION outbox_blame(p_rows bigint[], p_positions bigint[], p_suspect bigint)
+    RETURNS bigint
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_written bigint;
+BEGIN
+    WITH culprit AS (
+        SELECT CASE WHEN p_suspect IS NOT NULL AND p_suspect = ANY(p_rows) THEN p_suspect
+                    WHEN cardinality(p_rows) = 1 THEN p_rows[1] END AS sequence
+    ), written AS (
+        UPDATE outbox_events e
+        SET status = 4, position = coalesce(e.position, u.position), suspect = TRUE,
+            unfinished_claims = e.unfinished_claims
+                + CASE WHEN e.sequence = (SELECT sequence FROM culprit) THEN 1 ELSE 0 END
+        FROM unnest(p_rows, p_positions) AS u(sequence, position)
+        WHERE e.sequence = u.sequence AND e.status IN (0, 4)
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_written FROM written;
+    RETURN v_written;
+END
+$$;
+
+-- Rows of a lease whose publishing never started go back, unblamed: they
+-- leave the stream (status 4, at their claim position) as on a release.
+CREATE OR REPLACE FUNCTION outbox_return(p_rows bigint[], p_positions bigint[])
+    RETURNS bigint
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_written bigint;
+BEGIN
+    UPDATE outbox_events e
+    SET status = 4, position = coalesce(e.position, u.position)
+    FROM unnest(p_rows, p_positions) AS u(sequence, position)
+    WHERE e.sequence = u.sequence AND e.status IN (0, 4);
+    GET DIAGNOSTICS v_written = ROW_COUNT;
+    RETURN v_written;
+END
+$$;
+
+-- Leases that expired with rows still in flight: the rows leave the stream
+-- (status 4, at their claim position) and the crash is blamed (README,
+-- "Crash loops"): on the lease's one suspect if it held one, on the row if
+-- it was the only one in flight, otherwise every row becomes a suspect and
+-- is retried as the only suspect of a later lease. A relay publishes its
+-- leases one at a time in claim order and claims the next meanwhile: of an
+-- owner's leases in flight only the oldest can have started, so a younger
+-- one goes back unblamed (and is marked so when the older one is reaped
+-- first).
+CREATE OR REPLACE FUNCTION outbox_reap(p_now timestamptz) RETURNS bigint
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_written bigint;
+BEGIN
+    WITH old AS (
+        SELECT l.token, l.owner, l.held, l.held_positions, l.suspect,
+               l.unstarted OR EXISTS (
+                   SELECT 1 FROM outbox_leases o
+                   WHERE o.owner = l.owner AND o.token < l.token AND cardinality(o.held) > 0
+               ) AS unstarted
+        FROM outbox_leases l
+        WHERE l.expires_at <= p_now AND cardinality(l.held) > 0
+        FOR UPDATE OF l
+    ), marked AS (
+        UPDATE outbox_leases y SET unstarted = TRUE
+        FROM old
+        WHERE y.owner = old.owner AND y.token > old.token AND y.expires_at > p_now
+          AND cardinality(y.held) > 0
+    ), emptied AS (
+        UPDATE outbox_leases l
+        SET held = '{}', held_positions = '{}', tracked = '{}', keys = '{}', suspect = NULL
+        FROM old WHERE l.token = old.token
+    ), blamed AS (
+        SELECT CASE WHEN old.unstarted
+                    THEN outbox_return(old.held, old.held_positions)
+                    ELSE outbox_blame(old.held, old.held_positions, old.suspect) END AS n
+        FROM old
+    )
+    SELECT coalesce(sum(n), 0)::bigint INTO v_written FROM blamed;
+    RETURN v_written;
+END
+$$;
+
+-- Rows blamed for `p_limit` crashes, at the head of their key and not in
+-- flight, end failed (a crash loop, DESIGN.md §4); under Block the rest of
+-- the key is parked behind them.
+CREATE OR REPLACE FUNCTION outbox_fail_crash_loops(
+    p_now timestamptz, p_limit integer, p_block boolean, p_actor text)
+    RETURNS SETOF bigint
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH looped AS (
+        UPDATE outbox_events c
+        SET status = 3, blocks_key = p_block, suspect = FALSE
+        WHERE c.status = 4 AND c.unfinished_claims > 0 AND c.unfinished_claims >= p_limit
+          AND c.sequence NOT IN (SELECT unnest(held) FROM outbox_leases)
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox_events p
+              WHERE p.partition_key = c.partition_key AND (p.status IN (4, 5) OR p.blocks_key)
+                AND p.position < c.position)
+        RETURNING c.sequence, c.event_id, c.partition_key, c.position, c.attempts, c.unfinished_claims
+    ), history AS (
+        INSERT INTO outbox_attempts (event_id, kind, at, actor, error_class, detail, attempts)
+        SELECT event_id, 'CrashLoop', p_now, p_actor, NULL,
+               unfinished_claims || ' publish attempts started and none finished', attempts
+        FROM looped
+    ), parked AS (
+        UPDATE outbox_events e SET status = 5
+        FROM looped l
+        WHERE p_block AND e.partition_key = l.partition_key AND e.status = 4 AND e.position > l.position
+    )
+    SELECT looped.sequence FROM looped;
+END
+$$;
+
+-- Picks the next claim from the tracked rows and the stream window
+-- [p_from, p_to): a prefix of each key in claim order (per-key mode), at
+-- most one crash suspect, at most p_limit rows. Stream rows before the cut
+-- that cannot go now leave the stream (status 4, or 5 behind a blocking
+-- row), except those of a key whose batch in flight is younger than a
+-- second: the cursor stops at the first of those. Returns the picks in
+-- claim order and where the cursor may move.
+-- Functions whose result type changes between versions are dropped first:
+-- CREATE OR REPLACE cannot change it (nothing depends on them).
+DROP FUNCTION IF EXISTS outbox_pick(timestamptz, bigint, bigint, integer, boolean);
+CREATE OR REPLACE FUNCTION outbox_pick(
+    p_now timestamptz, p_from bigint, p_to bigint, p_limit integer, p_ordered boolean,
+    OUT sequences bigint[], OUT positions bigint[], OUT from_stream boolean[],
+    OUT keys text[], OUT suspect bigint, OUT stop bigint, OUT deferred_positions bigint[])
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    WITH RECURSIVE tracked_keys(key) AS (
+        (SELECT partition_key FROM outbox_events
+         WHERE p_ordered AND (status IN (4, 5) OR blocks_key)
+         ORDER BY partition_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT e.partition_key FROM outbox_events e
+                WHERE (e.status IN (4, 5) OR e.blocks_key) AND e.partition_key > t.key
+                ORDER BY e.partition_key LIMIT 1)
+        FROM tracked_keys t WHERE t.key IS NOT NULL
+    ), live_rows AS (
+        SELECT unnest(held) AS sequence FROM outbox_leases WHERE cardinality(held) > 0
+    ), live_keys AS (
+        SELECT DISTINCT unnest(keys) AS key FROM outbox_leases
+        WHERE p_ordered AND cardinality(held) > 0
+    ), young_keys AS (
+        SELECT DISTINCT unnest(keys) AS key FROM outbox_leases
+        WHERE p_ordered AND cardinality(held) > 0 AND claimed_at > p_now - interval '1 second'
+    ), taken AS (
+        SELECT unnest(positions) AS position FROM outbox_leases WHERE max_position >= p_from
+    ), window_rows AS (
+        -- Decided on the runs alone: every stream position a claim dealt
+        -- with beyond the cursor (picked, or deferred) is in a lease's
+        -- positions until the cursor passes it.
+        SELECT w.position, w.sequence, w.partition_key, w.available_at <= p_now AS due
+        FROM (SELECT o.first_position + u.i - 1 AS position, u.sequence, u.partition_key,
+                     u.available_at
+              FROM outbox_order o
+              CROSS JOIN LATERAL unnest(o.sequences, o.keys, o.available_at) WITH ORDINALITY
+                  AS u(sequence, partition_key, available_at, i)
+              WHERE o.first_position >= (SELECT coalesce(max(first_position), 0)
+                                         FROM outbox_order WHERE first_position <= p_from)
+                AND o.first_position < p_to) w
+        WHERE w.position >= p_from AND w.position < p_to
+          AND w.position NOT IN (SELECT position FROM taken)
+    ), stream AS MATERIALIZED (
+        SELECT * FROM window_rows
+    ), late AS MATERIALIZED (
+        -- Per key, its first stream row not due yet: nothing of the key
+        -- after it goes (rare: delayed events; no per-row sort otherwise).
+        SELECT partition_key, min(position) AS position FROM stream WHERE NOT due
+        GROUP BY partition_key
+    ), tracked AS (
+        SELECT x.*, bool_and(x.ok) OVER (PARTITION BY x.partition_key ORDER BY x.position) AS prefix_ok
+        FROM tracked_keys t CROSS JOIN LATERAL (
+            SELECT e.sequence, e.partition_key, e.position, e.suspect, e.blocks_key,
+                   (e.status = 4 AND NOT e.blocks_key AND e.available_at <= p_now
+                    AND e.sequence NOT IN (SELECT sequence FROM live_rows)) AS ok
+            FROM outbox_events e
+            WHERE e.partition_key = t.key AND (e.status IN (4, 5) OR e.blocks_key)
+            ORDER BY e.position LIMIT p_limit
+        ) x
+        WHERE t.key IS NOT NULL
+    ), key_state AS (
+        SELECT partition_key, bool_and(ok) AS all_ok, bool_or(blocks_key) AS blocked
+        FROM tracked GROUP BY partition_key
+    ), candidates AS (
+        SELECT t.sequence, t.partition_key, t.position, t.suspect, FALSE AS from_stream
+        FROM tracked t
+        WHERE t.prefix_ok AND t.partition_key NOT IN (SELECT key FROM live_keys)
+        UNION ALL
+        SELECT x.sequence, x.partition_key, x.position, x.suspect, FALSE
+        FROM (SELECT e.sequence, e.partition_key, e.position, e.suspect
+              FROM outbox_events e
+              WHERE NOT p_ordered AND e.status = 4 AND e.available_at <= p_now
+                AND e.sequence NOT IN (SELECT sequence FROM live_rows)
+              ORDER BY e.position LIMIT p_limit) x
+        UNION ALL
+        SELECT s.sequence, s.partition_key, s.position, FALSE, TRUE
+        FROM stream s
+        WHERE (NOT p_ordered AND s.due)
+           OR (p_ordered AND s.due
+               AND NOT EXISTS (SELECT 1 FROM late l
+                               WHERE l.partition_key = s.partition_key AND l.position < s.position)
+               AND s.partition_key NOT IN (SELECT key FROM live_keys)
+               AND NOT EXISTS (SELECT 1 FROM key_state k
+                               WHERE k.partition_key = s.partition_key AND NOT k.all_ok))
+    ), first_suspect AS (
+        SELECT min(position) AS position FROM candidates WHERE suspect
+    ), left_out_suspects AS MATERIALIZED (
+        -- At most one crash suspect per lease, and nothing of its key after
+        -- a suspect left out.
+        SELECT c.partition_key, min(c.position) AS position
+        FROM candidates c, first_suspect f
+        WHERE c.suspect AND c.position > f.position
+        GROUP BY c.partition_key
+    ), eligible AS (
+        SELECT c.* FROM candidates c
+        WHERE NOT EXISTS (SELECT 1 FROM left_out_suspects x
+                          WHERE x.partition_key = c.partition_key AND x.position <= c.position)
+    ), picks AS (
+        SELECT * FROM eligible ORDER BY position LIMIT p_limit
+    ), cut AS (
+        -- Rows after the last pick wait for the next claim if the batch is full.
+        SELECT CASE WHEN count(*) >= p_limit THEN max(position) END AS position FROM picks
+    ), left_out AS (
+        SELECT s.sequence, s.position,
+               CASE WHEN NOT p_ordered THEN CASE WHEN NOT s.due THEN 4 END
+                    WHEN k.blocked THEN 5
+                    WHEN s.partition_key IN (SELECT key FROM young_keys) THEN NULL
+                    ELSE 4 END AS new_status
+        FROM stream s
+        LEFT JOIN key_state k ON k.partition_key = s.partition_key
+        WHERE s.sequence NOT IN (SELECT sequence FROM picks)
+          AND s.position < coalesce((SELECT position FROM cut), p_to)
+    ), deferred AS (
+        UPDATE outbox_events e SET status = d.new_status, position = d.position
+        FROM left_out d
+        WHERE e.sequence = d.sequence AND d.new_status IS NOT NULL AND e.status = 0
+        RETURNING e.position
+    )
+    SELECT (SELECT array_agg(sequence ORDER BY position) FROM picks),
+           (SELECT array_agg(position ORDER BY position) FROM picks),
+           (SELECT array_agg(from_stream ORDER BY position) FROM picks),
+           (SELECT array_agg(DISTINCT partition_key) FROM picks),
+           (SELECT min(sequence) FROM picks WHERE picks.suspect),
+           least((SELECT min(position) FROM left_out WHERE new_status IS NULL),
+                 (SELECT min(s.position) FROM stream s, cut
+                  WHERE s.position > cut.position AND s.sequence NOT IN (SELECT sequence FROM picks)),
+                 p_to),
+           (SELECT array_agg(position) FROM deferred)
+    INTO sequences, positions, from_stream, keys, suspect, stop, deferred_positions;
+END
+$$;
+
+-- A claim: one relay at a time per table (the advisory lock; producers
+-- never take it), on the database clock. Reaps expired leases, fails crash
+-- loops, ticks, then picks from the cursor window by window until it has
+-- something or the stream ends; leases the picks under a new token and
+-- moves the cursor. Crash-looped rows come first, flagged `crash_looped`.
+DROP FUNCTION IF EXISTS outbox_claim(text, integer, interval, integer, boolean, boolean);
+CREATE OR REPLACE FUNCTION outbox_claim(
+    p_owner text, p_limit integer, p_lease interval, p_crash_loop_limit integer,
+    p_ordered boolean, p_block boolean)
+    RETURNS TABLE (crash_looped boolean, sequence bigint, event_id uuid, aggregate_type text,
+                   aggregate_id text, event_type text, partition_key text, payload text,
+                   payload_version integer, headers text, created_at timestamptz,
+                   available_at timestamptz, attempts integer, fencing_token bigint,
+                   lease_expires_at timestamptz)
+    -- Generic plans are made once per connection, often while the tables
+    -- are nearly empty: every statement of a claim is meant to run on
+    -- indexes, so the planner is told so rather than left to guess.
+    LANGUAGE plpgsql SET jit = off SET enable_seqscan = off AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz;
+    v_cursor   bigint;
+    v_end      bigint;
+    v_from     bigint;
+    v_stop     bigint;
+    v_pick     record;
+    v_token    bigint;
+    v_expires  timestamptz;
+    -- A window a quarter larger than the batch: rows held by a batch in
+    -- flight are skipped without making the claim come back short.
+    v_window   bigint := greatest(p_limit + p_limit / 4, 64);
+    v_round    integer;
+    v_to       bigint;
+    v_taken    bigint[];
+BEGIN
+    PERFORM pg_advisory_xact_lock(7107296361856136764);
+    PERFORM set_config('synchronous_commit', 'off', true);
+    -- Planned once per connection: custom plans of these statements cost
+    -- more to make than to run.
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    v_now := outbox_now();
+    UPDATE outbox_control SET relay_waiting = FALSE WHERE relay_waiting;
+    PERFORM outbox_reap(v_now);
+    -- Rows are read by primary key, one lateral probe each, whatever the
+    -- planner guesses of an array's length or the table's size (a LIMIT
+    -- keeps the probe from being turned into a join that scans the index).
+    RETURN QUERY
+        SELECT TRUE, e.sequence, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type,
+               e.partition_key, e.payload::text, e.payload_version, e.headers::text, e.created_at,
+               e.available_at, e.attempts, NULL::bigint, NULL::timestamptz
+        FROM outbox_fail_crash_loops(v_now, p_crash_loop_limit, p_block, p_owner) AS f(s)
+        CROSS JOIN LATERAL (SELECT * FROM outbox_events x WHERE x.sequence = f.s LIMIT 1) e;
+    PERFORM outbox_tick();
+    SELECT position, end_position INTO v_cursor, v_end FROM outbox_cursor;
+    DELETE FROM outbox_leases WHERE cardinality(held) = 0 AND max_position < v_cursor;
+    -- A window holds `v_window` positions no claim has dealt with yet (the
+    -- ones claims took beyond the cursor are skipped, not counted). Windows
+    -- after the first are read only while every earlier one was dealt with
+    -- entirely and gave nothing (a claim never scans the whole backlog: at
+    -- most four windows).
+    v_from := v_cursor;
+    v_stop := v_cursor;
+    FOR v_round IN 1..4 LOOP
+        v_to := least(v_end, v_from + v_window
+            + (SELECT count(*) FROM outbox_leases l CROSS JOIN LATERAL unnest(l.positions) AS p
+               WHERE l.max_position >= v_from AND p >= v_from));
+        SELECT * INTO v_pick
+        FROM outbox_pick(v_now, v_from, v_to, p_limit, p_ordered);
+        IF v_stop = v_from THEN
+            v_stop := v_pick.stop;
+        END IF;
+        EXIT WHEN v_pick.sequences IS NOT NULL OR v_to >= v_end OR v_pick.stop < v_to;
+        v_from := v_to;
+    END LOOP;
+    IF v_stop > v_cursor THEN
+        UPDATE outbox_cursor SET position = v_stop, moved_at = v_now;
+        IF NOT EXISTS (SELECT 1 FROM outbox_cursor_log
+                       WHERE at > v_now - interval '1 second') THEN
+            INSERT INTO outbox_cursor_log (position, at) VALUES (v_stop, v_now)
+            ON CONFLICT DO NOTHING;
+        ELSE
+            UPDATE outbox_cursor_log SET position = v_stop
+            WHERE position = (SELECT max(position) FROM outbox_cursor_log)
+              AND NOT EXISTS (SELECT 1 FROM outbox_cursor_log WHERE position = v_stop);
+        END IF;
+    END IF;
+    IF v_pick.sequences IS NULL AND v_pick.deferred_positions IS NULL THEN
+        RETURN;
+    END IF;
+    -- The lease also keeps the stream positions this claim deferred beyond
+    -- the cursor (they are dealt with; the next claim skips them).
+    v_taken := coalesce((SELECT array_agg(p) FROM unnest(v_pick.positions, v_pick.from_stream) AS u(p, f)
+                         WHERE f), '{}') || coalesce(v_pick.deferred_positions, '{}');
+    INSERT INTO outbox_leases (owner, claimed_at, expires_at, held, held_positions, tracked,
+                                         positions, max_position, keys, suspect)
+    VALUES (p_owner, v_now, v_now + p_lease, coalesce(v_pick.sequences, '{}'),
+            coalesce(v_pick.positions, '{}'),
+            coalesce((SELECT array_agg(s) FROM unnest(v_pick.sequences, v_pick.from_stream) AS u(s, f)
+                      WHERE NOT f), '{}'),
+            v_taken, coalesce((SELECT max(p) FROM unnest(v_taken) AS p), -1),
+            CASE WHEN p_ordered THEN coalesce(v_pick.keys, '{}') ELSE '{}' END, v_pick.suspect)
+    RETURNING token, expires_at INTO v_token, v_expires;
+    IF v_pick.sequences IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT FALSE, e.sequence, e.event_id, e.aggregate_type, e.aggregate_id, e.event_type,
+               e.partition_key, e.payload::text, e.payload_version, e.headers::text, e.created_at,
+               e.available_at, e.attempts, v_token, v_expires
+        FROM unnest(v_pick.sequences) WITH ORDINALITY AS u(s, i)
+        CROSS JOIN LATERAL (SELECT * FROM outbox_events x WHERE x.sequence = u.s LIMIT 1) e
+        ORDER BY u.i;
+END
+$$;
+
+-- Rows a settlement takes out of their leases: each (sequence, token) the
+-- lease `token` still holds, with its position; the leases are locked (a
+-- claim that would reap them waits, or already has: fenced) and keep the
+-- rest. A stream row acked needs no write of its own: its lease keeps its
+-- position until the cursor has passed it.
+DROP FUNCTION IF EXISTS outbox_take(bigint[], bigint[]);
+CREATE OR REPLACE FUNCTION outbox_take(p_sequences bigint[], p_tokens bigint[])
+    RETURNS TABLE (sequence bigint, token bigint, claim_position bigint, tracked boolean, owner text)
+    LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH input AS (
+        SELECT DISTINCT i.sequence, i.token FROM unnest(p_sequences, p_tokens) AS i(sequence, token)
+    ), locked AS (
+        SELECT l.token, l.owner, l.held, l.held_positions, l.tracked, l.suspect
+        FROM outbox_leases l
+        WHERE l.token IN (SELECT token FROM input)
+        FOR UPDATE
+    ), held_rows AS MATERIALIZED (
+        SELECT lk.token, lk.owner, u.s AS sequence, u.p AS position
+        FROM locked lk CROSS JOIN LATERAL unnest(lk.held, lk.held_positions) AS u(s, p)
+    ), tracked_rows AS MATERIALIZED (
+        SELECT lk.token, unnest(lk.tracked) AS sequence FROM locked lk
+    ), valid AS (
+        SELECT h.sequence, h.token, h.position, h.owner, t.sequence IS NOT NULL AS tracked
+        FROM held_rows h
+        JOIN input i ON i.token = h.token AND i.sequence = h.sequence
+        LEFT JOIN tracked_rows t ON t.token = h.token AND t.sequence = h.sequence
+    ), rest AS (
+        SELECT lk.token,
+               coalesce(array_agg(u.s ORDER BY u.i) FILTER (WHERE v.sequence IS NULL), '{}') AS held,
+               coalesce(array_agg(u.p ORDER BY u.i) FILTER (WHERE v.sequence IS NULL), '{}') AS held_positions
+        FROM locked lk
+        CROSS JOIN LATERAL unnest(lk.held, lk.held_positions) WITH ORDINALITY AS u(s, p, i)
+        LEFT JOIN valid v ON v.token = lk.token AND v.sequence = u.s
+        GROUP BY lk.token
+    ), shrunk AS (
+        UPDATE outbox_leases l
+        SET held = r.held, held_positions = r.held_positions,
+            tracked = ARRAY(SELECT t FROM unnest(l.tracked) AS t WHERE t = ANY(r.held)),
+            keys = CASE WHEN cardinality(r.held) = 0 THEN '{}' ELSE l.keys END,
+            suspect = CASE WHEN l.suspect = ANY(r.held) THEN l.suspect END
+        FROM rest r
+        WHERE l.token = r.token AND cardinality(r.held) < cardinality(l.held)
+    )
+    SELECT v.sequence, v.token, v.position, v.tracked, v.owner FROM valid v;
+END
+$$;
+
+-- Acks: rows that had left the stream are written published; stream rows
+-- are published by their lease's positions and the cursor. Returns the
+-- sequences settled (the rest were fenced off).
+CREATE OR REPLACE FUNCTION outbox_ack(p_sequences bigint[], p_tokens bigint[])
+    RETURNS SETOF bigint
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_rows bigint[];
+    v_tracked bigint[];
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    SELECT array_agg(t.sequence), array_agg(t.sequence) FILTER (WHERE t.tracked)
+    INTO v_rows, v_tracked
+    FROM outbox_take(p_sequences, p_tokens) AS t;
+    IF v_tracked IS NOT NULL THEN
+        UPDATE outbox_events
+        SET status = 2, published_at = outbox_now(), unfinished_claims = 0, suspect = FALSE
+        WHERE sequence = ANY(v_tracked);
+    END IF;
+    RETURN QUERY SELECT unnest(v_rows);
+END
+$$;
+
+-- Failed attempts: retry later (status 4, available after the backoff on
+-- the database clock) or fail (status 3; blocking parks the key's later
+-- tracked rows). History is appended. Returns the sequences settled.
+CREATE OR REPLACE FUNCTION outbox_nack(
+    p_sequences bigint[], p_tokens bigint[], p_retry_after_ms bigint[], p_block boolean[],
+    p_kinds text[], p_classes text[], p_errors text[])
+    RETURNS SETOF bigint
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := outbox_now();
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM unnest(p_sequences, p_tokens, p_retry_after_ms, p_block, p_kinds, p_classes, p_errors)
+            AS i(sequence, token, retry_after_ms, block, kind, class, error)
+    ), taken AS (
+        SELECT t.*, i.retry_after_ms, i.block, i.kind, i.class, i.error
+        FROM outbox_take(p_sequences, p_tokens) AS t
+        JOIN input i ON i.sequence = t.sequence AND i.token = t.token
+    ), settled AS (
+        UPDATE outbox_events e
+        SET status = CASE WHEN t.retry_after_ms IS NULL THEN 3 ELSE 4 END,
+            position = coalesce(e.position, t.claim_position),
+            blocks_key = t.retry_after_ms IS NULL AND t.block,
+            available_at = CASE WHEN t.retry_after_ms IS NULL THEN e.available_at
+                                ELSE v_now + t.retry_after_ms * interval '1 millisecond' END,
+            attempts = e.attempts + 1, unfinished_claims = 0, suspect = FALSE
+        FROM taken t
+        WHERE e.sequence = t.sequence
+        RETURNING e.sequence, e.event_id, e.attempts, e.partition_key, e.position, e.blocks_key,
+                  t.owner, t.kind, t.class, t.error
+    ), history AS (
+        INSERT INTO outbox_attempts (event_id, kind, at, actor, error_class, detail, attempts)
+        SELECT event_id, kind, v_now, owner, class, error, attempts FROM settled
+    ), parked AS (
+        UPDATE outbox_events p SET status = 5
+        FROM settled s
+        WHERE s.blocks_key AND p.partition_key = s.partition_key AND p.status = 4
+          AND p.position > s.position AND p.sequence NOT IN (SELECT sequence FROM taken)
+    )
+    SELECT s.sequence FROM settled s;
+END
+$$;
+
+-- Leases handed back without an outcome: the rows leave the stream
+-- (status 4, no attempt burned); those whose publishing had started are
+-- blamed as after a crash. Returns the sequences settled.
+CREATE OR REPLACE FUNCTION outbox_release(
+    p_sequences bigint[], p_tokens bigint[], p_started boolean[])
+    RETURNS SETOF bigint
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_lease_tokens   bigint[];
+    v_lease_suspects bigint[];
+    v_rows           bigint[];
+    v_tokens         bigint[];
+    v_positions      bigint[];
+    v_started        boolean[];
+    v_token          bigint;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- Read before the leases shrink: which row each lease suspected.
+    SELECT array_agg(token), array_agg(suspect) INTO v_lease_tokens, v_lease_suspects
+    FROM outbox_leases WHERE token = ANY(p_tokens);
+    SELECT array_agg(t.sequence ORDER BY t.sequence), array_agg(t.token ORDER BY t.sequence),
+           array_agg(t.claim_position ORDER BY t.sequence), array_agg(i.started ORDER BY t.sequence)
+    INTO v_rows, v_tokens, v_positions, v_started
+    FROM outbox_take(p_sequences, p_tokens) AS t
+    JOIN unnest(p_sequences, p_tokens, p_started) AS i(sequence, token, started)
+      ON i.sequence = t.sequence AND i.token = t.token;
+    IF v_rows IS NULL THEN
+        RETURN;
+    END IF;
+    UPDATE outbox_events e
+    SET status = 4, position = coalesce(e.position, u.position)
+    FROM unnest(v_rows, v_positions, v_started) AS u(sequence, position, started)
+    WHERE e.sequence = u.sequence AND NOT u.started AND e.status IN (0, 4);
+    FOR v_token IN
+        SELECT DISTINCT u.token FROM unnest(v_tokens, v_started) AS u(token, started) WHERE u.started
+    LOOP
+        PERFORM outbox_blame(
+            ARRAY(SELECT u.sequence FROM unnest(v_rows, v_tokens, v_started) WITH ORDINALITY
+                         AS u(sequence, token, started, i)
+                  WHERE u.token = v_token AND u.started ORDER BY u.i),
+            ARRAY(SELECT u.position FROM unnest(v_positions, v_tokens, v_started) WITH ORDINALITY
+                         AS u(position, token, started, i)
+                  WHERE u.token = v_token AND u.started ORDER BY u.i),
+            (SELECT u.suspect FROM unnest(v_lease_tokens, v_lease_suspects) AS u(token, suspect)
+             WHERE u.token = v_token));
+    END LOOP;
+    RETURN QUERY SELECT unnest(v_rows);
+END
+$$;
+
+-- Whether a claim could find anything: rows in claim order the cursor has
+-- not passed, committed rows not yet ticked, tracked rows due, leases
+-- expired with rows in flight, or a tick never taken on this cluster. The
+-- idle relay's one statement per poll.
+CREATE OR REPLACE FUNCTION outbox_anything_to_do() RETURNS boolean
+    LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    c record;
+BEGIN
+    SELECT * INTO c FROM outbox_cursor;
+    -- Each probe is an index probe (ORDER BY ... LIMIT 1), whatever the
+    -- planner guesses of a bound it cannot see.
+    RETURN c.end_position > c.position
+        OR c.tick_snapshot IS NULL
+        OR c.system_identifier IS DISTINCT FROM (SELECT system_identifier FROM pg_control_system())
+        OR EXISTS (SELECT 1 FROM outbox_events e
+                   WHERE e.txid >= pg_snapshot_xmax(c.tick_snapshot) AND e.status = 0
+                     AND e.position IS NULL
+                   ORDER BY e.txid LIMIT 1)
+        OR EXISTS (SELECT 1 FROM pg_snapshot_xip(c.tick_snapshot) AS x(id)
+                   CROSS JOIN LATERAL (SELECT 1 FROM outbox_events e
+                                       WHERE e.txid = x.id AND e.status = 0
+                                         AND e.position IS NULL LIMIT 1) e)
+        OR EXISTS (SELECT 1 FROM outbox_events
+                   WHERE status = 4 AND available_at <= outbox_now()
+                   ORDER BY position LIMIT 1)
+        OR EXISTS (SELECT 1 FROM outbox_leases
+                   WHERE expires_at <= outbox_now() AND cardinality(held) > 0);
+END
+$$;
+
+-- Producer transactions (virtual transaction ids) that inserted events and
+-- are still open, of `p_watched` (all, if NULL), then whether anything is
+-- claimable, read with a later snapshot than the locks: a producer gone
+-- from the locks has committed or rolled back before that snapshot, so its
+-- rows are seen (locks are released after the commit is visible).
+CREATE OR REPLACE FUNCTION outbox_watch_producers(p_watched text[])
+    RETURNS TABLE (in_flight text[], anything boolean)
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_in_flight text[];
+BEGIN
+    SELECT coalesce(array_agg(l.virtualtransaction), '{}') INTO v_in_flight
+    FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = 1654796386 AND l.objid = 2592220113 AND l.objsubid = 1
+      AND (p_watched IS NULL OR l.virtualtransaction = ANY(p_watched));
+    RETURN QUERY SELECT v_in_flight, outbox_anything_to_do();
+END
+$$;
+
+-- Stream rows the cursor has not passed and no claim took (pending in
+-- claim order), and committed rows no tick has ordered yet: together with
+-- the tracked rows, every pending event, however the table got here.
+CREATE OR REPLACE FUNCTION outbox_stream_pending() RETURNS SETOF bigint
+    LANGUAGE sql STABLE AS $$
+    WITH c AS (
+        SELECT k.*, k.tick_snapshot IS NOT NULL
+                    AND k.system_identifier = (SELECT system_identifier FROM pg_control_system()) AS valid
+        FROM outbox_cursor k
+    ), taken AS (
+        SELECT unnest(l.positions) AS position FROM outbox_leases l, c
+        WHERE l.max_position >= c.position
+    ), held AS (
+        SELECT unnest(held) AS sequence FROM outbox_leases WHERE cardinality(held) > 0
+    )
+    SELECT u.sequence
+    FROM c, outbox_order o
+    CROSS JOIN LATERAL unnest(o.sequences) WITH ORDINALITY AS u(sequence, i)
+    WHERE o.first_position >= (SELECT coalesce(max(first_position), 0) FROM outbox_order, c
+                               WHERE first_position <= c.position)
+      AND o.first_position + u.i - 1 >= c.position
+      AND o.first_position + u.i - 1 NOT IN (SELECT position FROM taken)
+      AND u.sequence NOT IN (SELECT sequence FROM held)
+    UNION ALL
+    SELECT e.sequence FROM outbox_events e, c
+    WHERE c.valid AND e.status = 0 AND e.position IS NULL
+      AND (e.txid >= pg_snapshot_xmax(c.tick_snapshot)
+           OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(c.tick_snapshot))))
+    UNION ALL
+    -- Never ticked, or on another cluster: every stream row not in claim order.
+    SELECT e.sequence FROM outbox_events e, c
+    WHERE NOT c.valid AND e.status = 0 AND e.position IS NULL
+      AND NOT EXISTS (SELECT 1 FROM outbox_order o
+                      WHERE int8range(o.lo_sequence, o.hi_sequence, '[]') @> e.sequence
+                        AND e.sequence = ANY(o.sequences))
+$$;
+
+-- Sequences travel neither with logical replication nor with every copy
+-- of a database: bring each past the rows it numbered, so producers and
+-- claims on a new primary never collide with rows that came with the data.
+SELECT setval('outbox_events_seq', x.m)
+FROM (SELECT max(sequence) AS m FROM outbox_events) x, outbox_events_seq s
+WHERE x.m > s.last_value;
+SELECT setval(pg_get_serial_sequence('outbox_leases', 'token'), x.m)
+FROM (SELECT max(token) AS m FROM outbox_leases) x
+WHERE x.m > (SELECT last_value FROM pg_sequences
+             WHERE format('%I.%I', schemaname, sequencename)::regclass
+                   = pg_get_serial_sequence('outbox_leases', 'token')::regclass);
+SELECT setval(pg_get_serial_sequence('outbox_attempts', 'id'), x.m)
+FROM (SELECT max(id) AS m FROM outbox_attempts) x
+WHERE x.m > (SELECT coalesce(last_value, 0) FROM pg_sequences
+             WHERE format('%I.%I', schemaname, sequencename)::regclass
+                   = pg_get_serial_sequence('outbox_attempts', 'id')::regclass);

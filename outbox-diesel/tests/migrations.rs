@@ -1,0 +1,138 @@
+//! Diesel's embedded migration builds exactly the tables, indexes, triggers
+//! and functions the sqlx store's `migrate` builds: the two catalogs are
+//! compared on live PostgreSQL.
+
+use diesel::Connection;
+use diesel::connection::SimpleConnection;
+use diesel_migrations::MigrationHarness;
+use outbox_core::EventId;
+use outbox_diesel::StoreConfig;
+use outbox_diesel::postgres::{MIGRATIONS, PgOutbox};
+use outbox_sqlx::postgres::PgStore;
+use sqlx::Row;
+
+fn url() -> String {
+    std::env::var("OUTBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into())
+}
+
+fn fresh_schema(stem: &str) -> String {
+    format!(
+        "{stem}_{}",
+        &EventId::random().as_uuid().simple().to_string()[..12]
+    )
+}
+
+#[test]
+fn the_embedded_migration_is_the_default_rendering() {
+    let on_disk = include_str!("../migrations/2026-12-01-000000_outbox/up.sql");
+    assert_eq!(
+        on_disk,
+        PgOutbox::new(StoreConfig::default()).schema_sql(),
+        "regenerate migrations/2026-12-01-000000_outbox/up.sql from PgOutbox::schema_sql()"
+    );
+}
+
+/// One catalog, with the schema's name taken out of every definition.
+async fn catalog(pool: &sqlx::PgPool, schema: &str) -> Vec<String> {
+    let queries = [
+        "SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type || ' '
+                || is_nullable || ' ' || coalesce(column_default, '')
+         FROM information_schema.columns
+         WHERE table_schema = $1 AND table_name LIKE 'outbox\\_%'",
+        "SELECT 'index ' || tablename || ' ' || indexdef FROM pg_indexes
+         WHERE schemaname = $1 AND tablename LIKE 'outbox\\_%'",
+        "SELECT 'trigger ' || event_object_table || ' ' || trigger_name || ' '
+                || event_manipulation || ' ' || action_timing || ' ' || action_statement
+         FROM information_schema.triggers WHERE trigger_schema = $1",
+        "SELECT 'function ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid)
+                || ') ' || pg_get_function_result(p.oid)
+         FROM pg_proc p WHERE p.pronamespace = $1::regnamespace",
+        "SELECT 'sequence ' || sequence_name || ' ' || data_type
+         FROM information_schema.sequences WHERE sequence_schema = $1",
+    ];
+    let mut entries = Vec::new();
+    for query in queries {
+        for row in sqlx::query(query)
+            .bind(schema)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+        {
+            let entry: String = row.get(0);
+            entries.push(entry.replace(&format!("{schema}."), ""));
+        }
+    }
+    entries.sort();
+    entries
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diesel_migrations_and_the_sqlx_migrate_build_the_same_catalog() {
+    let (by_diesel, by_sqlx) = (fresh_schema("dmig"), fresh_schema("smig"));
+    tokio::task::spawn_blocking({
+        let schema = by_diesel.clone();
+        move || {
+            let mut conn = diesel::PgConnection::establish(&url())
+                .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", url()));
+            conn.batch_execute(&format!(
+                "CREATE SCHEMA {schema}; SET search_path TO {schema}"
+            ))
+            .unwrap();
+            let applied = conn.run_pending_migrations(MIGRATIONS).unwrap();
+            assert_eq!(applied.len(), 1, "one migration");
+        }
+    })
+    .await
+    .unwrap();
+
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&url())
+        .await
+        .unwrap();
+    sqlx::query(&format!("CREATE SCHEMA {by_sqlx}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    PgStore::new(
+        pool.clone(),
+        outbox_sqlx::StoreConfig::with_tables(
+            outbox_sqlx::TableNames::default()
+                .in_schema(&by_sqlx)
+                .unwrap(),
+        ),
+    )
+    .migrate()
+    .await
+    .unwrap();
+
+    let (diesel_catalog, sqlx_catalog) = (
+        catalog(&pool, &by_diesel).await,
+        catalog(&pool, &by_sqlx).await,
+    );
+    assert!(diesel_catalog.len() > 50, "{diesel_catalog:#?}");
+    let only_diesel: Vec<_> = diesel_catalog
+        .iter()
+        .filter(|e| !sqlx_catalog.contains(e))
+        .collect();
+    let only_sqlx: Vec<_> = sqlx_catalog
+        .iter()
+        .filter(|e| !diesel_catalog.contains(e))
+        .collect();
+    assert!(
+        only_diesel.is_empty() && only_sqlx.is_empty(),
+        "catalogs differ:\nonly through Diesel: {only_diesel:#?}\nonly through sqlx: {only_sqlx:#?}"
+    );
+    assert_eq!(diesel_catalog, sqlx_catalog);
+    println!(
+        "the same {} catalog entries (columns, indexes, triggers, functions, sequences)",
+        diesel_catalog.len()
+    );
+    for schema in [&by_diesel, &by_sqlx] {
+        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
