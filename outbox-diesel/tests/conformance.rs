@@ -150,3 +150,64 @@ fn diesel_inbox(clock: ManualClock) -> BoxFuture<'static, Arc<DieselInboxHarness
 mod inbox {
     outbox_core::inbox_conformance_tests!(super::diesel_inbox);
 }
+
+/// `apply_once` in Diesel's closure style: the effect runs once per
+/// consumer; a redelivery runs nothing; a failing effect rolls its claim
+/// back, so the next delivery applies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_once_runs_the_effect_once_and_a_failure_leaves_no_claim() {
+    let harness = diesel_inbox(ManualClock::at_epoch()).await;
+    let (inbox, effects) = (&harness.inbox, harness.effects.clone());
+    let record = |consumer: &'static str, event_id: EventId, fail: bool| {
+        let effects = effects.clone();
+        async move |conn: &mut AsyncPgConnection| {
+            diesel::sql_query(format!(
+                "INSERT INTO {effects} (consumer, event_id) VALUES ($1, $2)"
+            ))
+            .bind::<Text, _>(consumer)
+            .bind::<SqlUuid, _>(*event_id.as_uuid())
+            .execute(conn)
+            .await?;
+            if fail {
+                return Err(outbox_diesel::Error::Outbox(StoreError::Config(
+                    "the handler gave up".into(),
+                )));
+            }
+            Ok(())
+        }
+    };
+    let (first, second) = (EventId::random(), EventId::random());
+    assert_eq!(
+        inbox
+            .apply_once("billing", first, record("billing", first, false))
+            .await
+            .unwrap(),
+        Some(())
+    );
+    assert_eq!(
+        inbox
+            .apply_once("billing", first, record("billing", first, false))
+            .await
+            .unwrap(),
+        None,
+        "a redelivery runs nothing"
+    );
+    assert!(
+        inbox
+            .apply_once("billing", second, record("billing", second, true))
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        inbox
+            .apply_once("billing", second, record("billing", second, false))
+            .await
+            .unwrap(),
+        Some(()),
+        "the failed attempt left no claim"
+    );
+    assert_eq!(
+        harness.effects("billing").await.unwrap(),
+        vec![first, second]
+    );
+}

@@ -70,6 +70,61 @@ impl PgInbox {
     fn table(&self) -> String {
         self.store.config().tables.inbox()
     }
+
+    /// Applies `effect` once for `consumer`, in Diesel's closure style: in
+    /// one transaction the claim is written and, if it is new, `effect` runs
+    /// on the same connection; both commit or neither does. `Ok(None)` is a
+    /// redelivery (nothing ran); an error from `effect` rolls the claim
+    /// back, so a later delivery tries again.
+    ///
+    /// ```ignore
+    /// let booked = inbox
+    ///     .apply_once("revenue", event_id, async |conn| {
+    ///         diesel::insert_into(revenue::table).values(&row).execute(conn).await?;
+    ///         Ok::<_, outbox_diesel::Error>(())
+    ///     })
+    ///     .await?;
+    /// ```
+    pub async fn apply_once<R, E, F>(
+        &self,
+        consumer: &str,
+        event_id: EventId,
+        effect: F,
+    ) -> Result<Option<R>, E>
+    where
+        for<'r> F: AsyncFnOnce(&'r mut AsyncPgConnection) -> Result<R, E>
+            + Effect<&'r mut AsyncPgConnection, Result<R, E>, Fut: Send>
+            + Send,
+        E: From<diesel::result::Error> + From<StoreError> + Send,
+        R: Send,
+    {
+        use diesel_async::AsyncConnection;
+        let mut conn = self.store.conn().await?;
+        self.store.sync_clock(&mut conn).await?;
+        conn.transaction::<_, E, _>(async |conn| {
+            if !self.claim_in(conn, consumer, event_id).await? {
+                return Ok(None);
+            }
+            Ok(Some(effect(conn).await?))
+        })
+        .await
+    }
+}
+
+/// An async closure over a connection whose future can be named (and so
+/// required to be `Send`); every `async |conn| { … }` is one. The same
+/// device diesel-async's `transaction` uses.
+pub trait Effect<T, R>: AsyncFnOnce(T) -> R + FnOnce(T) -> <Self as Effect<T, R>>::Fut {
+    /// The closure's future.
+    type Fut: std::future::Future<Output = R>;
+}
+
+impl<F, T, Fut, R> Effect<T, R> for F
+where
+    F: AsyncFnOnce(T) -> R + FnOnce(T) -> Fut,
+    Fut: std::future::Future<Output = R>,
+{
+    type Fut = Fut;
 }
 
 #[async_trait]

@@ -11,7 +11,7 @@ mod store;
 #[cfg(feature = "testing")]
 mod testing;
 
-pub use inbox::{PgInbox, PgInboxTx};
+pub use inbox::{Effect, PgInbox, PgInboxTx};
 pub use store::PgStore;
 
 use std::sync::Arc;
