@@ -95,6 +95,20 @@ pub async fn pg_pool(max_connections: u32) -> Result<PgPool, Error> {
         .await?)
 }
 
+/// The Diesel store (diesel-async, deadpool) on the bench database's tables
+/// (migrated by [`pg_store`] first).
+pub fn diesel_pg_store() -> Result<outbox_diesel::postgres::PgStore, Error> {
+    use outbox_diesel::diesel_async::AsyncPgConnection;
+    use outbox_diesel::diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use outbox_diesel::diesel_async::pooled_connection::deadpool::Pool;
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(format!(
+        "{}/{DATABASE}",
+        pg_server()
+    ));
+    let pool = Pool::builder(manager).max_size(8).build()?;
+    Ok(outbox_diesel::postgres::PgStore::new(pool, config()?))
+}
+
 /// The outbox on PostgreSQL with the bench's table prefix, migrated.
 pub async fn pg_store(pool: &PgPool) -> Result<PgStore, Error> {
     let store = PgStore::new(pool.clone(), config()?);

@@ -1,5 +1,6 @@
-//! The no-op drain on MariaDB and SQLite beside PostgreSQL: same relay,
-//! same events, same batch size.
+//! The no-op drain on MariaDB and SQLite beside PostgreSQL, and on
+//! PostgreSQL through the Diesel store (diesel-async) beside the sqlx one:
+//! same relay, same events, same batch size, same tables.
 
 use std::sync::Arc;
 
@@ -22,7 +23,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     let pg = Arc::new(env::pg_store(&pool).await?);
     let mut rounds = Rounds::default();
     for round in 0..scale.rounds {
-        for dialect in ["postgres", "mariadb", "sqlite"] {
+        for dialect in ["postgres", "postgres-diesel", "mariadb", "sqlite"] {
             if !scale.includes(dialect) {
                 continue;
             }
@@ -31,6 +32,11 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     env::pg_reset(&pool).await?;
                     env::pg_fill(&pg, round, n).await?;
                     drain(pg.clone(), n).await?
+                }
+                "postgres-diesel" => {
+                    env::pg_reset(&pool).await?;
+                    env::pg_fill(&pg, round, n).await?;
+                    drain(Arc::new(env::diesel_pg_store()?), n).await?
                 }
                 "mariadb" => {
                     let store = Arc::new(env::mysql_store(8).await?);
@@ -63,10 +69,10 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     let pg = report
         .median(NAME, "postgres", "events/s")
         .unwrap_or(f64::NAN);
-    for dialect in ["mariadb", "sqlite"] {
+    for dialect in ["postgres-diesel", "mariadb", "sqlite"] {
         let ratio = report.median(NAME, dialect, "events/s").unwrap_or(f64::NAN) / pg;
         report.target(TargetCheck::reported(
-            format!("drain: {dialect} / postgres"),
+            format!("drain: {dialect} / postgres (sqlx)"),
             ratio,
         ));
     }
