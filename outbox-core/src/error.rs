@@ -131,7 +131,9 @@ impl StoreError {
                 retryable,
                 error: wrap(error),
             },
-            Self::Conflict(message) if !message.starts_with(operation) => {
+            // A conflict's text is all it has: one that already names an
+            // operation on this target keeps the innermost, as boxed errors do.
+            Self::Conflict(message) if !message.contains(&format!(" on {target}: ")) => {
                 Self::Conflict(format!("{operation} on {target}: {message}"))
             }
             other => other,
@@ -195,7 +197,9 @@ mod tests {
         let fatal = StoreError::fatal(PoolTimedOut).during("ack", "outbox_events");
         assert_eq!(report(&fatal).matches("pool timed out").count(), 1);
         assert!(!fatal.is_retryable());
-        let conflict = StoreError::Conflict("deadlock detected".into()).during("nack", "t");
+        let conflict = StoreError::Conflict("deadlock detected".into())
+            .during("nack", "t")
+            .during("history", "t");
         assert_eq!(
             conflict.to_string(),
             "conflict with a concurrent transaction: nack on t: deadlock detected"

@@ -107,7 +107,7 @@ fn superseded_by(r: &MySqlRow) -> Result<Option<EventId>, StoreError> {
 #[async_trait]
 impl OutboxAdmin for MySqlStore {
     async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
-        crate::error::during("stats", self.config().tables.events(), async move {
+        crate::error::during("stats", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut conn = self.pool.acquire().await.store()?;
             let now_us = self.now(&mut conn).await?;
@@ -141,7 +141,7 @@ impl OutboxAdmin for MySqlStore {
     }
 
     async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError> {
-        crate::error::during("held_back", self.config().tables.events(), async move {
+        crate::error::during("held_back", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut conn = self.pool.acquire().await.store()?;
             let now = self.now(&mut conn).await?;
@@ -187,41 +187,49 @@ impl OutboxAdmin for MySqlStore {
     }
 
     async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
-        crate::error::during("event_state", self.config().tables.events(), async move {
-            let row = sqlx::query(&self.queries.event_state)
-                .bind(event_id.to_string())
-                .fetch_optional(&self.pool)
-                .await
-                .store()?;
-            row.as_ref().map(event_state).transpose()
-        })
+        crate::error::during(
+            "event_state",
+            || self.config().tables.events(),
+            async move {
+                let row = sqlx::query(&self.queries.event_state)
+                    .bind(event_id.to_string())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .store()?;
+                row.as_ref().map(event_state).transpose()
+            },
+        )
         .await
     }
 
     async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
-        crate::error::during("failed_events", self.config().tables.events(), async move {
-            let rows = sqlx::query(&self.queries.failed_events)
-                .bind(limit.min(i64::MAX as usize) as i64)
-                .fetch_all(&self.pool)
-                .await
-                .store()?;
-            let mut failed = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let event = row::raw_event(r)?.decode().unwrap_or_else(|u| u.event);
-                failed.push(FailedEvent {
-                    history: self.history(event.event_id).await?,
-                    blocks_key: r.try_get("blocks_key").store()?,
-                    superseded_by: superseded_by(r)?,
-                    event,
-                });
-            }
-            Ok(failed)
-        })
+        crate::error::during(
+            "failed_events",
+            || self.config().tables.events(),
+            async move {
+                let rows = sqlx::query(&self.queries.failed_events)
+                    .bind(limit.min(i64::MAX as usize) as i64)
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?;
+                let mut failed = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let event = row::raw_event(r)?.decode().unwrap_or_else(|u| u.event);
+                    failed.push(FailedEvent {
+                        history: self.history(event.event_id).await?,
+                        blocks_key: r.try_get("blocks_key").store()?,
+                        superseded_by: superseded_by(r)?,
+                        event,
+                    });
+                }
+                Ok(failed)
+            },
+        )
         .await
     }
 
     async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
-        crate::error::during("history", self.config().tables.events(), async move {
+        crate::error::during("history", || self.config().tables.events(), async move {
             if self.event_state(event_id).await?.is_none() {
                 return Err(StoreError::NotFound(event_id));
             }
@@ -238,26 +246,30 @@ impl OutboxAdmin for MySqlStore {
     }
 
     async fn blocked_keys(&self) -> Result<Vec<BlockedKey>, StoreError> {
-        crate::error::during("blocked_keys", self.config().tables.events(), async move {
-            sqlx::query(&self.queries.blocked_keys)
-                .fetch_all(&self.pool)
-                .await
-                .store()?
-                .iter()
-                .map(|r| {
-                    Ok(BlockedKey {
-                        partition_key: row::text(r, "partition_key")?,
-                        blocking_event_id: row::event_id(r, "event_id")?,
-                        backlog: r.try_get::<i64, _>("backlog").store()? as u64,
+        crate::error::during(
+            "blocked_keys",
+            || self.config().tables.events(),
+            async move {
+                sqlx::query(&self.queries.blocked_keys)
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?
+                    .iter()
+                    .map(|r| {
+                        Ok(BlockedKey {
+                            partition_key: row::text(r, "partition_key")?,
+                            blocking_event_id: row::event_id(r, "event_id")?,
+                            backlog: r.try_get::<i64, _>("backlog").store()? as u64,
+                        })
                     })
-                })
-                .collect()
-        })
+                    .collect()
+            },
+        )
         .await
     }
 
     async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        crate::error::during("requeue", self.config().tables.events(), async move {
+        crate::error::during("requeue", || self.config().tables.events(), async move {
             let query = self.queries.requeue.clone();
             self.operator_update(&query, event_id, AttemptKind::Requeued, action, true)
                 .await
@@ -266,7 +278,7 @@ impl OutboxAdmin for MySqlStore {
     }
 
     async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        crate::error::during("skip", self.config().tables.events(), async move {
+        crate::error::during("skip", || self.config().tables.events(), async move {
             let query = self.queries.skip.clone();
             self.operator_update(&query, event_id, AttemptKind::Skipped, action, false)
                 .await
@@ -283,7 +295,7 @@ impl OutboxAdmin for MySqlStore {
         replacement: NewEvent,
         action: &OperatorAction,
     ) -> Result<EnqueueOutcome, StoreError> {
-        crate::error::during("supersede", self.config().tables.events(), async move {
+        crate::error::during("supersede", || self.config().tables.events(), async move {
             let mut tx = self.pool.begin().await.store()?;
             let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
                 drop(tx);
@@ -324,7 +336,7 @@ impl OutboxAdmin for MySqlStore {
     ) -> Result<u64, StoreError> {
         crate::error::during(
             "purge_published",
-            self.config().tables.events(),
+            || self.config().tables.events(),
             async move {
                 self.sync_clock().await?;
                 let mut tx = self.begin_relay().await?;
@@ -364,7 +376,7 @@ impl OutboxAdmin for MySqlStore {
     }
 
     async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
-        crate::error::during("relays", self.config().tables.events(), async move {
+        crate::error::during("relays", || self.config().tables.events(), async move {
             sqlx::query(&self.queries.relays)
                 .fetch_all(&self.pool)
                 .await

@@ -66,7 +66,7 @@ impl InboxStore for MySqlInbox {
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
         crate::error::during(
             "inbox begin",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move {
                 self.store.sync_clock().await?;
                 self.store.pool.begin().await.store()
@@ -83,7 +83,7 @@ impl InboxStore for MySqlInbox {
     ) -> Result<bool, StoreError> {
         crate::error::during(
             "inbox claim",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move { self.claim_in(tx, consumer, event_id).await },
         )
         .await
@@ -92,7 +92,7 @@ impl InboxStore for MySqlInbox {
     async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
         crate::error::during(
             "inbox commit",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move { tx.commit().await.store() },
         )
         .await
@@ -101,7 +101,7 @@ impl InboxStore for MySqlInbox {
     async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
         crate::error::during(
             "inbox rollback",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move { tx.rollback().await.store() },
         )
         .await
@@ -114,7 +114,7 @@ impl InboxStore for MySqlInbox {
     ) -> Result<u64, StoreError> {
         crate::error::during(
             "inbox purge_older_than",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move {
                 self.store.sync_clock().await?;
                 let mut conn = self.store.pool.acquire().await.store()?;

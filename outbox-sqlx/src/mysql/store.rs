@@ -128,7 +128,7 @@ impl MySqlStore {
     /// version found and left. Tables of another schema version are refused
     /// with [`StoreError::Config`] naming the upgrade notes.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
-        crate::error::during("migrate", self.config().tables.events(), async move {
+        crate::error::during("migrate", || self.config().tables.events(), async move {
             let schema = self.schema_sql();
             let mut conn = self.pool.acquire().await.store()?;
             let found = self.installed_version(&mut conn).await?;
@@ -172,30 +172,30 @@ impl MySqlStore {
             .bind(database)
             .bind(table)
         };
-        if present(tables.events())
+        let events = present(tables.events())
             .fetch_one(&mut *conn)
             .await
             .store()?
-            == 0
-        {
-            return Ok(None);
-        }
-        if present(tables.table("schema_version"))
+            > 0;
+        let record = present(tables.table("schema_version"))
             .fetch_one(&mut *conn)
             .await
             .store()?
-            == 0
-        {
-            return Ok(Some(1));
-        }
-        let version: Option<i32> = sqlx::query_scalar(&format!(
-            "SELECT MAX(version) FROM {}",
-            tables.table("schema_version")
+            > 0;
+        let version: Option<i32> = if events && record {
+            sqlx::query_scalar(&format!(
+                "SELECT MAX(version) FROM {}",
+                tables.table("schema_version")
+            ))
+            .fetch_one(&mut *conn)
+            .await
+            .store()?
+        } else {
+            None
+        };
+        Ok(outbox_sql::config::installed_version(
+            events, record, version,
         ))
-        .fetch_one(&mut *conn)
-        .await
-        .store()?;
-        Ok(Some(version.unwrap_or(1)))
     }
 
     /// Indexes added to schema version 2 after its first release: `CREATE
@@ -242,7 +242,7 @@ impl MySqlStore {
         conn: &mut MySqlConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        crate::error::during("enqueue", self.config().tables.events(), async move {
+        crate::error::during("enqueue", || self.config().tables.events(), async move {
             for event in events {
                 check_event(event, &self.config.limits, false)?;
             }
@@ -394,7 +394,7 @@ fn report(asked: impl Iterator<Item = EventId>, settled: &HashSet<EventId>) -> S
 #[async_trait]
 impl OutboxWriter for MySqlStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        crate::error::during("enqueue", self.config().tables.events(), async move {
+        crate::error::during("enqueue", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut tx = self.pool.begin().await.store()?;
             let outcomes = MySqlStore::enqueue(self, &mut tx, events).await?;
@@ -408,130 +408,134 @@ impl OutboxWriter for MySqlStore {
 #[async_trait]
 impl OutboxStore for MySqlStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        crate::error::during("claim_batch", self.config().tables.events(), async move {
-            self.sync_clock().await?;
-            let mut tx = self.begin_relay().await?;
-            // One claimer at a time: concurrent claims could split a key's prefix.
-            sqlx::query(&self.queries.claim_lock)
-                .execute(&mut *tx)
-                .await
-                .store()?;
-            let now = self.now(&mut tx).await?;
-            let expires = now.saturating_add(
-                i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX),
-            );
-            self.reap(&mut tx, now).await?;
-            let block = request.poison == PoisonPolicy::Block;
-            let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
-
-            let (query, ordered) = match request.ordering {
-                Ordering::PerKey => (&self.queries.claim_candidates_per_key, true),
-                Ordering::Unordered => (&self.queries.claim_candidates_unordered, false),
-            };
-            let mut candidates = sqlx::query(query).bind(now);
-            if ordered {
-                candidates = candidates.bind(now).bind(now);
-            }
-            let candidates: Vec<(i64, String, bool)> = candidates
-                .bind(request.limit.min(i64::MAX as usize) as i64)
-                .fetch_all(&mut *tx)
-                .await
-                .store()?
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.try_get("sequence").store()?,
-                        row::text(r, "partition_key")?,
-                        r.try_get("suspect").store()?,
-                    ))
-                })
-                .collect::<Result<_, StoreError>>()?;
-            let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
-            let locked: HashSet<i64> = self
-                .lock_claimable(&mut tx, &sequences, now)
-                .await?
-                .into_iter()
-                .collect();
-            // A row skipped as locked (a settlement in progress), a second crash
-            // suspect, or a row that does not decode under Block ends its key's
-            // prefix: nothing after it may be leased in this batch.
-            let rows: HashMap<i64, (i64, Result<outbox_core::StoredEvent, UnreadableEvent>)> = self
-                .read_rows(&mut tx, &locked.iter().copied().collect::<Vec<_>>())
-                .await?;
-            let mut stopped: HashSet<&str> = HashSet::new();
-            let mut suspect_taken = false;
-            let mut chosen = Vec::new();
-            let mut unreadable = Vec::new();
-            for (sequence, key, suspect) in &candidates {
-                if ordered && stopped.contains(key.as_str()) {
-                    continue;
-                }
-                let Some((_, decoded)) = rows.get(sequence) else {
-                    stopped.insert(key);
-                    continue;
-                };
-                if *suspect {
-                    if suspect_taken {
-                        stopped.insert(key);
-                        continue;
-                    }
-                    suspect_taken = true;
-                }
-                match decoded {
-                    Ok(_) => chosen.push(*sequence),
-                    Err(bad) => {
-                        unreadable.push(bad.clone());
-                        if block {
-                            stopped.insert(key);
-                        }
-                    }
-                }
-            }
-            self.fail_unreadable(&mut tx, &unreadable, block, request.owner.as_str())
-                .await?;
-            let mut events = Vec::new();
-            if !chosen.is_empty() {
-                let lease = with_in_list(&self.queries.lease_rows, chosen.len());
-                let owner = request.owner.as_str();
-                chosen
-                    .iter()
-                    .fold(
-                        sqlx::query(&lease)
-                            .bind(new_lease_id())
-                            .bind(owner)
-                            .bind(expires),
-                        |q, s| q.bind(s),
-                    )
+        crate::error::during(
+            "claim_batch",
+            || self.config().tables.events(),
+            async move {
+                self.sync_clock().await?;
+                let mut tx = self.begin_relay().await?;
+                // One claimer at a time: concurrent claims could split a key's prefix.
+                sqlx::query(&self.queries.claim_lock)
                     .execute(&mut *tx)
                     .await
                     .store()?;
-                let lease_expires_at = row::from_micros(expires)?;
-                for sequence in &chosen {
-                    let (token, decoded) = &rows[sequence];
-                    let event = decoded.clone().expect("chosen rows decode");
-                    events.push(ClaimedEvent {
-                        lease: Lease {
-                            sequence: *sequence,
-                            event_id: event.event_id,
-                            fencing_token: FencingToken(token + 1),
-                            lease_expires_at,
-                        },
-                        event,
-                    });
+                let now = self.now(&mut tx).await?;
+                let expires = now.saturating_add(
+                    i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX),
+                );
+                self.reap(&mut tx, now).await?;
+                let block = request.poison == PoisonPolicy::Block;
+                let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
+
+                let (query, ordered) = match request.ordering {
+                    Ordering::PerKey => (&self.queries.claim_candidates_per_key, true),
+                    Ordering::Unordered => (&self.queries.claim_candidates_unordered, false),
+                };
+                let mut candidates = sqlx::query(query).bind(now);
+                if ordered {
+                    candidates = candidates.bind(now).bind(now);
                 }
-            }
-            tx.commit().await.store()?;
-            Ok(ClaimedBatch {
-                events,
-                crash_looped,
-                unreadable,
-            })
-        })
+                let candidates: Vec<(i64, String, bool)> = candidates
+                    .bind(request.limit.min(i64::MAX as usize) as i64)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .store()?
+                    .iter()
+                    .map(|r| {
+                        Ok((
+                            r.try_get("sequence").store()?,
+                            row::text(r, "partition_key")?,
+                            r.try_get("suspect").store()?,
+                        ))
+                    })
+                    .collect::<Result<_, StoreError>>()?;
+                let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
+                let locked: HashSet<i64> = self
+                    .lock_claimable(&mut tx, &sequences, now)
+                    .await?
+                    .into_iter()
+                    .collect();
+                // A row skipped as locked (a settlement in progress), a second crash
+                // suspect, or a row that does not decode under Block ends its key's
+                // prefix: nothing after it may be leased in this batch.
+                let rows: HashMap<i64, (i64, Result<outbox_core::StoredEvent, UnreadableEvent>)> =
+                    self.read_rows(&mut tx, &locked.iter().copied().collect::<Vec<_>>())
+                        .await?;
+                let mut stopped: HashSet<&str> = HashSet::new();
+                let mut suspect_taken = false;
+                let mut chosen = Vec::new();
+                let mut unreadable = Vec::new();
+                for (sequence, key, suspect) in &candidates {
+                    if ordered && stopped.contains(key.as_str()) {
+                        continue;
+                    }
+                    let Some((_, decoded)) = rows.get(sequence) else {
+                        stopped.insert(key);
+                        continue;
+                    };
+                    if *suspect {
+                        if suspect_taken {
+                            stopped.insert(key);
+                            continue;
+                        }
+                        suspect_taken = true;
+                    }
+                    match decoded {
+                        Ok(_) => chosen.push(*sequence),
+                        Err(bad) => {
+                            unreadable.push(bad.clone());
+                            if block {
+                                stopped.insert(key);
+                            }
+                        }
+                    }
+                }
+                self.fail_unreadable(&mut tx, &unreadable, block, request.owner.as_str())
+                    .await?;
+                let mut events = Vec::new();
+                if !chosen.is_empty() {
+                    let lease = with_in_list(&self.queries.lease_rows, chosen.len());
+                    let owner = request.owner.as_str();
+                    chosen
+                        .iter()
+                        .fold(
+                            sqlx::query(&lease)
+                                .bind(new_lease_id())
+                                .bind(owner)
+                                .bind(expires),
+                            |q, s| q.bind(s),
+                        )
+                        .execute(&mut *tx)
+                        .await
+                        .store()?;
+                    let lease_expires_at = row::from_micros(expires)?;
+                    for sequence in &chosen {
+                        let (token, decoded) = &rows[sequence];
+                        let event = decoded.clone().expect("chosen rows decode");
+                        events.push(ClaimedEvent {
+                            lease: Lease {
+                                sequence: *sequence,
+                                event_id: event.event_id,
+                                fencing_token: FencingToken(token + 1),
+                                lease_expires_at,
+                            },
+                            event,
+                        });
+                    }
+                }
+                tx.commit().await.store()?;
+                Ok(ClaimedBatch {
+                    events,
+                    crash_looped,
+                    unreadable,
+                })
+            },
+        )
         .await
     }
 
     async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        crate::error::during("ack", self.config().tables.events(), async move {
+        crate::error::during("ack", || self.config().tables.events(), async move {
             if leases.is_empty() {
                 return Ok(SettleReport::default());
             }
@@ -545,7 +549,7 @@ impl OutboxStore for MySqlStore {
     }
 
     async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        crate::error::during("nack", self.config().tables.events(), async move {
+        crate::error::during("nack", || self.config().tables.events(), async move {
             if nacks.is_empty() {
                 return Ok(SettleReport::default());
             }
@@ -607,7 +611,7 @@ impl OutboxStore for MySqlStore {
     }
 
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        crate::error::during("release", self.config().tables.events(), async move {
+        crate::error::during("release", || self.config().tables.events(), async move {
             if releases.is_empty() {
                 return Ok(SettleReport::default());
             }
@@ -661,7 +665,7 @@ impl OutboxStore for MySqlStore {
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        crate::error::during("heartbeat", self.config().tables.events(), async move {
+        crate::error::during("heartbeat", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut conn = self.pool.acquire().await.store()?;
             let now = self.now(&mut conn).await?;

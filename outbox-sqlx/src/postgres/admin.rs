@@ -114,7 +114,7 @@ fn count(row: &PgRow, column: &str) -> Result<u64, StoreError> {
 #[async_trait]
 impl OutboxAdmin for PgStore {
     async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
-        crate::error::during("stats", self.config().tables.events(), async move {
+        crate::error::during("stats", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let rows = sqlx::query(&self.queries.stats)
                 .fetch_all(&self.pool)
@@ -139,7 +139,7 @@ impl OutboxAdmin for PgStore {
     }
 
     async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError> {
-        crate::error::during("held_back", self.config().tables.events(), async move {
+        crate::error::during("held_back", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let r = sqlx::query(&self.queries.held_back)
                 .fetch_one(&self.pool)
@@ -216,61 +216,69 @@ impl OutboxAdmin for PgStore {
     }
 
     async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
-        crate::error::during("event_state", self.config().tables.events(), async move {
-            let row = sqlx::query(&self.queries.event_state)
-                .bind(event_id.as_uuid())
-                .fetch_optional(&self.pool)
-                .await
-                .store()?;
-            row.as_ref().map(event_state).transpose()
-        })
+        crate::error::during(
+            "event_state",
+            || self.config().tables.events(),
+            async move {
+                let row = sqlx::query(&self.queries.event_state)
+                    .bind(event_id.as_uuid())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .store()?;
+                row.as_ref().map(event_state).transpose()
+            },
+        )
         .await
     }
 
     async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
-        crate::error::during("failed_events", self.config().tables.events(), async move {
-            let rows = sqlx::query(&self.queries.failed_events)
-                .bind(limit.min(i64::MAX as usize) as i64)
-                .fetch_all(&self.pool)
-                .await
-                .store()?;
-            let ids: Vec<Uuid> = rows
-                .iter()
-                .map(|r| r.try_get("event_id"))
-                .collect::<Result<_, _>>()
-                .store()?;
-            let mut histories: HashMap<EventId, Vec<AttemptRecord>> = HashMap::new();
-            for r in sqlx::query(&self.queries.history_many)
-                .bind(&ids)
-                .fetch_all(&self.pool)
-                .await
-                .store()?
-            {
-                let (id, record) = row::attempt_record(&r)?;
-                histories.entry(id).or_default().push(record);
-            }
-            rows.iter()
-                .map(|r| {
-                    // A row that does not decode is listed as far as it reads;
-                    // its history says why it failed.
-                    let event = row::raw_event(r)?.decode().unwrap_or_else(|u| u.event);
-                    Ok(FailedEvent {
-                        history: histories.remove(&event.event_id).unwrap_or_default(),
-                        blocks_key: r.try_get("blocks_key").store()?,
-                        superseded_by: r
-                            .try_get::<Option<Uuid>, _>("superseded_by")
-                            .store()?
-                            .map(EventId::from_uuid),
-                        event,
+        crate::error::during(
+            "failed_events",
+            || self.config().tables.events(),
+            async move {
+                let rows = sqlx::query(&self.queries.failed_events)
+                    .bind(limit.min(i64::MAX as usize) as i64)
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?;
+                let ids: Vec<Uuid> = rows
+                    .iter()
+                    .map(|r| r.try_get("event_id"))
+                    .collect::<Result<_, _>>()
+                    .store()?;
+                let mut histories: HashMap<EventId, Vec<AttemptRecord>> = HashMap::new();
+                for r in sqlx::query(&self.queries.history_many)
+                    .bind(&ids)
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?
+                {
+                    let (id, record) = row::attempt_record(&r)?;
+                    histories.entry(id).or_default().push(record);
+                }
+                rows.iter()
+                    .map(|r| {
+                        // A row that does not decode is listed as far as it reads;
+                        // its history says why it failed.
+                        let event = row::raw_event(r)?.decode().unwrap_or_else(|u| u.event);
+                        Ok(FailedEvent {
+                            history: histories.remove(&event.event_id).unwrap_or_default(),
+                            blocks_key: r.try_get("blocks_key").store()?,
+                            superseded_by: r
+                                .try_get::<Option<Uuid>, _>("superseded_by")
+                                .store()?
+                                .map(EventId::from_uuid),
+                            event,
+                        })
                     })
-                })
-                .collect()
-        })
+                    .collect()
+            },
+        )
         .await
     }
 
     async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
-        crate::error::during("history", self.config().tables.events(), async move {
+        crate::error::during("history", || self.config().tables.events(), async move {
             if self.event_state(event_id).await?.is_none() {
                 return Err(StoreError::NotFound(event_id));
             }
@@ -287,26 +295,30 @@ impl OutboxAdmin for PgStore {
     }
 
     async fn blocked_keys(&self) -> Result<Vec<BlockedKey>, StoreError> {
-        crate::error::during("blocked_keys", self.config().tables.events(), async move {
-            sqlx::query(&self.queries.blocked_keys)
-                .fetch_all(&self.pool)
-                .await
-                .store()?
-                .iter()
-                .map(|r| {
-                    Ok(BlockedKey {
-                        partition_key: r.try_get("partition_key").store()?,
-                        blocking_event_id: EventId::from_uuid(r.try_get("event_id").store()?),
-                        backlog: r.try_get::<i64, _>("backlog").store()? as u64,
+        crate::error::during(
+            "blocked_keys",
+            || self.config().tables.events(),
+            async move {
+                sqlx::query(&self.queries.blocked_keys)
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?
+                    .iter()
+                    .map(|r| {
+                        Ok(BlockedKey {
+                            partition_key: r.try_get("partition_key").store()?,
+                            blocking_event_id: EventId::from_uuid(r.try_get("event_id").store()?),
+                            backlog: r.try_get::<i64, _>("backlog").store()? as u64,
+                        })
                     })
-                })
-                .collect()
-        })
+                    .collect()
+            },
+        )
         .await
     }
 
     async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        crate::error::during("requeue", self.config().tables.events(), async move {
+        crate::error::during("requeue", || self.config().tables.events(), async move {
             let query = self.queries.requeue.clone();
             self.operator_update(&query, event_id, AttemptKind::Requeued, action)
                 .await
@@ -315,7 +327,7 @@ impl OutboxAdmin for PgStore {
     }
 
     async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        crate::error::during("skip", self.config().tables.events(), async move {
+        crate::error::during("skip", || self.config().tables.events(), async move {
             let query = self.queries.skip.clone();
             self.operator_update(&query, event_id, AttemptKind::Skipped, action)
                 .await
@@ -329,7 +341,7 @@ impl OutboxAdmin for PgStore {
         replacement: NewEvent,
         action: &OperatorAction,
     ) -> Result<EnqueueOutcome, StoreError> {
-        crate::error::during("supersede", self.config().tables.events(), async move {
+        crate::error::during("supersede", || self.config().tables.events(), async move {
             check_event(&replacement, &self.config.limits, true)?;
             self.sync_clock().await?;
             let mut tx = self.pool.begin().await.store()?;
@@ -398,7 +410,7 @@ impl OutboxAdmin for PgStore {
     ) -> Result<u64, StoreError> {
         crate::error::during(
             "purge_published",
-            self.config().tables.events(),
+            || self.config().tables.events(),
             async move {
                 self.sync_clock().await?;
                 let older_than_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
@@ -423,7 +435,7 @@ impl OutboxAdmin for PgStore {
     }
 
     async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
-        crate::error::during("relays", self.config().tables.events(), async move {
+        crate::error::during("relays", || self.config().tables.events(), async move {
             sqlx::query(&self.queries.relays)
                 .fetch_all(&self.pool)
                 .await

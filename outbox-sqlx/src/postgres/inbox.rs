@@ -51,7 +51,7 @@ impl InboxStore for PgInbox {
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
         crate::error::during(
             "inbox begin",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move {
                 self.store.sync_clock().await?;
                 self.store.pool.begin().await.store()
@@ -68,7 +68,7 @@ impl InboxStore for PgInbox {
     ) -> Result<bool, StoreError> {
         crate::error::during(
             "inbox claim",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move {
                 // A concurrent claim of the same key waits on the primary key until
                 // the first commits, then finds the row and inserts nothing.
@@ -81,7 +81,7 @@ impl InboxStore for PgInbox {
     async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
         crate::error::during(
             "inbox commit",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move { tx.commit().await.store() },
         )
         .await
@@ -90,7 +90,7 @@ impl InboxStore for PgInbox {
     async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
         crate::error::during(
             "inbox rollback",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move { tx.rollback().await.store() },
         )
         .await
@@ -103,7 +103,7 @@ impl InboxStore for PgInbox {
     ) -> Result<u64, StoreError> {
         crate::error::during(
             "inbox purge_older_than",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move {
                 self.store.sync_clock().await?;
                 let done = sqlx::query(&self.store.queries.inbox_purge)

@@ -122,7 +122,7 @@ impl PgStore {
     /// refused with [`StoreError::Config`] naming the upgrade notes, before
     /// anything is changed.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
-        crate::error::during("migrate", self.config().tables.events(), async move {
+        crate::error::during("migrate", || self.config().tables.events(), async move {
             let mut tx = self.pool.begin().await.store()?;
             sqlx::query(&self.queries.migrate_lock)
                 .execute(&mut *tx)
@@ -194,7 +194,7 @@ impl PgStore {
         conn: &mut PgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        crate::error::during("enqueue", self.config().tables.events(), async move {
+        crate::error::during("enqueue", || self.config().tables.events(), async move {
             let columns = EnqueueColumns::checked(events, &self.config, true)?;
             if events.is_empty() {
                 return Ok(Vec::new());
@@ -363,7 +363,7 @@ fn settled_report(
 #[async_trait]
 impl OutboxWriter for PgStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        crate::error::during("enqueue", self.config().tables.events(), async move {
+        crate::error::during("enqueue", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut tx = self.pool.begin().await.store()?;
             let outcomes = PgStore::enqueue(self, &mut tx, events).await?;
@@ -377,62 +377,67 @@ impl OutboxWriter for PgStore {
 #[async_trait]
 impl OutboxStore for PgStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        crate::error::during("claim_batch", self.config().tables.events(), async move {
-            self.sync_clock().await?;
-            // While idle, one cheap statement instead of a claim.
-            if self.idle.load(AtomicOrdering::Relaxed) && !self.probe().await?.anything {
-                return Ok(ClaimedBatch::default());
-            }
-            let lease_ms = i64::try_from(request.lease_duration.as_millis()).unwrap_or(i64::MAX);
-            let mut kept = self.claims.lock(&self.pool).await?;
-            let rows = match sqlx::query(&self.queries.claim)
-                .bind(request.owner.as_str())
-                .bind(i32::try_from(request.limit).unwrap_or(i32::MAX))
-                .bind(lease_ms)
-                .bind(i32::try_from(request.crash_loop_limit).unwrap_or(i32::MAX))
-                .bind(request.ordering == Ordering::PerKey)
-                .bind(request.poison == PoisonPolicy::Block)
-                .fetch_all(kept.conn())
-                .await
-            {
-                Ok(rows) => rows,
-                Err(error) => {
-                    kept.discard();
-                    return Err(error).store();
+        crate::error::during(
+            "claim_batch",
+            || self.config().tables.events(),
+            async move {
+                self.sync_clock().await?;
+                // While idle, one cheap statement instead of a claim.
+                if self.idle.load(AtomicOrdering::Relaxed) && !self.probe().await?.anything {
+                    return Ok(ClaimedBatch::default());
                 }
-            };
-            drop(kept);
-            let rows = rows
-                .iter()
-                .map(|r| {
-                    Ok(ClaimRow {
-                        raw: row::raw_event(r)?,
-                        crash_looped: r.try_get("crash_looped").store()?,
-                        fencing_token: r.try_get("fencing_token").store()?,
-                        lease_expires_at: r.try_get("lease_expires_at").store()?,
+                let lease_ms =
+                    i64::try_from(request.lease_duration.as_millis()).unwrap_or(i64::MAX);
+                let mut kept = self.claims.lock(&self.pool).await?;
+                let rows = match sqlx::query(&self.queries.claim)
+                    .bind(request.owner.as_str())
+                    .bind(i32::try_from(request.limit).unwrap_or(i32::MAX))
+                    .bind(lease_ms)
+                    .bind(i32::try_from(request.crash_loop_limit).unwrap_or(i32::MAX))
+                    .bind(request.ordering == Ordering::PerKey)
+                    .bind(request.poison == PoisonPolicy::Block)
+                    .fetch_all(kept.conn())
+                    .await
+                {
+                    Ok(rows) => rows,
+                    Err(error) => {
+                        kept.discard();
+                        return Err(error).store();
+                    }
+                };
+                drop(kept);
+                let rows = rows
+                    .iter()
+                    .map(|r| {
+                        Ok(ClaimRow {
+                            raw: row::raw_event(r)?,
+                            crash_looped: r.try_get("crash_looped").store()?,
+                            fencing_token: r.try_get("fencing_token").store()?,
+                            lease_expires_at: r.try_get("lease_expires_at").store()?,
+                        })
                     })
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            let block = request.poison == PoisonPolicy::Block;
-            let SortedClaim {
-                mut batch,
-                held_back,
-                unreadable,
-            } = sort_claim(rows, block)?;
-            self.release(&held_back).await?;
-            self.fail_unreadable(&unreadable, block).await?;
-            batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
-            self.idle.store(
-                batch.events.is_empty() && batch.unreadable.is_empty(),
-                AtomicOrdering::Relaxed,
-            );
-            Ok(batch)
-        })
+                    .collect::<Result<Vec<_>, StoreError>>()?;
+                let block = request.poison == PoisonPolicy::Block;
+                let SortedClaim {
+                    mut batch,
+                    held_back,
+                    unreadable,
+                } = sort_claim(rows, block)?;
+                self.release(&held_back).await?;
+                self.fail_unreadable(&unreadable, block).await?;
+                batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
+                self.idle.store(
+                    batch.events.is_empty() && batch.unreadable.is_empty(),
+                    AtomicOrdering::Relaxed,
+                );
+                Ok(batch)
+            },
+        )
         .await
     }
 
     async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        crate::error::during("ack", self.config().tables.events(), async move {
+        crate::error::during("ack", || self.config().tables.events(), async move {
             if leases.is_empty() {
                 return Ok(SettleReport::default());
             }
@@ -447,7 +452,7 @@ impl OutboxStore for PgStore {
     }
 
     async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        crate::error::during("nack", self.config().tables.events(), async move {
+        crate::error::during("nack", || self.config().tables.events(), async move {
             if nacks.is_empty() {
                 return Ok(SettleReport::default());
             }
@@ -471,7 +476,7 @@ impl OutboxStore for PgStore {
     }
 
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        crate::error::during("release", self.config().tables.events(), async move {
+        crate::error::during("release", || self.config().tables.events(), async move {
             if releases.is_empty() {
                 return Ok(SettleReport::default());
             }
@@ -506,7 +511,7 @@ impl OutboxStore for PgStore {
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        crate::error::during("heartbeat", self.config().tables.events(), async move {
+        crate::error::during("heartbeat", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             sqlx::query(&self.queries.heartbeat)
                 .bind(relay.as_str())

@@ -88,7 +88,7 @@ fn superseded_by(r: &SqliteRow) -> Result<Option<EventId>, StoreError> {
 #[async_trait]
 impl OutboxAdmin for SqliteStore {
     async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
-        crate::error::during("stats", self.config().tables.events(), async move {
+        crate::error::during("stats", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut conn = self.pool.acquire().await.store()?;
             let now_us = self.now(&mut conn).await?;
@@ -120,7 +120,7 @@ impl OutboxAdmin for SqliteStore {
     }
 
     async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError> {
-        crate::error::during("held_back", self.config().tables.events(), async move {
+        crate::error::during("held_back", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut conn = self.pool.acquire().await.store()?;
             let now = self.now(&mut conn).await?;
@@ -166,41 +166,49 @@ impl OutboxAdmin for SqliteStore {
     }
 
     async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
-        crate::error::during("event_state", self.config().tables.events(), async move {
-            let row = sqlx::query(&self.queries.event_state)
-                .bind(event_id.to_string())
-                .fetch_optional(&self.pool)
-                .await
-                .store()?;
-            row.as_ref().map(event_state).transpose()
-        })
+        crate::error::during(
+            "event_state",
+            || self.config().tables.events(),
+            async move {
+                let row = sqlx::query(&self.queries.event_state)
+                    .bind(event_id.to_string())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .store()?;
+                row.as_ref().map(event_state).transpose()
+            },
+        )
         .await
     }
 
     async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
-        crate::error::during("failed_events", self.config().tables.events(), async move {
-            let rows = sqlx::query(&self.queries.failed_events)
-                .bind(limit.min(i64::MAX as usize) as i64)
-                .fetch_all(&self.pool)
-                .await
-                .store()?;
-            let mut failed = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let event = row::raw_event(r)?.decode().unwrap_or_else(|u| u.event);
-                failed.push(FailedEvent {
-                    history: self.history(event.event_id).await?,
-                    blocks_key: r.try_get("blocks_key").store()?,
-                    superseded_by: superseded_by(r)?,
-                    event,
-                });
-            }
-            Ok(failed)
-        })
+        crate::error::during(
+            "failed_events",
+            || self.config().tables.events(),
+            async move {
+                let rows = sqlx::query(&self.queries.failed_events)
+                    .bind(limit.min(i64::MAX as usize) as i64)
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?;
+                let mut failed = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let event = row::raw_event(r)?.decode().unwrap_or_else(|u| u.event);
+                    failed.push(FailedEvent {
+                        history: self.history(event.event_id).await?,
+                        blocks_key: r.try_get("blocks_key").store()?,
+                        superseded_by: superseded_by(r)?,
+                        event,
+                    });
+                }
+                Ok(failed)
+            },
+        )
         .await
     }
 
     async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
-        crate::error::during("history", self.config().tables.events(), async move {
+        crate::error::during("history", || self.config().tables.events(), async move {
             if self.event_state(event_id).await?.is_none() {
                 return Err(StoreError::NotFound(event_id));
             }
@@ -217,26 +225,30 @@ impl OutboxAdmin for SqliteStore {
     }
 
     async fn blocked_keys(&self) -> Result<Vec<BlockedKey>, StoreError> {
-        crate::error::during("blocked_keys", self.config().tables.events(), async move {
-            sqlx::query(&self.queries.blocked_keys)
-                .fetch_all(&self.pool)
-                .await
-                .store()?
-                .iter()
-                .map(|r| {
-                    Ok(BlockedKey {
-                        partition_key: r.try_get("partition_key").store()?,
-                        blocking_event_id: row::event_id(r, "event_id")?,
-                        backlog: r.try_get::<i64, _>("backlog").store()? as u64,
+        crate::error::during(
+            "blocked_keys",
+            || self.config().tables.events(),
+            async move {
+                sqlx::query(&self.queries.blocked_keys)
+                    .fetch_all(&self.pool)
+                    .await
+                    .store()?
+                    .iter()
+                    .map(|r| {
+                        Ok(BlockedKey {
+                            partition_key: r.try_get("partition_key").store()?,
+                            blocking_event_id: row::event_id(r, "event_id")?,
+                            backlog: r.try_get::<i64, _>("backlog").store()? as u64,
+                        })
                     })
-                })
-                .collect()
-        })
+                    .collect()
+            },
+        )
         .await
     }
 
     async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        crate::error::during("requeue", self.config().tables.events(), async move {
+        crate::error::during("requeue", || self.config().tables.events(), async move {
             let query = self.queries.requeue.clone();
             self.operator_update(&query, event_id, AttemptKind::Requeued, action)
                 .await
@@ -245,7 +257,7 @@ impl OutboxAdmin for SqliteStore {
     }
 
     async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        crate::error::during("skip", self.config().tables.events(), async move {
+        crate::error::during("skip", || self.config().tables.events(), async move {
             let query = self.queries.skip.clone();
             self.operator_update(&query, event_id, AttemptKind::Skipped, action)
                 .await
@@ -259,7 +271,7 @@ impl OutboxAdmin for SqliteStore {
         replacement: NewEvent,
         action: &OperatorAction,
     ) -> Result<EnqueueOutcome, StoreError> {
-        crate::error::during("supersede", self.config().tables.events(), async move {
+        crate::error::during("supersede", || self.config().tables.events(), async move {
             check_event(&replacement, &self.config.limits, false)?;
             self.sync_clock().await?;
             let mut tx = self.begin_immediate().await?;
@@ -328,7 +340,7 @@ impl OutboxAdmin for SqliteStore {
     ) -> Result<u64, StoreError> {
         crate::error::during(
             "purge_published",
-            self.config().tables.events(),
+            || self.config().tables.events(),
             async move {
                 self.sync_clock().await?;
                 let limit = batch_size.min(i64::MAX as usize) as i64;
@@ -357,7 +369,7 @@ impl OutboxAdmin for SqliteStore {
     }
 
     async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
-        crate::error::during("relays", self.config().tables.events(), async move {
+        crate::error::during("relays", || self.config().tables.events(), async move {
             sqlx::query(&self.queries.relays)
                 .fetch_all(&self.pool)
                 .await

@@ -53,7 +53,7 @@ impl InboxStore for SqliteInbox {
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
         crate::error::during(
             "inbox begin",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move {
                 // Before the write lock is taken: syncing the test clock writes.
                 self.store.sync_clock().await?;
@@ -71,7 +71,7 @@ impl InboxStore for SqliteInbox {
     ) -> Result<bool, StoreError> {
         crate::error::during(
             "inbox claim",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move { self.claim_in(tx, consumer, event_id).await },
         )
         .await
@@ -80,7 +80,7 @@ impl InboxStore for SqliteInbox {
     async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
         crate::error::during(
             "inbox commit",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move { tx.commit().await.store() },
         )
         .await
@@ -89,7 +89,7 @@ impl InboxStore for SqliteInbox {
     async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
         crate::error::during(
             "inbox rollback",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move { tx.rollback().await.store() },
         )
         .await
@@ -102,7 +102,7 @@ impl InboxStore for SqliteInbox {
     ) -> Result<u64, StoreError> {
         crate::error::during(
             "inbox purge_older_than",
-            self.store.config().tables.inbox(),
+            || self.store.config().tables.inbox(),
             async move {
                 self.store.sync_clock().await?;
                 let mut tx = self.store.begin_immediate().await?;

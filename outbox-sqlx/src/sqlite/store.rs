@@ -114,7 +114,7 @@ impl SqliteStore {
     /// schema version found and left. Tables of another schema version are
     /// refused with [`StoreError::Config`] naming the upgrade notes.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
-        crate::error::during("migrate", self.config().tables.events(), async move {
+        crate::error::during("migrate", || self.config().tables.events(), async move {
             let schema = self.schema_sql();
             let mut tx = self.begin_immediate().await?;
             let found = self.installed_version(&mut tx).await?;
@@ -150,30 +150,30 @@ impl SqliteStore {
             )
             .bind(name)
         };
-        if present(tables.events())
+        let events = present(tables.events())
             .fetch_one(&mut *conn)
             .await
             .store()?
-            == 0
-        {
-            return Ok(None);
-        }
-        if present(tables.table("schema_version"))
+            > 0;
+        let record = present(tables.table("schema_version"))
             .fetch_one(&mut *conn)
             .await
             .store()?
-            == 0
-        {
-            return Ok(Some(1));
-        }
-        let version: Option<i32> = sqlx::query_scalar(&format!(
-            "SELECT MAX(version) FROM {}",
-            tables.table("schema_version")
+            > 0;
+        let version: Option<i32> = if events && record {
+            sqlx::query_scalar(&format!(
+                "SELECT MAX(version) FROM {}",
+                tables.table("schema_version")
+            ))
+            .fetch_one(&mut *conn)
+            .await
+            .store()?
+        } else {
+            None
+        };
+        Ok(outbox_sql::config::installed_version(
+            events, record, version,
         ))
-        .fetch_one(&mut *conn)
-        .await
-        .store()?;
-        Ok(Some(version.unwrap_or(1)))
     }
 
     /// Store time: this host's clock (plus the shift tests set), in
@@ -223,7 +223,7 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        crate::error::during("enqueue", self.config().tables.events(), async move {
+        crate::error::during("enqueue", || self.config().tables.events(), async move {
             for event in events {
                 check_event(event, &self.config.limits, false)?;
             }
@@ -320,7 +320,7 @@ impl SqliteStore {
 #[async_trait]
 impl OutboxWriter for SqliteStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        crate::error::during("enqueue", self.config().tables.events(), async move {
+        crate::error::during("enqueue", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut tx = self.begin_immediate().await?;
             let outcomes = SqliteStore::enqueue(self, &mut tx, events).await?;
@@ -334,162 +334,166 @@ impl OutboxWriter for SqliteStore {
 #[async_trait]
 impl OutboxStore for SqliteStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        crate::error::during("claim_batch", self.config().tables.events(), async move {
-            self.sync_clock().await?;
-            let mut tx = self.begin_immediate().await?;
-            let now = self.now(&mut tx).await?;
-            let expires = now.saturating_add(
-                i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX),
-            );
-            self.reap(&mut tx, now).await?;
-            let block = request.poison == PoisonPolicy::Block;
-            let looped = sqlx::query(&self.queries.crash_loops)
-                .bind(now)
-                .bind(i64::from(request.crash_loop_limit))
-                .bind(block)
-                .fetch_all(&mut *tx)
-                .await
-                .store()?;
-            let crash_looped: Vec<StoredEvent> = looped
-                .iter()
-                .map(|r| Ok(row::raw_event(r)?.decode().unwrap_or_else(|u| u.event)))
-                .collect::<Result<_, StoreError>>()?;
-            let detail = format!(
-                "{} publish attempts started and none finished",
-                request.crash_loop_limit
-            );
-            let entries: Vec<_> = crash_looped
-                .iter()
-                .map(|e| HistoryEntry {
-                    event_id: e.event_id,
-                    kind: AttemptKind::CrashLoop,
-                    actor: request.owner.as_str(),
-                    error_class: None,
-                    detail: detail.as_str(),
-                    attempts: i64::from(e.attempts),
-                })
-                .collect();
-            self.record(&mut tx, &entries).await?;
-
-            let (query, ordered) = match request.ordering {
-                Ordering::PerKey => (&self.queries.claim_per_key, true),
-                Ordering::Unordered => (&self.queries.claim_unordered, false),
-            };
-            let candidates: Vec<(i64, String, bool)> = sqlx::query(query)
-                .bind(now)
-                .bind(request.limit.min(i64::MAX as usize) as i64)
-                .fetch_all(&mut *tx)
-                .await
-                .store()?
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.try_get("sequence").store()?,
-                        r.try_get("partition_key").store()?,
-                        r.try_get("suspect").store()?,
-                    ))
-                })
-                .collect::<Result<_, StoreError>>()?;
-            let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
-            let mut rows: HashMap<i64, (i64, Result<StoredEvent, UnreadableEvent>)> =
-                HashMap::new();
-            for r in sqlx::query(&self.queries.read_rows)
-                .bind(json!(sequences).to_string())
-                .fetch_all(&mut *tx)
-                .await
-                .store()?
-            {
-                let raw = row::raw_event(&r)?;
-                rows.insert(
-                    raw.sequence,
-                    (r.try_get("fencing_token").store()?, raw.decode()),
+        crate::error::during(
+            "claim_batch",
+            || self.config().tables.events(),
+            async move {
+                self.sync_clock().await?;
+                let mut tx = self.begin_immediate().await?;
+                let now = self.now(&mut tx).await?;
+                let expires = now.saturating_add(
+                    i64::try_from(request.lease_duration.as_micros()).unwrap_or(i64::MAX),
                 );
-            }
-            // A second crash suspect, or a row that does not decode under
-            // Block, ends its key's prefix in this batch.
-            let mut stopped: HashSet<&str> = HashSet::new();
-            let mut suspect_taken = false;
-            let mut chosen = Vec::new();
-            let mut unreadable = Vec::new();
-            for (sequence, key, suspect) in &candidates {
-                if ordered && stopped.contains(key.as_str()) {
-                    continue;
-                }
-                if *suspect {
-                    if suspect_taken {
-                        stopped.insert(key);
-                        continue;
-                    }
-                    suspect_taken = true;
-                }
-                match &rows[sequence].1 {
-                    Ok(_) => chosen.push(*sequence),
-                    Err(bad) => {
-                        unreadable.push(bad.clone());
-                        if block {
-                            stopped.insert(key);
-                        }
-                    }
-                }
-            }
-            if !unreadable.is_empty() {
-                let bad: Vec<i64> = unreadable.iter().map(|u| u.event.sequence).collect();
-                sqlx::query(&self.queries.fail_rows)
-                    .bind(json!(bad).to_string())
+                self.reap(&mut tx, now).await?;
+                let block = request.poison == PoisonPolicy::Block;
+                let looped = sqlx::query(&self.queries.crash_loops)
+                    .bind(now)
+                    .bind(i64::from(request.crash_loop_limit))
                     .bind(block)
-                    .execute(&mut *tx)
+                    .fetch_all(&mut *tx)
                     .await
                     .store()?;
-                let entries: Vec<_> = unreadable
+                let crash_looped: Vec<StoredEvent> = looped
                     .iter()
-                    .map(|u| HistoryEntry {
-                        event_id: u.event.event_id,
-                        kind: AttemptKind::Unreadable,
+                    .map(|r| Ok(row::raw_event(r)?.decode().unwrap_or_else(|u| u.event)))
+                    .collect::<Result<_, StoreError>>()?;
+                let detail = format!(
+                    "{} publish attempts started and none finished",
+                    request.crash_loop_limit
+                );
+                let entries: Vec<_> = crash_looped
+                    .iter()
+                    .map(|e| HistoryEntry {
+                        event_id: e.event_id,
+                        kind: AttemptKind::CrashLoop,
                         actor: request.owner.as_str(),
                         error_class: None,
-                        detail: u.reason.as_str(),
-                        attempts: i64::from(u.event.attempts),
+                        detail: detail.as_str(),
+                        attempts: i64::from(e.attempts),
                     })
                     .collect();
                 self.record(&mut tx, &entries).await?;
-            }
-            let mut events = Vec::with_capacity(chosen.len());
-            if !chosen.is_empty() {
-                sqlx::query(&self.queries.lease_rows)
-                    .bind(json!(chosen).to_string())
-                    .bind(new_lease_id())
-                    .bind(request.owner.as_str())
-                    .bind(expires)
-                    .execute(&mut *tx)
+
+                let (query, ordered) = match request.ordering {
+                    Ordering::PerKey => (&self.queries.claim_per_key, true),
+                    Ordering::Unordered => (&self.queries.claim_unordered, false),
+                };
+                let candidates: Vec<(i64, String, bool)> = sqlx::query(query)
+                    .bind(now)
+                    .bind(request.limit.min(i64::MAX as usize) as i64)
+                    .fetch_all(&mut *tx)
                     .await
-                    .store()?;
-                let lease_expires_at = row::from_micros(expires)?;
-                for sequence in &chosen {
-                    let (token, decoded) = &rows[sequence];
-                    let event = decoded.clone().expect("chosen rows decode");
-                    events.push(ClaimedEvent {
-                        lease: Lease {
-                            sequence: *sequence,
-                            event_id: event.event_id,
-                            fencing_token: FencingToken(token + 1),
-                            lease_expires_at,
-                        },
-                        event,
-                    });
+                    .store()?
+                    .iter()
+                    .map(|r| {
+                        Ok((
+                            r.try_get("sequence").store()?,
+                            r.try_get("partition_key").store()?,
+                            r.try_get("suspect").store()?,
+                        ))
+                    })
+                    .collect::<Result<_, StoreError>>()?;
+                let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
+                let mut rows: HashMap<i64, (i64, Result<StoredEvent, UnreadableEvent>)> =
+                    HashMap::new();
+                for r in sqlx::query(&self.queries.read_rows)
+                    .bind(json!(sequences).to_string())
+                    .fetch_all(&mut *tx)
+                    .await
+                    .store()?
+                {
+                    let raw = row::raw_event(&r)?;
+                    rows.insert(
+                        raw.sequence,
+                        (r.try_get("fencing_token").store()?, raw.decode()),
+                    );
                 }
-            }
-            tx.commit().await.store()?;
-            Ok(ClaimedBatch {
-                events,
-                crash_looped,
-                unreadable,
-            })
-        })
+                // A second crash suspect, or a row that does not decode under
+                // Block, ends its key's prefix in this batch.
+                let mut stopped: HashSet<&str> = HashSet::new();
+                let mut suspect_taken = false;
+                let mut chosen = Vec::new();
+                let mut unreadable = Vec::new();
+                for (sequence, key, suspect) in &candidates {
+                    if ordered && stopped.contains(key.as_str()) {
+                        continue;
+                    }
+                    if *suspect {
+                        if suspect_taken {
+                            stopped.insert(key);
+                            continue;
+                        }
+                        suspect_taken = true;
+                    }
+                    match &rows[sequence].1 {
+                        Ok(_) => chosen.push(*sequence),
+                        Err(bad) => {
+                            unreadable.push(bad.clone());
+                            if block {
+                                stopped.insert(key);
+                            }
+                        }
+                    }
+                }
+                if !unreadable.is_empty() {
+                    let bad: Vec<i64> = unreadable.iter().map(|u| u.event.sequence).collect();
+                    sqlx::query(&self.queries.fail_rows)
+                        .bind(json!(bad).to_string())
+                        .bind(block)
+                        .execute(&mut *tx)
+                        .await
+                        .store()?;
+                    let entries: Vec<_> = unreadable
+                        .iter()
+                        .map(|u| HistoryEntry {
+                            event_id: u.event.event_id,
+                            kind: AttemptKind::Unreadable,
+                            actor: request.owner.as_str(),
+                            error_class: None,
+                            detail: u.reason.as_str(),
+                            attempts: i64::from(u.event.attempts),
+                        })
+                        .collect();
+                    self.record(&mut tx, &entries).await?;
+                }
+                let mut events = Vec::with_capacity(chosen.len());
+                if !chosen.is_empty() {
+                    sqlx::query(&self.queries.lease_rows)
+                        .bind(json!(chosen).to_string())
+                        .bind(new_lease_id())
+                        .bind(request.owner.as_str())
+                        .bind(expires)
+                        .execute(&mut *tx)
+                        .await
+                        .store()?;
+                    let lease_expires_at = row::from_micros(expires)?;
+                    for sequence in &chosen {
+                        let (token, decoded) = &rows[sequence];
+                        let event = decoded.clone().expect("chosen rows decode");
+                        events.push(ClaimedEvent {
+                            lease: Lease {
+                                sequence: *sequence,
+                                event_id: event.event_id,
+                                fencing_token: FencingToken(token + 1),
+                                lease_expires_at,
+                            },
+                            event,
+                        });
+                    }
+                }
+                tx.commit().await.store()?;
+                Ok(ClaimedBatch {
+                    events,
+                    crash_looped,
+                    unreadable,
+                })
+            },
+        )
         .await
     }
 
     async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        crate::error::during("ack", self.config().tables.events(), async move {
+        crate::error::during("ack", || self.config().tables.events(), async move {
             if leases.is_empty() {
                 return Ok(SettleReport::default());
             }
@@ -510,7 +514,7 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        crate::error::during("nack", self.config().tables.events(), async move {
+        crate::error::during("nack", || self.config().tables.events(), async move {
             if nacks.is_empty() {
                 return Ok(SettleReport::default());
             }
@@ -579,7 +583,7 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        crate::error::during("release", self.config().tables.events(), async move {
+        crate::error::during("release", || self.config().tables.events(), async move {
             if releases.is_empty() {
                 return Ok(SettleReport::default());
             }
@@ -642,7 +646,7 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        crate::error::during("heartbeat", self.config().tables.events(), async move {
+        crate::error::during("heartbeat", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut tx = self.begin_immediate().await?;
             let now = self.now(&mut tx).await?;
