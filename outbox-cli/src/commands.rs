@@ -336,11 +336,9 @@ async fn health(
     // Heartbeats are on store time; this compares them with this host's
     // clock, so a host minutes off skews the verdict by as much.
     let now = chrono::Utc::now();
-    let live = relays.iter().any(|r| {
-        (now - r.last_seen)
-            .to_std()
-            .map_or(true, |silent| silent <= relay_timeout)
-    });
+    let live = relays
+        .iter()
+        .any(|r| render::silent_for(r, now) <= relay_timeout.as_secs_f64());
     if backlog > 0 && !live {
         problems.push(format!(
             "{backlog} events wait and no relay reported within {} s",

@@ -83,8 +83,8 @@ impl PgOutbox {
         conn: &mut AsyncPgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        let columns = EnqueueColumns::checked(events, &self.config, true)
-            .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
+        // Bad input is refused here, before anything is sent.
+        let columns = EnqueueColumns::checked(events, &self.config, true)?;
         if events.is_empty() {
             return Ok(Vec::new());
         }
@@ -103,8 +103,8 @@ impl PgOutbox {
         conn: &mut PgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        let columns = EnqueueColumns::checked(events, &self.config, true)
-            .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
+        // Bad input is refused here, before anything is sent.
+        let columns = EnqueueColumns::checked(events, &self.config, true)?;
         if events.is_empty() {
             return Ok(Vec::new());
         }

@@ -157,13 +157,13 @@ impl PgStore {
     /// `Unreadable`), out of the lease that holds them.
     async fn fail_unreadable(
         &self,
-        conn: &mut AsyncPgConnection,
         unreadable: &[(UnreadableEvent, FencingToken)],
         block_key: bool,
     ) -> Result<(), StoreError> {
         if unreadable.is_empty() {
             return Ok(());
         }
+        let mut conn = self.conn().await?;
         diesel::sql_query(self.queries().fail_unreadable.as_str())
             .bind::<Array<BigInt>, _>(
                 unreadable
@@ -179,7 +179,7 @@ impl PgStore {
                     .map(|(u, _)| u.reason.as_str())
                     .collect::<Vec<_>>(),
             )
-            .execute(conn)
+            .execute(&mut conn)
             .await
             .store()?;
         Ok(())
@@ -234,9 +234,10 @@ impl OutboxStore for PgStore {
                 unreadable,
             } = sort_claim(rows, block)?;
             drop(conn);
+            // Release first: failing an unreadable row under Block parks its
+            // key's later rows, which must be back out of their lease by then.
             self.release(&held_back).await?;
-            let mut conn = self.conn().await?;
-            self.fail_unreadable(&mut conn, &unreadable, block).await?;
+            self.fail_unreadable(&unreadable, block).await?;
             batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
             Ok(batch)
         };
