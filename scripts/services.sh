@@ -17,6 +17,15 @@ wait_for() { # name, command...
   return 1
 }
 
+# Tools the tests call: curl (the daemon test scrapes /metrics with it) and
+# libpq (Diesel's synchronous PgConnection links it; libpq-dev comes with
+# the machine and is never installed here: that could upgrade PostgreSQL).
+if ! command -v curl >/dev/null; then
+  say "installing curl"
+  apt-get update -q >/dev/null && apt-get install -y -q curl >/dev/null
+fi
+ldconfig -p | grep -q 'libpq\.so' || { echo "error: libpq not installed (libpq-dev)" >&2; exit 1; }
+
 # PostgreSQL
 if ! pg_isready -h "$PG_URL_HOST" -p 5432 >/dev/null 2>&1; then
   say "starting PostgreSQL"
