@@ -17,7 +17,7 @@ wait_for() { # name, command...
   return 1
 }
 
-# Tools the tests call: curl (the daemon test scrapes /metrics with it) and
+# Tools the tests call: curl (the daemon test scrapes /metrics with it),
 # libpq (Diesel's synchronous PgConnection links it; libpq-dev comes with
 # the machine and is never installed here: that could upgrade PostgreSQL).
 if ! command -v curl >/dev/null; then
@@ -25,6 +25,17 @@ if ! command -v curl >/dev/null; then
   apt-get update -q >/dev/null && apt-get install -y -q curl >/dev/null
 fi
 ldconfig -p | grep -q 'libpq\.so' || { echo "error: libpq not installed (libpq-dev)" >&2; exit 1; }
+# Diesel's synchronous MysqlConnection links the MariaDB client library the
+# machine's MariaDB already uses (libmariadb3); its headers come at exactly
+# that version, so nothing the running server depends on is upgraded.
+if ! dpkg-query -W -f='${Status}' libmariadb-dev 2>/dev/null | grep -q 'ok installed'; then
+  client=$(dpkg-query -W -f='${Version}' libmariadb3 2>/dev/null) \
+    || { echo "error: libmariadb3 (MariaDB's client library) is not installed" >&2; exit 1; }
+  say "installing libmariadb-dev=$client"
+  apt-get install -y -q --no-upgrade "libmariadb-dev=$client" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-upgrade "libmariadb-dev=$client" >/dev/null; } \
+    || { echo "error: libmariadb-dev $client is not available; it must match libmariadb3" >&2; exit 1; }
+fi
 
 # PostgreSQL
 if ! pg_isready -h "$PG_URL_HOST" -p 5432 >/dev/null 2>&1; then

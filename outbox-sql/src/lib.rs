@@ -25,3 +25,10 @@ pub mod sqlite;
 pub mod validate;
 
 pub use config::{DEFAULT_PREFIX, Migrated, StoreConfig, TableNames};
+
+/// What [`delegate_mysql_store!`] names; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use async_trait::async_trait;
+    pub use outbox_core::{EventId, NewEvent, StoreError, store};
+}

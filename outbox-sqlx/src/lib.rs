@@ -4,9 +4,9 @@
 // What the SQL adapters share (schema, statements, codes, validation) is
 // `outbox-sql`'s; these aliases keep the `crate::…` paths the stores use.
 use outbox_sql::config;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 use outbox_sql::{admin_common, codes, validate};
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "sqlite")]
 use outbox_sql::{blame, history};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;

@@ -1,7 +1,13 @@
 //! MySQL/MariaDB: the schema template, its version, and every statement.
 
+mod admin;
+pub mod driver;
+mod protocol;
 mod queries;
+mod traits;
 
+pub use driver::{Driver, Exec, Param, Row, Value};
+pub use protocol::{Protocol, raw_event};
 pub use queries::{EVENT_COLUMNS, Queries, with_in_list};
 
 use crate::config::TableNames;

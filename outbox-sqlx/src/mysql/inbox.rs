@@ -4,14 +4,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::{EventId, InboxStore, StoreError};
-use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, Transaction};
 
+use super::driver::Sqlx;
 use super::store::MySqlStore;
 use crate::error::ResultExt;
-
-/// MySQL's error number for a duplicate key.
-const DUPLICATE_KEY: u16 = 1062;
 
 /// The inbox table of a [`MySqlStore`].
 #[derive(Clone, Debug)]
@@ -39,23 +36,10 @@ impl MySqlInbox {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
-        let now = self.store.now(&mut *conn).await?;
-        let inserted = sqlx::query(&self.store.queries.inbox_claim)
-            .bind(consumer)
-            .bind(event_id.to_string())
-            .bind(now)
-            .execute(conn)
-            .await;
-        match inserted {
-            Ok(_) => Ok(true),
-            Err(sqlx::Error::Database(e))
-                if e.try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|m| m.number() == DUPLICATE_KEY) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(e).store(),
-        }
+        self.store
+            .protocol
+            .inbox_claim(&mut Sqlx(conn), consumer, event_id)
+            .await
     }
 }
 
@@ -68,8 +52,8 @@ impl InboxStore for MySqlInbox {
             "inbox begin",
             || self.store.config().tables.inbox(),
             async move {
-                self.store.sync_clock().await?;
-                self.store.pool.begin().await.store()
+                self.store.protocol.sync_clock().await?;
+                self.store.pool().begin().await.store()
             },
         )
         .await
@@ -115,22 +99,7 @@ impl InboxStore for MySqlInbox {
         crate::error::during(
             "inbox purge_older_than",
             || self.store.config().tables.inbox(),
-            async move {
-                self.store.sync_clock().await?;
-                let mut conn = self.store.pool.acquire().await.store()?;
-                let cutoff = self
-                    .store
-                    .now(&mut conn)
-                    .await?
-                    .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
-                let done = sqlx::query(&self.store.queries.inbox_purge)
-                    .bind(cutoff)
-                    .bind(batch_size.min(i64::MAX as usize) as i64)
-                    .execute(&mut *conn)
-                    .await
-                    .store()?;
-                Ok(done.rows_affected())
-            },
+            self.store.protocol.inbox_purge(older_than, batch_size),
         )
         .await
     }

@@ -9,6 +9,7 @@ use outbox_core::testing::{BeginWrite, FaultSeams, OpenWrite};
 use outbox_core::{Clock, EventId, NewEvent, StoreError};
 use sqlx::{MySql, Transaction};
 
+use super::driver::Sqlx;
 use super::store::MySqlStore;
 use crate::error::ResultExt;
 
@@ -20,7 +21,7 @@ struct MySqlOpenWrite {
 impl MySqlStore {
     /// A table standing for the business rows a transaction writes first.
     fn business_table(&self) -> String {
-        self.config.tables.table("test_business")
+        self.config().tables.table("test_business")
     }
 }
 
@@ -39,7 +40,7 @@ impl OpenWrite for MySqlOpenWrite {
     async fn read(&mut self) -> Result<(), StoreError> {
         sqlx::query(&format!(
             "SELECT COUNT(*) FROM {}",
-            self.store.config.tables.events()
+            self.store.config().tables.events()
         ))
         .execute(&mut *self.tx)
         .await
@@ -65,10 +66,10 @@ impl BeginWrite for MySqlStore {
              ENGINE = InnoDB",
             self.business_table()
         ))
-        .execute(&self.pool)
+        .execute(self.pool())
         .await
         .store()?;
-        let tx = self.pool.begin().await.store()?;
+        let tx = self.pool().begin().await.store()?;
         Ok(Box::new(MySqlOpenWrite {
             store: self.clone(),
             tx,
@@ -80,20 +81,24 @@ impl BeginWrite for MySqlStore {
 impl FaultSeams for MySqlStore {
     fn with_host_clock(&self, host_clock: Arc<dyn Clock>) -> Arc<Self> {
         let mut handle = self.clone();
-        handle.config = handle.config.with_clock(host_clock);
+        handle.protocol.config = handle.protocol.config.clone().with_clock(host_clock);
         Arc::new(handle)
     }
 
     async fn write_unreadable_row(&self, partition_key: &str) -> EventId {
         // Valid SQL, and no event: a header that is not a string.
         let id = EventId::random();
-        let mut conn = self.pool.acquire().await.expect("a connection");
-        let now = self.now(&mut conn).await.expect("store time");
+        let mut conn = self.pool().acquire().await.expect("a connection");
+        let now = self
+            .protocol
+            .now(&mut Sqlx(&mut *conn))
+            .await
+            .expect("store time");
         sqlx::query(&format!(
             "INSERT INTO {} (event_id, aggregate_type, aggregate_id, event_type, partition_key,
                  payload, payload_version, headers, created_at, available_at)
              VALUES (?, 'bad', ?, 'bad.row', ?, '{{}}', 1, '{{\"traceparent\": 5}}', ?, ?)",
-            self.config.tables.events()
+            self.config().tables.events()
         ))
         .bind(id.to_string())
         .bind(partition_key)
@@ -112,11 +117,11 @@ impl FaultSeams for MySqlStore {
         ready: tokio::sync::oneshot::Sender<()>,
         release: BoxFuture<'static, ()>,
     ) -> Result<SettleReport, StoreError> {
-        let mut tx = self.begin_relay().await?;
-        let report = self.ack_in(&mut tx, leases).await?;
+        let mut tx = self.protocol.begin_relay().await?;
+        let report = self.protocol.ack_in(&mut tx, leases).await?;
         let _ = ready.send(());
         release.await;
-        tx.commit().await.store()?;
+        tx.0.commit().await.store()?;
         Ok(report)
     }
 }
