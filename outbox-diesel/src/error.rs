@@ -7,7 +7,7 @@ use outbox_core::StoreError;
 /// Serialization failures are conflicts (retry the transaction); a lost
 /// connection is unavailable; the rest (bad SQL, constraint violations,
 /// a row that does not map) retrying will not cure.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn store_error(error: DieselError) -> StoreError {
     match &error {
         DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, info) => {
@@ -17,11 +17,27 @@ pub(crate) fn store_error(error: DieselError) -> StoreError {
             DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
             _,
         ) => StoreError::Unavailable(Box::new(error)),
+        // diesel-async's MySQL backend keeps only the server's message for
+        // errors it has no kind for (the number is gone): a deadlock or a
+        // lock wait timeout asks to restart the transaction; mysql_async's
+        // own I/O and driver errors mean the connection is gone.
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
+            if info.message().contains("try restarting transaction") =>
+        {
+            StoreError::Conflict(info.message().to_owned())
+        }
+        DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
+            if ["Input/output error", "Driver error"]
+                .iter()
+                .any(|p| info.message().starts_with(p)) =>
+        {
+            StoreError::Unavailable(Box::new(error))
+        }
         _ => StoreError::fatal(error),
     }
 }
 
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) trait ResultExt<T> {
     fn store(self) -> Result<T, StoreError>;
 }

@@ -1,8 +1,14 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod effect;
 mod error;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use effect::Effect;
 pub use error::Error;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 

@@ -13,6 +13,7 @@ use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, Trans
 use outbox_core::{EventId, InboxStore, StoreError};
 
 use super::store::PgStore;
+use crate::Effect;
 use crate::error::ResultExt;
 
 /// The inbox table of a [`PgStore`].
@@ -109,22 +110,6 @@ impl PgInbox {
         })
         .await
     }
-}
-
-/// An async closure over a connection whose future can be named (and so
-/// required to be `Send`); every `async |conn| { … }` is one. The same
-/// device diesel-async's `transaction` uses.
-pub trait Effect<T, R>: AsyncFnOnce(T) -> R + FnOnce(T) -> <Self as Effect<T, R>>::Fut {
-    /// The closure's future.
-    type Fut: std::future::Future<Output = R>;
-}
-
-impl<F, T, Fut, R> Effect<T, R> for F
-where
-    F: AsyncFnOnce(T) -> R + FnOnce(T) -> Fut,
-    Fut: std::future::Future<Output = R>,
-{
-    type Fut = Fut;
 }
 
 #[async_trait]

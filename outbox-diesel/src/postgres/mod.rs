@@ -11,7 +11,8 @@ mod store;
 #[cfg(feature = "testing")]
 mod testing;
 
-pub use inbox::{Effect, PgInbox, PgInboxTx};
+pub use crate::Effect;
+pub use inbox::{PgInbox, PgInboxTx};
 pub use store::PgStore;
 
 use std::sync::Arc;

@@ -7,7 +7,7 @@ mod queries;
 mod traits;
 
 pub use driver::{Driver, Exec, Param, Row, Value};
-pub use protocol::{Protocol, raw_event};
+pub use protocol::{Protocol, Statements, raw_event};
 pub use queries::{EVENT_COLUMNS, Queries, with_in_list};
 
 use crate::config::TableNames;

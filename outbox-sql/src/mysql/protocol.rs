@@ -28,15 +28,37 @@ use crate::config::{Migrated, StoreConfig};
 use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
 
-/// The store over driver `D`: its pool, names and statements.
+/// The settings and statements: what runs on a connection the caller
+/// holds (enqueue, an inbox claim, migrate), with no pool of its own.
 #[derive(Clone)]
-pub struct Protocol<D> {
-    /// The driver's pool.
-    pub driver: D,
+pub struct Statements {
     /// The settings.
     pub config: StoreConfig,
     /// The statements for the settings' names.
     pub queries: Arc<Queries>,
+}
+
+/// The store over driver `D`: its pool, and (by `Deref`) its
+/// [`Statements`].
+#[derive(Clone)]
+pub struct Protocol<D> {
+    /// The driver's pool.
+    pub driver: D,
+    /// The settings and statements.
+    pub statements: Statements,
+}
+
+impl<D> std::ops::Deref for Protocol<D> {
+    type Target = Statements;
+    fn deref(&self) -> &Statements {
+        &self.statements
+    }
+}
+
+impl<D> std::ops::DerefMut for Protocol<D> {
+    fn deref_mut(&mut self) -> &mut Statements {
+        &mut self.statements
+    }
 }
 
 /// A decoded row with its current fencing token.
@@ -106,15 +128,11 @@ fn report(asked: impl Iterator<Item = EventId>, settled: &HashSet<EventId>) -> S
     }
 }
 
-impl<D: Driver> Protocol<D> {
-    /// The store over `driver`, on `config`'s tables.
-    pub fn new(driver: D, config: StoreConfig) -> Self {
+impl Statements {
+    /// The statements for `config`'s tables.
+    pub fn new(config: StoreConfig) -> Self {
         let queries = Arc::new(Queries::new(&config.tables));
-        Self {
-            driver,
-            config,
-            queries,
-        }
+        Self { config, queries }
     }
 
     /// The events table's name, for errors.
@@ -130,51 +148,6 @@ impl<D: Driver> Protocol<D> {
             .first()
             .ok_or_else(|| StoreError::fatal("the clock table has no row (run migrate)"))?
             .int("now")
-    }
-
-    /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
-    /// shift is kept in the database, so every handle agrees.
-    pub async fn sync_clock(&self) -> Result<(), StoreError> {
-        if let Some(shift) = self.config.shift_micros() {
-            let mut conn = self.driver.connect().await?;
-            conn.execute(&self.queries.sync_clock, vec![shift.into(), shift.into()])
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// A transaction for the relay's own statements, at READ COMMITTED.
-    pub async fn begin_relay(&self) -> Result<D::Tx, StoreError> {
-        self.driver.begin(true).await
-    }
-
-    /// Creates the tables if missing. Idempotent; reports the schema
-    /// version found and left. Tables of another schema version are refused
-    /// with [`StoreError::Config`] naming the upgrade notes.
-    pub async fn migrate(&self) -> Result<Migrated, StoreError> {
-        during("migrate", || self.events(), async move {
-            let schema = super::schema_sql(&self.config.tables);
-            let mut conn = self.driver.connect().await?;
-            let found = self.installed_version(&mut conn).await?;
-            let migrated = crate::config::check_schema_version(
-                &self.config.tables.events(),
-                found,
-                SCHEMA_VERSION,
-            )?;
-            for statement in super::split_statements(&schema) {
-                conn.execute(&statement, Vec::new()).await?;
-            }
-            self.add_missing_indexes(&mut conn).await?;
-            Ok(migrated)
-        })
-        .await
-    }
-
-    /// The schema version of the outbox tables: `None` if there are none,
-    /// 1 for tables made before the version record existed.
-    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
-        let mut conn = self.driver.connect().await?;
-        self.installed_version(&mut conn).await
     }
 
     /// `name` (maybe `database.table`) as parameters: database, table.
@@ -194,7 +167,32 @@ impl<D: Driver> Protocol<D> {
         rows.first().map_or(Ok(0), |r| r.int("n"))
     }
 
-    async fn installed_version(
+    /// Creates the tables if missing on `conn` (outside any transaction:
+    /// MySQL commits DDL at once). See [`Protocol::migrate`].
+    pub async fn migrate_on(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+    ) -> Result<Migrated, StoreError> {
+        during("migrate", || self.events(), async move {
+            let schema = super::schema_sql(&self.config.tables);
+            let found = self.installed_version(&mut *conn).await?;
+            let migrated = crate::config::check_schema_version(
+                &self.config.tables.events(),
+                found,
+                SCHEMA_VERSION,
+            )?;
+            for statement in super::split_statements(&schema) {
+                conn.execute(&statement, Vec::new()).await?;
+            }
+            self.add_missing_indexes(&mut *conn).await?;
+            Ok(migrated)
+        })
+        .await
+    }
+
+    /// The schema version of the outbox tables on `conn`: `None` if there
+    /// are none, 1 for tables made before the version record existed.
+    pub async fn installed_version(
         &self,
         conn: &mut (impl Exec + ?Sized),
     ) -> Result<Option<i32>, StoreError> {
@@ -325,20 +323,6 @@ impl<D: Driver> Protocol<D> {
         .await
     }
 
-    /// Enqueues in a transaction of its own.
-    pub async fn enqueue_alone(
-        &self,
-        events: &[NewEvent],
-    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.sync_clock().await?;
-        let mut tx = self.driver.begin(false).await?;
-        let outcomes = self.enqueue(&mut tx, events).await?;
-        D::commit(tx)
-            .await
-            .map_err(|e| e.during("enqueue", self.events()))?;
-        Ok(outcomes)
-    }
-
     /// Appends history rows in one statement.
     pub async fn record(
         &self,
@@ -355,6 +339,80 @@ impl<D: Driver> Protocol<D> {
         )
         .await?;
         Ok(())
+    }
+
+    /// Claims `(consumer, event_id)` in the inbox on `conn` (inside the
+    /// consumer's transaction). `true` means "apply the effect now". A
+    /// duplicate is a plain insert failing on the primary key: MySQL undoes
+    /// just that statement, and (unlike `INSERT IGNORE`) no other error is
+    /// turned into a warning.
+    pub async fn inbox_claim(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        let now = self.now(&mut *conn).await?;
+        conn.insert_unique(
+            &self.queries.inbox_claim,
+            vec![consumer.into(), event_id.to_string().into(), now.into()],
+        )
+        .await
+    }
+}
+
+impl<D: Driver> Protocol<D> {
+    /// The store over `driver`, on `config`'s tables.
+    pub fn new(driver: D, config: StoreConfig) -> Self {
+        Self {
+            driver,
+            statements: Statements::new(config),
+        }
+    }
+
+    /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
+    /// shift is kept in the database, so every handle agrees.
+    pub async fn sync_clock(&self) -> Result<(), StoreError> {
+        if let Some(shift) = self.config.shift_micros() {
+            let mut conn = self.driver.connect().await?;
+            conn.execute(&self.queries.sync_clock, vec![shift.into(), shift.into()])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A transaction for the relay's own statements, at READ COMMITTED.
+    pub async fn begin_relay(&self) -> Result<D::Tx, StoreError> {
+        self.driver.begin(true).await
+    }
+
+    /// Creates the tables if missing. Idempotent; reports the schema
+    /// version found and left. Tables of another schema version are refused
+    /// with [`StoreError::Config`] naming the upgrade notes.
+    pub async fn migrate(&self) -> Result<Migrated, StoreError> {
+        let mut conn = self.driver.connect().await?;
+        self.migrate_on(&mut conn).await
+    }
+
+    /// The schema version of the outbox tables: `None` if there are none,
+    /// 1 for tables made before the version record existed.
+    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
+        let mut conn = self.driver.connect().await?;
+        self.installed_version(&mut conn).await
+    }
+
+    /// Enqueues in a transaction of its own.
+    pub async fn enqueue_alone(
+        &self,
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        self.sync_clock().await?;
+        let mut tx = self.driver.begin(false).await?;
+        let outcomes = self.enqueue(&mut tx, events).await?;
+        D::commit(tx)
+            .await
+            .map_err(|e| e.during("enqueue", self.events()))?;
+        Ok(outcomes)
     }
 
     /// Locks the rows of `leases` and returns those the lease still holds
@@ -840,25 +898,6 @@ impl<D: Driver> Protocol<D> {
                 Ok((raw.sequence, (token, raw.decode())))
             })
             .collect()
-    }
-
-    /// Claims `(consumer, event_id)` in the inbox on `conn` (inside the
-    /// consumer's transaction). `true` means "apply the effect now". A
-    /// duplicate is a plain insert failing on the primary key: MySQL undoes
-    /// just that statement, and (unlike `INSERT IGNORE`) no other error is
-    /// turned into a warning.
-    pub async fn inbox_claim(
-        &self,
-        conn: &mut (impl Exec + ?Sized),
-        consumer: &str,
-        event_id: EventId,
-    ) -> Result<bool, StoreError> {
-        let now = self.now(&mut *conn).await?;
-        conn.insert_unique(
-            &self.queries.inbox_claim,
-            vec![consumer.into(), event_id.to_string().into(), now.into()],
-        )
-        .await
     }
 
     /// Deletes up to `batch_size` inbox claims older than `older_than`.

@@ -1,0 +1,108 @@
+-- outbox schema for MySQL 8 / MariaDB >= 10.6 (SKIP LOCKED, JSON_TABLE).
+-- Times are microseconds since the Unix epoch (UTC). Rendered with the
+-- configured names; migrations/mysql/ holds it with the defaults.
+
+-- Which version of this schema the tables are (migrate() refuses tables of
+-- another version with an error naming the upgrade notes).
+CREATE TABLE IF NOT EXISTS outbox_schema_version (version INTEGER NOT NULL) ENGINE = InnoDB;
+INSERT INTO outbox_schema_version (version)
+    SELECT 2 FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM outbox_schema_version);
+
+CREATE TABLE IF NOT EXISTS outbox_events (
+    sequence          BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    event_id          CHAR(36) NOT NULL,
+    aggregate_type    VARCHAR(255) NOT NULL,
+    aggregate_id      VARCHAR(255) NOT NULL,
+    event_type        VARCHAR(255) NOT NULL,
+    partition_key     VARCHAR(255) NOT NULL,
+    payload           LONGTEXT NOT NULL,
+    payload_version   INT NOT NULL,
+    headers           TEXT NOT NULL,
+    created_at        BIGINT NOT NULL,
+    available_at      BIGINT NOT NULL,
+    -- 0 pending, 1 in flight, 2 published, 3 failed
+    status            TINYINT NOT NULL DEFAULT 0,
+    blocks_key        BOOLEAN NOT NULL DEFAULT FALSE,
+    -- A failed event superseded under Block keeps blocking its key for
+    -- everything but its replacement, until the replacement is published.
+    superseded_by     CHAR(36) NULL,
+    attempts          INT NOT NULL DEFAULT 0,
+    -- Crashes blamed on this row alone, and whether it shared a lease that
+    -- ended without an outcome (then it is claimed as the only suspect of a
+    -- lease until it settles).
+    unfinished_claims INT NOT NULL DEFAULT 0,
+    suspect           BOOLEAN NOT NULL DEFAULT FALSE,
+    fencing_token     BIGINT NOT NULL DEFAULT 0,
+    -- The claim that leased it: rows of one lease share a crash. A lease
+    -- claimed while an older one of its owner was in flight (a prefetch)
+    -- is marked unstarted once that one expires: it goes back unblamed.
+    lease_id          BIGINT NOT NULL DEFAULT 0,
+    lease_unstarted   BOOLEAN NOT NULL DEFAULT FALSE,
+    -- Set by the enqueue that wrote the row, so a concurrent enqueue of the
+    -- same id can tell its own insert from the other's.
+    enqueue_mark      BIGINT NOT NULL DEFAULT 0,
+    lease_owner       VARCHAR(255) NULL,
+    lease_expires_at  BIGINT NULL,
+    published_at      BIGINT NULL,
+    UNIQUE KEY outbox_events_event_id (event_id),
+    -- No partial indexes here: status leads, so the claim reads the live
+    -- ranges (0, 1) and never the published rows.
+    KEY outbox_events_live (status, sequence),
+    KEY outbox_events_key (partition_key, status, sequence),
+    -- A key's rows not due yet (delayed, backing off): the claim's per-key
+    -- check finds them without reading the key's due backlog. migrate()
+    -- adds it to tables created before it existed.
+    KEY outbox_events_key_due (partition_key, status, available_at),
+    -- The crash-loop sweep before every claim reads only rows claimed
+    -- without an outcome, not the whole live backlog.
+    KEY outbox_events_unfinished (status, unfinished_claims),
+    KEY outbox_events_published (status, published_at),
+    KEY outbox_events_superseded (superseded_by)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- One row per partition key. Enqueue upserts the keys it writes, holding
+-- their row locks until commit: writers of one key take turns, so a key's
+-- insert order is its commit order.
+CREATE TABLE IF NOT EXISTS outbox_keys (
+    partition_key VARCHAR(255) NOT NULL PRIMARY KEY
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Store time is the database clock, shifted only by tests.
+CREATE TABLE IF NOT EXISTS outbox_clock (
+    id             INT NOT NULL PRIMARY KEY,
+    clock_shift_us BIGINT NOT NULL DEFAULT 0
+) ENGINE = InnoDB;
+INSERT IGNORE INTO outbox_clock (id) VALUES (1);
+
+-- Claims on one table take turns on this row.
+CREATE TABLE IF NOT EXISTS outbox_claim_lock (
+    id INT NOT NULL PRIMARY KEY
+) ENGINE = InnoDB;
+INSERT IGNORE INTO outbox_claim_lock (id) VALUES (1);
+
+CREATE TABLE IF NOT EXISTS outbox_attempts (
+    id          BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    event_id    CHAR(36) NOT NULL,
+    kind        VARCHAR(32) NOT NULL,
+    at          BIGINT NOT NULL,
+    actor       VARCHAR(255) NOT NULL,
+    error_class VARCHAR(16) NULL,
+    detail      TEXT NOT NULL,
+    attempts    INT NOT NULL,
+    KEY outbox_attempts_event (event_id, id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS outbox_inbox (
+    consumer   VARCHAR(255) NOT NULL,
+    event_id   CHAR(36) NOT NULL,
+    claimed_at BIGINT NOT NULL,
+    PRIMARY KEY (consumer, event_id),
+    KEY outbox_inbox_claimed_at (claimed_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS outbox_relays (
+    relay         VARCHAR(255) NOT NULL PRIMARY KEY,
+    last_seen     BIGINT NOT NULL,
+    -- The relay host's clock minus the database's, for operators only.
+    clock_skew_ms BIGINT NOT NULL DEFAULT 0
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -1,0 +1,185 @@
+//! Diesel as `outbox-sql`'s MySQL driver: binds the protocol's parameters
+//! and reads its rows; the protocol itself is
+//! `outbox_sql::mysql::Protocol`, the one the sqlx store runs.
+
+use std::ops::DerefMut;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use diesel::deserialize::{FromSql, QueryableByName};
+use diesel::mysql::{Mysql, MysqlConnection, MysqlType};
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::row::{Field, NamedRow};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text};
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use diesel_async::{AnsiTransactionManager, AsyncMysqlConnection, TransactionManager};
+use outbox_core::StoreError;
+use outbox_sql::mysql::{Driver, Exec, Param, Row, Value};
+
+use crate::error::{ResultExt, store_error};
+
+/// A statement with the protocol's parameters bound.
+fn bind(sql: &str, params: Vec<Param>) -> BoxedSqlQuery<'static, Mysql, SqlQuery> {
+    params.into_iter().fold(
+        diesel::sql_query(sql).into_boxed(),
+        |query, param| match param {
+            Param::Int(n) => query.bind::<BigInt, _>(n),
+            Param::Text(t) => query.bind::<Text, _>(t),
+            Param::Bool(b) => query.bind::<Bool, _>(b),
+            Param::Null => query.bind::<Nullable<BigInt>, _>(None::<i64>),
+        },
+    )
+}
+
+/// Any row, read column by column: integers by their wire type, the rest
+/// as bytes.
+struct AnyRow(Row);
+
+impl QueryableByName<Mysql> for AnyRow {
+    fn build<'a>(row: &impl NamedRow<'a, Mysql>) -> diesel::deserialize::Result<Self> {
+        let count = diesel::row::Row::field_count(row);
+        let mut names = Vec::with_capacity(count);
+        let mut values = Vec::with_capacity(count);
+        for index in 0..count {
+            let field = diesel::row::Row::get(row, index).ok_or("a column went missing")?;
+            names.push(field.field_name().unwrap_or_default().to_owned());
+            values.push(match field.value() {
+                None => Value::Null,
+                Some(value) => match value.value_type() {
+                    MysqlType::String | MysqlType::Blob | MysqlType::Enum | MysqlType::Set => {
+                        Value::Bytes(value.as_bytes().to_vec())
+                    }
+                    _ => Value::Int(<i64 as FromSql<BigInt, Mysql>>::from_sql(value)?),
+                },
+            });
+        }
+        Ok(Self(Row::new(Arc::from(names), values)))
+    }
+}
+
+fn rows(rows: Vec<AnyRow>) -> Vec<Row> {
+    rows.into_iter().map(|r| r.0).collect()
+}
+
+/// `false` for a duplicate key, the statement's error otherwise.
+fn unique(result: Result<usize, DieselError>) -> Result<bool, StoreError> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
+        Err(e) => Err(store_error(e)),
+    }
+}
+
+/// A diesel-async connection the protocol runs statements on: pooled, in
+/// a transaction, or the caller's `&mut AsyncMysqlConnection`.
+pub(crate) struct Diesel<C>(pub(crate) C);
+
+#[async_trait]
+impl<C> Exec for Diesel<C>
+where
+    C: DerefMut<Target = AsyncMysqlConnection> + Send,
+{
+    async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
+        let changed = diesel_async::RunQueryDsl::execute(bind(sql, params), &mut *self.0)
+            .await
+            .store()?;
+        Ok(changed as u64)
+    }
+
+    async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
+        diesel_async::RunQueryDsl::load::<AnyRow>(bind(sql, params), &mut *self.0)
+            .await
+            .store()
+            .map(rows)
+    }
+
+    async fn insert_unique(&mut self, sql: &str, params: Vec<Param>) -> Result<bool, StoreError> {
+        unique(diesel_async::RunQueryDsl::execute(bind(sql, params), &mut *self.0).await)
+    }
+}
+
+/// The caller's synchronous [`MysqlConnection`]. Its statements block and
+/// never wait on anything else, so the protocol's future over it is ready
+/// at its first poll ([`run_sync`]).
+pub(crate) struct Blocking<'c>(pub(crate) &'c mut MysqlConnection);
+
+#[async_trait]
+impl Exec for Blocking<'_> {
+    async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
+        let changed = diesel::RunQueryDsl::execute(bind(sql, params), self.0).store()?;
+        Ok(changed as u64)
+    }
+
+    async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
+        diesel::RunQueryDsl::load::<AnyRow>(bind(sql, params), self.0)
+            .store()
+            .map(rows)
+    }
+
+    async fn insert_unique(&mut self, sql: &str, params: Vec<Param>) -> Result<bool, StoreError> {
+        unique(diesel::RunQueryDsl::execute(bind(sql, params), self.0))
+    }
+}
+
+/// Runs the protocol's `work` over a [`Blocking`] connection to its end.
+/// Every await inside is a blocking statement that has already finished,
+/// so one poll with a waker that does nothing completes it; no runtime is
+/// needed.
+pub(crate) fn run_sync<T>(work: impl std::future::Future<Output = T>) -> T {
+    use std::task::{Context, Poll, Waker};
+    let mut work = std::pin::pin!(work);
+    match work.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(value) => value,
+        Poll::Pending => unreachable!("a blocking connection's work completes at its first poll"),
+    }
+}
+
+/// A deadpool pool of [`AsyncMysqlConnection`]s as the protocol's driver.
+#[derive(Clone)]
+pub(crate) struct DieselDriver(pub(crate) Pool<AsyncMysqlConnection>);
+
+impl DieselDriver {
+    pub(crate) async fn conn(&self) -> Result<Object<AsyncMysqlConnection>, StoreError> {
+        self.0
+            .get()
+            .await
+            .map_err(|e| StoreError::Unavailable(Box::new(e)))
+    }
+}
+
+#[async_trait]
+impl Driver for DieselDriver {
+    type Conn = Diesel<Object<AsyncMysqlConnection>>;
+    /// Diesel's transaction manager knows the transaction: dropped
+    /// uncommitted, the connection counts as broken and the pool discards
+    /// it (the server rolls back).
+    type Tx = Diesel<Object<AsyncMysqlConnection>>;
+
+    async fn connect(&self) -> Result<Self::Conn, StoreError> {
+        self.conn().await.map(Diesel)
+    }
+
+    async fn begin(&self, read_committed: bool) -> Result<Self::Tx, StoreError> {
+        let mut conn = self.conn().await?;
+        if read_committed {
+            // Applies to this connection's next transaction only.
+            diesel_async::RunQueryDsl::execute(
+                diesel::sql_query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"),
+                &mut *conn,
+            )
+            .await
+            .store()?;
+        }
+        AnsiTransactionManager::begin_transaction(&mut *conn)
+            .await
+            .store()?;
+        Ok(Diesel(conn))
+    }
+
+    async fn commit(mut tx: Self::Tx) -> Result<(), StoreError> {
+        AnsiTransactionManager::commit_transaction(&mut *tx.0)
+            .await
+            .store()
+    }
+}
