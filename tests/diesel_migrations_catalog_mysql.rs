@@ -1,0 +1,144 @@
+//! Diesel's embedded MySQL migration builds exactly the tables, columns,
+//! indexes, constraints and seed rows the sqlx store's `migrate` builds:
+//! the two catalogs are compared on live MariaDB.
+
+use diesel::Connection;
+use diesel_migrations::MigrationHarness;
+use outbox_core::EventId;
+use outbox_diesel::mysql::MIGRATIONS;
+use outbox_sqlx::mysql::MySqlStore;
+use sqlx::Row;
+
+fn url() -> String {
+    std::env::var("OUTBOX_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+}
+
+/// A database name `scripts/services.sh` drops on its next run.
+fn fresh_database(stem: &str) -> String {
+    format!(
+        "outbox_t_{stem}_{}",
+        &EventId::random().as_uuid().simple().to_string()[..12]
+    )
+}
+
+/// One catalog of the outbox tables in `database`, each entry as text.
+async fn catalog(pool: &sqlx::MySqlPool, database: &str) -> Vec<String> {
+    let queries = [
+        "SELECT CONCAT_WS(' ', 'table', table_name, engine, table_collation)
+         FROM information_schema.tables
+         WHERE table_schema = ? AND table_name LIKE 'outbox\\_%'",
+        "SELECT CONCAT_WS(' ', 'column', table_name, column_name, ordinal_position, column_type,
+                          is_nullable, COALESCE(column_default, '-'), extra,
+                          COALESCE(collation_name, '-'))
+         FROM information_schema.columns
+         WHERE table_schema = ? AND table_name LIKE 'outbox\\_%'",
+        "SELECT CONCAT_WS(' ', 'index', table_name, index_name, non_unique, seq_in_index,
+                          column_name, COALESCE(sub_part, '-'))
+         FROM information_schema.statistics
+         WHERE table_schema = ? AND table_name LIKE 'outbox\\_%'",
+        "SELECT CONCAT_WS(' ', 'check', table_name, constraint_name, check_clause)
+         FROM information_schema.check_constraints
+         WHERE constraint_schema = ? AND table_name LIKE 'outbox\\_%'",
+        "SELECT CONCAT_WS(' ', 'trigger', event_object_table, trigger_name, event_manipulation,
+                          action_timing, action_statement)
+         FROM information_schema.triggers WHERE trigger_schema = ?",
+    ];
+    let mut entries = Vec::new();
+    for query in queries {
+        for row in sqlx::query(query)
+            .bind(database)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+        {
+            let entry: String = row.get(0);
+            entries.push(entry.replace(&format!("{database}."), ""));
+        }
+    }
+    // The seed rows the protocol needs (clock, claim lock, version).
+    for (table, columns) in [
+        ("outbox_clock", "id, clock_shift_us"),
+        ("outbox_claim_lock", "id"),
+        ("outbox_schema_version", "version"),
+    ] {
+        for row in sqlx::query(&format!(
+            "SELECT CAST(CONCAT_WS(' ', {columns}) AS CHAR) FROM {database}.{table}"
+        ))
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        {
+            let values: String = row.get(0);
+            entries.push(format!("row {table} {values}"));
+        }
+    }
+    entries.sort();
+    entries
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diesel_migrations_and_the_sqlx_migrate_build_the_same_mysql_catalog() {
+    let (by_diesel, by_sqlx) = (fresh_database("dmig"), fresh_database("smig"));
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .connect(&url())
+        .await
+        .unwrap_or_else(|e| panic!("MariaDB unreachable at {}: {e}", url()));
+    for database in [&by_diesel, &by_sqlx] {
+        sqlx::query(&format!("CREATE DATABASE {database}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    tokio::task::spawn_blocking({
+        let url = format!("{}/{by_diesel}", url());
+        move || {
+            let mut conn = diesel::MysqlConnection::establish(&url)
+                .unwrap_or_else(|e| panic!("MariaDB unreachable at {url}: {e}"));
+            let applied = conn.run_pending_migrations(MIGRATIONS).unwrap();
+            assert_eq!(applied.len(), 1, "one migration");
+        }
+    })
+    .await
+    .unwrap();
+    MySqlStore::new(
+        pool.clone(),
+        outbox_sqlx::StoreConfig::with_tables(
+            outbox_sqlx::TableNames::default()
+                .in_schema(&by_sqlx)
+                .unwrap(),
+        ),
+    )
+    .migrate()
+    .await
+    .unwrap();
+
+    let (diesel_catalog, sqlx_catalog) = (
+        catalog(&pool, &by_diesel).await,
+        catalog(&pool, &by_sqlx).await,
+    );
+    assert!(diesel_catalog.len() > 50, "{diesel_catalog:#?}");
+    let only_diesel: Vec<_> = diesel_catalog
+        .iter()
+        .filter(|e| !sqlx_catalog.contains(e))
+        .collect();
+    let only_sqlx: Vec<_> = sqlx_catalog
+        .iter()
+        .filter(|e| !diesel_catalog.contains(e))
+        .collect();
+    assert!(
+        only_diesel.is_empty() && only_sqlx.is_empty(),
+        "catalogs differ:\nonly through Diesel: {only_diesel:#?}\nonly through sqlx: {only_sqlx:#?}"
+    );
+    assert_eq!(diesel_catalog, sqlx_catalog);
+    println!(
+        "the same {} catalog entries (tables, columns, indexes, checks, triggers, seed rows)",
+        diesel_catalog.len()
+    );
+    for database in [&by_diesel, &by_sqlx] {
+        sqlx::query(&format!("DROP DATABASE {database}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
