@@ -164,6 +164,22 @@ pub async fn mysql_store(max_connections: u32) -> Result<MySqlStore, Error> {
     Ok(store)
 }
 
+/// The Diesel store (diesel-async, deadpool) on the MariaDB bench
+/// database's tables (made by [`mysql_store`] first).
+pub fn diesel_mysql_store(
+    max_connections: usize,
+) -> Result<outbox_diesel::mysql::MysqlStore, Error> {
+    use outbox_diesel::diesel_async::AsyncMysqlConnection;
+    use outbox_diesel::diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use outbox_diesel::diesel_async::pooled_connection::deadpool::Pool;
+    let manager = AsyncDieselConnectionManager::<AsyncMysqlConnection>::new(format!(
+        "{}/{DATABASE}",
+        mysql_server()
+    ));
+    let pool = Pool::builder(manager).max_size(max_connections).build()?;
+    Ok(outbox_diesel::mysql::MysqlStore::new(pool, config()?))
+}
+
 /// The outbox on a fresh SQLite file under `dir`.
 pub async fn sqlite_store(dir: &std::path::Path) -> Result<SqliteStore, Error> {
     use std::sync::atomic::{AtomicUsize, Ordering};

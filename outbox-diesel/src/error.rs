@@ -77,7 +77,7 @@ impl From<StoreError> for Error {
 }
 
 impl Error {
-    /// As the core's error (Diesel's classified as [`store_error`] does).
+    /// As the core's error (Diesel's classified by retryability).
     pub fn into_store_error(self) -> StoreError {
         match self {
             Self::Diesel(error) => store_error(error),

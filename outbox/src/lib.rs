@@ -9,7 +9,7 @@
 //! | `redis` | [`redis`] (`outbox-redis`) |
 //! | `kafka` | [`kafka`] (`outbox-kafka`) |
 //! | `sns` | [`sns`] (`outbox-sns`): SNS publisher, SQS consumer runner |
-//! | `diesel-postgres` | [`diesel`] (`outbox-diesel`): enqueue inside your Diesel transaction (`PgConnection`, diesel-async's `AsyncPgConnection`) |
+//! | `diesel-postgres`, `diesel-mysql` | [`diesel`] (`outbox-diesel`): enqueue inside your Diesel transaction (`PgConnection`/`MysqlConnection`, diesel-async's `AsyncPgConnection`/`AsyncMysqlConnection`), the store and inbox on diesel-async |
 //! | `otel` | OpenTelemetry across the hop ([`trace`]): enqueue captures the current span's context into `traceparent`, the relay's publish span links to it, consumer handler spans are its children |
 //! | `testing` | conformance suites for custom backends |
 //!
@@ -127,7 +127,7 @@ pub use outbox_redis as redis;
 pub use outbox_kafka as kafka;
 
 /// Enqueue inside Diesel transactions, sync and async (PostgreSQL).
-#[cfg(feature = "diesel-postgres")]
+#[cfg(any(feature = "diesel-postgres", feature = "diesel-mysql"))]
 pub use outbox_diesel as diesel;
 
 /// Amazon SNS publisher (standard and FIFO topics) and SQS consumer runner.

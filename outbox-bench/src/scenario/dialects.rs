@@ -1,6 +1,6 @@
 //! The no-op drain on MariaDB and SQLite beside PostgreSQL, and on
-//! PostgreSQL through the Diesel store (diesel-async) beside the sqlx one:
-//! same relay, same events, same batch size, same tables.
+//! PostgreSQL and MariaDB through the Diesel stores (diesel-async) beside
+//! the sqlx ones: same relay, same events, same batch size, same tables.
 
 use std::sync::Arc;
 
@@ -23,7 +23,13 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     let pg = Arc::new(env::pg_store(&pool).await?);
     let mut rounds = Rounds::default();
     for round in 0..scale.rounds {
-        for dialect in ["postgres", "postgres-diesel", "mariadb", "sqlite"] {
+        for dialect in [
+            "postgres",
+            "postgres-diesel",
+            "mariadb",
+            "mariadb-diesel",
+            "sqlite",
+        ] {
             if !scale.includes(dialect) {
                 continue;
             }
@@ -38,13 +44,18 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     env::pg_fill(&pg, round, n).await?;
                     drain(Arc::new(env::diesel_pg_store()?), n).await?
                 }
-                "mariadb" => {
+                "mariadb" | "mariadb-diesel" => {
+                    // Filled through sqlx either way: the rows are the same.
                     let store = Arc::new(env::mysql_store(8).await?);
                     sqlx::query("DELETE FROM bench_events")
                         .execute(store.pool())
                         .await?;
                     fill(store.as_ref(), round, n).await?;
-                    let elapsed = drain(store.clone(), n).await?;
+                    let elapsed = if dialect == "mariadb" {
+                        drain(store.clone(), n).await?
+                    } else {
+                        drain(Arc::new(env::diesel_mysql_store(8)?), n).await?
+                    };
                     store.pool().close().await;
                     elapsed
                 }
@@ -76,6 +87,16 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             ratio,
         ));
     }
+    let mariadb = report
+        .median(NAME, "mariadb", "events/s")
+        .unwrap_or(f64::NAN);
+    let diesel = report
+        .median(NAME, "mariadb-diesel", "events/s")
+        .unwrap_or(f64::NAN);
+    report.target(TargetCheck::reported(
+        "drain: mariadb-diesel / mariadb (sqlx)",
+        diesel / mariadb,
+    ));
     pool.close().await;
     Ok(())
 }
