@@ -251,7 +251,6 @@ async fn async_migrate_reports_and_checks_the_schema_version() {
 /// duplicate to the sqlx inbox, and the other way round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_claims_written_by_one_orm_are_seen_by_the_other() {
-    use outbox_core::InboxStore;
     let db = EndToEndDb::create("diesel").await;
     let pool = diesel_async::pooled_connection::deadpool::Pool::builder(
         diesel_async::pooled_connection::AsyncDieselConnectionManager::<AsyncPgConnection>::new(
@@ -266,21 +265,5 @@ async fn inbox_claims_written_by_one_orm_are_seen_by_the_other() {
         StoreConfig::with_tables(TableNames::default().in_schema(&db.schema).unwrap()),
     );
     let (diesel_inbox, sqlx_inbox) = (diesel_store.inbox(), db.store.inbox());
-    let (first, second) = (EventId::random(), EventId::random());
-
-    let mut tx = diesel_inbox.begin().await.unwrap();
-    assert!(diesel_inbox.claim(&mut tx, "billing", first).await.unwrap());
-    diesel_inbox.commit(tx).await.unwrap();
-    let mut tx = sqlx_inbox.begin().await.unwrap();
-    assert!(!sqlx_inbox.claim(&mut tx, "billing", first).await.unwrap());
-    assert!(sqlx_inbox.claim(&mut tx, "billing", second).await.unwrap());
-    sqlx_inbox.commit(tx).await.unwrap();
-    let mut tx = diesel_inbox.begin().await.unwrap();
-    assert!(
-        !diesel_inbox
-            .claim(&mut tx, "billing", second)
-            .await
-            .unwrap()
-    );
-    diesel_inbox.rollback(tx).await.unwrap();
+    outbox_tests::assert_inbox_claims_are_shared(&diesel_inbox, &sqlx_inbox).await;
 }

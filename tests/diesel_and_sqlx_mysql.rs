@@ -14,7 +14,7 @@ use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsy
 use outbox_core::memory::RecordingPublisher;
 use outbox_core::store::{EnqueueOutcome, OutboxAdmin};
 use outbox_core::testing::{RelayFleet, event};
-use outbox_core::{EventId, InboxStore, InvalidEvent, NewEvent, OutboxWriter, StoreError};
+use outbox_core::{EventId, InvalidEvent, NewEvent, OutboxWriter, StoreError};
 use outbox_diesel::mysql::{MysqlOutbox, MysqlStore};
 use outbox_diesel::{StoreConfig, TableNames};
 use outbox_sqlx::mysql::MySqlStore;
@@ -309,21 +309,5 @@ async fn the_sync_api_migrates_and_enqueues_in_a_mysql_connection_transaction() 
 async fn inbox_claims_written_by_one_orm_are_seen_by_the_other() {
     let db = Db::create().await;
     let (diesel_inbox, sqlx_inbox) = (db.diesel.inbox(), db.sqlx.inbox());
-    let (first, second) = (EventId::random(), EventId::random());
-
-    let mut tx = diesel_inbox.begin().await.unwrap();
-    assert!(diesel_inbox.claim(&mut tx, "billing", first).await.unwrap());
-    diesel_inbox.commit(tx).await.unwrap();
-    let mut tx = sqlx_inbox.begin().await.unwrap();
-    assert!(!sqlx_inbox.claim(&mut tx, "billing", first).await.unwrap());
-    assert!(sqlx_inbox.claim(&mut tx, "billing", second).await.unwrap());
-    sqlx_inbox.commit(tx).await.unwrap();
-    let mut tx = diesel_inbox.begin().await.unwrap();
-    assert!(
-        !diesel_inbox
-            .claim(&mut tx, "billing", second)
-            .await
-            .unwrap()
-    );
-    diesel_inbox.rollback(tx).await.unwrap();
+    outbox_tests::assert_inbox_claims_are_shared(&diesel_inbox, &sqlx_inbox).await;
 }

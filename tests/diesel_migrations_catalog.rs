@@ -100,24 +100,7 @@ async fn diesel_migrations_and_the_sqlx_migrate_build_the_same_catalog() {
         catalog(&pool, &by_diesel).await,
         catalog(&pool, &by_sqlx).await,
     );
-    assert!(diesel_catalog.len() > 50, "{diesel_catalog:#?}");
-    let only_diesel: Vec<_> = diesel_catalog
-        .iter()
-        .filter(|e| !sqlx_catalog.contains(e))
-        .collect();
-    let only_sqlx: Vec<_> = sqlx_catalog
-        .iter()
-        .filter(|e| !diesel_catalog.contains(e))
-        .collect();
-    assert!(
-        only_diesel.is_empty() && only_sqlx.is_empty(),
-        "catalogs differ:\nonly through Diesel: {only_diesel:#?}\nonly through sqlx: {only_sqlx:#?}"
-    );
-    assert_eq!(diesel_catalog, sqlx_catalog);
-    println!(
-        "the same {} catalog entries (columns, indexes, triggers, functions, sequences)",
-        diesel_catalog.len()
-    );
+    outbox_tests::assert_same_catalog(&diesel_catalog, &sqlx_catalog);
     for schema in [&by_diesel, &by_sqlx] {
         sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
             .execute(&pool)

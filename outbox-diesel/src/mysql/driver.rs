@@ -48,7 +48,7 @@ impl QueryableByName<Mysql> for AnyRow {
                 None => Value::Null,
                 Some(value) => match value.value_type() {
                     MysqlType::String | MysqlType::Blob | MysqlType::Enum | MysqlType::Set => {
-                        Value::Bytes(value.as_bytes().to_vec())
+                        Value::from_bytes(value.as_bytes().to_vec())
                     }
                     _ => Value::Int(<i64 as FromSql<BigInt, Mysql>>::from_sql(value)?),
                 },

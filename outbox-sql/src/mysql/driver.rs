@@ -74,8 +74,21 @@ pub enum Value {
     Null,
     /// Any integer type.
     Int(i64),
-    /// Text or binary (binary-collated text arrives as bytes).
+    /// Text, valid UTF-8.
+    Text(String),
+    /// Bytes that are not UTF-8.
     Bytes(Vec<u8>),
+}
+
+impl Value {
+    /// Text or binary as the server sent it (binary-collated text arrives
+    /// flagged binary): UTF-8 is kept as text, checked once here.
+    pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        match String::from_utf8(bytes) {
+            Ok(text) => Self::Text(text),
+            Err(e) => Self::Bytes(e.into_bytes()),
+        }
+    }
 }
 
 /// One result row: values by column name.
@@ -107,11 +120,13 @@ impl Row {
             Value::Null => Ok(None),
             Value::Int(n) => Ok(Some(*n)),
             // A DECIMAL (what SUM gives) travels as text.
-            Value::Bytes(b) => std::str::from_utf8(b)
-                .ok()
-                .and_then(|t| t.parse().ok())
+            Value::Text(t) => t
+                .parse()
                 .map(Some)
-                .ok_or_else(|| StoreError::fatal(format!("column {column} is not an integer"))),
+                .map_err(|_| StoreError::fatal(format!("column {column} is not an integer"))),
+            Value::Bytes(_) => Err(StoreError::fatal(format!(
+                "column {column} is not an integer"
+            ))),
         }
     }
 
@@ -131,9 +146,10 @@ impl Row {
         match self.value(column)? {
             Value::Null => Ok(None),
             Value::Int(n) => Ok(Some(n.to_string())),
-            Value::Bytes(b) => String::from_utf8(b.clone())
-                .map(Some)
-                .map_err(|e| StoreError::fatal(format!("column {column}: {e}"))),
+            Value::Text(t) => Ok(Some(t.clone())),
+            Value::Bytes(_) => Err(StoreError::fatal(format!(
+                "column {column} is not UTF-8 text"
+            ))),
         }
     }
 

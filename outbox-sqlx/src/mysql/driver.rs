@@ -44,14 +44,18 @@ fn value(row: &MySqlRow, index: usize) -> Result<Value, StoreError> {
     if raw.is_null() {
         return Ok(Value::Null);
     }
-    let type_name = raw.type_info().name().to_owned();
-    if type_name.contains("INT") || type_name == "BOOLEAN" {
+    let integer = {
+        let type_info = raw.type_info();
+        let name = type_info.name();
+        name.contains("INT") || name == "BOOLEAN"
+    };
+    if integer {
         sqlx::Row::try_get::<i64, _>(row, index)
             .map(Value::Int)
             .store()
     } else {
         sqlx::Row::try_get::<Vec<u8>, _>(row, index)
-            .map(Value::Bytes)
+            .map(Value::from_bytes)
             .store()
     }
 }
