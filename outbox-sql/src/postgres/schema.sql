@@ -1036,13 +1036,14 @@ $$;
 SELECT setval('{{schema}}outbox_events_seq', x.m)
 FROM (SELECT max(sequence) AS m FROM {{schema}}outbox_events) x, {{schema}}outbox_events_seq s
 WHERE x.m > s.last_value;
+-- Each sequence is read by name alone: scanning pg_sequences would look up
+-- every sequence of the database, and fail ("schema … does not exist")
+-- when another session drops one of them meanwhile.
 SELECT setval(pg_get_serial_sequence('{{schema}}outbox_leases', 'token'), x.m)
 FROM (SELECT max(token) AS m FROM {{schema}}outbox_leases) x
-WHERE x.m > (SELECT last_value FROM pg_sequences
-             WHERE format('%I.%I', schemaname, sequencename)::regclass
-                   = pg_get_serial_sequence('{{schema}}outbox_leases', 'token')::regclass);
+WHERE x.m > coalesce(pg_sequence_last_value(
+                 pg_get_serial_sequence('{{schema}}outbox_leases', 'token')::regclass), 0);
 SELECT setval(pg_get_serial_sequence('{{schema}}outbox_attempts', 'id'), x.m)
 FROM (SELECT max(id) AS m FROM {{schema}}outbox_attempts) x
-WHERE x.m > (SELECT coalesce(last_value, 0) FROM pg_sequences
-             WHERE format('%I.%I', schemaname, sequencename)::regclass
-                   = pg_get_serial_sequence('{{schema}}outbox_attempts', 'id')::regclass);
+WHERE x.m > coalesce(pg_sequence_last_value(
+                 pg_get_serial_sequence('{{schema}}outbox_attempts', 'id')::regclass), 0);
