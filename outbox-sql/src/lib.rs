@@ -11,6 +11,8 @@ pub mod codes;
 pub mod config;
 /// An enqueue as column arrays, and its outcomes.
 pub mod enqueue;
+/// Naming the operation and table in a store error.
+pub mod error;
 /// Attempt-history rows as the stores append them in batches.
 pub mod history;
 /// MySQL/MariaDB schema and statements.

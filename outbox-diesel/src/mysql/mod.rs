@@ -44,6 +44,8 @@ pub const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
 /// same statements.
 #[derive(Clone)]
 pub struct MysqlOutbox {
+    // Built once per store: `MysqlStore::outbox` hands out a clone (the
+    // statements are behind an `Arc`), not a fresh rendering.
     statements: Statements,
 }
 

@@ -48,7 +48,9 @@ impl MysqlStore {
 
     /// Enqueue and migrate on connections of your own.
     pub fn outbox(&self) -> MysqlOutbox {
-        MysqlOutbox::new(self.protocol.config.clone())
+        MysqlOutbox {
+            statements: self.protocol.statements.clone(),
+        }
     }
 
     /// The settings.

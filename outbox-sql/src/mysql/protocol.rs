@@ -25,6 +25,7 @@ use super::{Queries, SCHEMA_VERSION, with_in_list};
 use crate::blame::{InFlight, blame, new_lease_id, reap};
 use crate::codes;
 use crate::config::{Migrated, StoreConfig};
+pub(super) use crate::error::during;
 use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
 
@@ -80,16 +81,6 @@ fn micros(duration: std::time::Duration) -> i64 {
 
 fn limit(n: usize) -> Param {
     Param::Int(n.min(i64::MAX as usize) as i64)
-}
-
-/// Runs one store operation, naming it and its table in a driver error.
-pub(super) async fn during<T>(
-    operation: &'static str,
-    target: impl FnOnce() -> String,
-    work: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    work.await
-        .map_err(|error| error.during(operation, target()))
 }
 
 /// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event:

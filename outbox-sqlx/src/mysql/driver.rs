@@ -47,7 +47,10 @@ fn value(row: &MySqlRow, index: usize) -> Result<Value, StoreError> {
     let integer = {
         let type_info = raw.type_info();
         let name = type_info.name();
-        name.contains("INT") || name == "BOOLEAN"
+        matches!(
+            name.split(' ').next(),
+            Some("TINYINT" | "SMALLINT" | "MEDIUMINT" | "INT" | "BIGINT" | "BOOLEAN")
+        )
     };
     if integer {
         sqlx::Row::try_get::<i64, _>(row, index)
