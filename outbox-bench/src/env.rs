@@ -88,6 +88,12 @@ pub async fn pg_pool(max_connections: u32) -> Result<PgPool, Error> {
         })
         .await?;
     admin.close().await;
+    pg_bench_pool(max_connections).await
+}
+
+/// A pool on the bench database as it is (a relay process of the fleet
+/// must not recreate it under its parent).
+pub async fn pg_bench_pool(max_connections: u32) -> Result<PgPool, Error> {
     Ok(guard_cancelled_transactions(PgPoolOptions::new())
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(30))
@@ -114,6 +120,12 @@ pub async fn pg_store(pool: &PgPool) -> Result<PgStore, Error> {
     let store = PgStore::new(pool.clone(), config()?);
     store.migrate().await?;
     Ok(store)
+}
+
+/// The outbox on PostgreSQL with the bench's table prefix, as another
+/// process migrated it.
+pub fn pg_store_unmigrated(pool: &PgPool) -> Result<PgStore, Error> {
+    Ok(PgStore::new(pool.clone(), config()?))
 }
 
 /// Empties the bench's outbox tables on PostgreSQL and rewinds the cursor

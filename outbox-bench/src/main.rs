@@ -9,8 +9,10 @@
 
 mod counting;
 mod env;
+mod fleet;
 mod plot;
 mod query_count;
+mod relay_process;
 mod relay_run;
 mod report;
 mod scenario;
@@ -90,12 +92,21 @@ fn parse_args() -> Args {
 }
 
 fn main() {
-    let args = parse_args();
-    query_count::install();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
+    if std::env::args().nth(1).as_deref() == Some(relay_process::SUBCOMMAND) {
+        let result = relay_process::Args::parse(std::env::args().skip(2))
+            .and_then(|args| runtime.block_on(relay_process::run(args)));
+        if let Err(error) = result {
+            eprintln!("{}: {error}", relay_process::SUBCOMMAND);
+            std::process::exit(1);
+        }
+        return;
+    }
+    let args = parse_args();
+    query_count::install();
     let code = runtime.block_on(run(args));
     std::process::exit(code);
 }

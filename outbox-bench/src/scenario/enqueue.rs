@@ -84,7 +84,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     report.target(TargetCheck::at_most(
         "enqueue: business txn with / without one event",
         overhead,
-        1.15,
+        1.25,
     ));
     let bulk = m(report, "bulk-40k", "seconds");
     report.target(TargetCheck::at_most(
