@@ -17,6 +17,7 @@ mod relay_run;
 mod report;
 mod scenario;
 mod seed;
+mod seed_mysql;
 mod stats;
 
 use std::path::PathBuf;
@@ -25,8 +26,15 @@ use std::time::Instant;
 use report::Report;
 use scenario::Scale;
 
-const SCENARIOS: [&str; 7] = [
-    "drain", "keys", "brokers", "dialects", "latency", "enqueue", "claim",
+const SCENARIOS: [&str; 8] = [
+    "drain",
+    "drain-sql",
+    "keys",
+    "brokers",
+    "dialects",
+    "latency",
+    "enqueue",
+    "claim",
 ];
 
 struct Args {
@@ -141,6 +149,7 @@ async fn run(args: Args) -> i32 {
         eprintln!("==> {name}");
         let result = match name.as_str() {
             "drain" => scenario::drain::run(args.scale.clone(), &mut report).await,
+            "drain-sql" => scenario::drain_sql::run(args.scale.clone(), &mut report).await,
             "brokers" => scenario::brokers::run(args.scale.clone(), &mut report).await,
             "dialects" => scenario::dialects::run(args.scale.clone(), &mut report).await,
             "latency" => scenario::latency::run(args.scale.clone(), &mut report).await,

@@ -21,7 +21,7 @@ use sqlx::{Executor, PgPool, Row};
 use crate::env::{Error, KEYS};
 
 /// Rows the seed claims per transaction.
-const SEED_BATCH: i64 = 200;
+pub const SEED_BATCH: i64 = 200;
 /// Rows the floor marks per statement.
 const FLOOR_BATCH: i64 = 1_000;
 
@@ -116,7 +116,7 @@ async fn worker(pool: &PgPool, baseline: Baseline, publisher: &dyn Publisher) ->
         let mut sent = Vec::with_capacity(rows.len());
         for row in &rows {
             let id: i64 = row.try_get("id")?;
-            let event = stored_event(row)?;
+            let event = stored_event_of(row)?;
             if let Some(Err(error)) = publisher.publish(&[&event]).await.pop() {
                 return Err(error.to_string().into());
             }
@@ -144,19 +144,35 @@ async fn worker(pool: &PgPool, baseline: Baseline, publisher: &dyn Publisher) ->
     }
 }
 
-fn stored_event(row: &sqlx::postgres::PgRow) -> Result<StoredEvent, Error> {
-    let created_at: DateTime<Utc> = row.try_get("created_at")?;
-    let event = NewEvent::builder(
-        row.try_get::<String, _>("event_type")?,
-        row.try_get::<String, _>("aggregate_type")?,
-        row.try_get::<String, _>("aggregate_id")?,
+fn stored_event_of(row: &sqlx::postgres::PgRow) -> Result<StoredEvent, Error> {
+    stored_event(
+        row.try_get("id")?,
+        row.try_get("event_type")?,
+        row.try_get("aggregate_type")?,
+        row.try_get("aggregate_id")?,
+        row.try_get("partition_key")?,
+        row.try_get("payload")?,
+        row.try_get("created_at")?,
     )
-    .event_id(outbox_core::EventId::random())
-    .partition_key(row.try_get::<String, _>("partition_key")?)
-    .payload_json(row.try_get::<String, _>("payload")?)
-    .build()?;
+}
+
+/// The event a seed row holds, as a relay would hand it to its publisher.
+pub fn stored_event(
+    id: i64,
+    event_type: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    partition_key: String,
+    payload: String,
+    created_at: DateTime<Utc>,
+) -> Result<StoredEvent, Error> {
+    let event = NewEvent::builder(event_type, aggregate_type, aggregate_id)
+        .event_id(outbox_core::EventId::random())
+        .partition_key(partition_key)
+        .payload_json(payload)
+        .build()?;
     Ok(StoredEvent {
-        sequence: row.try_get("id")?,
+        sequence: id,
         event,
         created_at,
         available_at: created_at,

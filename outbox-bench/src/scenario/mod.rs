@@ -6,6 +6,7 @@ pub mod brokers;
 pub mod claim;
 pub mod dialects;
 pub mod drain;
+pub mod drain_sql;
 pub mod enqueue;
 pub mod keys;
 pub mod latency;

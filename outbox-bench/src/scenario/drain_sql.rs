@@ -1,0 +1,257 @@
+//! The drain on MariaDB and SQLite: one relay (per-key and unordered,
+//! batch 1,000, 10,000 keys, no-op publisher), the seed's relay on MariaDB
+//! as its baselines, and what one troubled key costs every other key:
+//!
+//! * `parked-key`: a key whose head failed under `PoisonPolicy::Block`,
+//!   with [`OBSTACLE_BACKLOG`] events parked behind it;
+//! * `head-in-flight`: a key whose head another relay holds leased (and
+//!   will not settle during the drain), [`OBSTACLE_BACKLOG`] events behind.
+//!
+//! Either key's events stay open; every other event must be delivered at
+//! the clean backlog's rate.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::store::{
+    ClaimRequest, FailReason, Nack, NackAction, OutboxAdmin, OutboxStore, RelayId,
+};
+use outbox_core::{ErrorClass, NewEvent, Ordering, OutboxWriter, PoisonPolicy, RelayConfig};
+
+use super::{Rounds, Scale, progress, rate};
+use crate::counting::CountingPublisher;
+use crate::env::{self, Error, FILL_CHUNK};
+use crate::relay_run;
+use crate::report::{Report, TargetCheck};
+use crate::seed::Baseline;
+use crate::seed_mysql;
+
+/// Events per claim, as on PostgreSQL's drain.
+const BATCH: usize = 1_000;
+/// Events behind the troubled key's head.
+const OBSTACLE_BACKLOG: usize = 2_000;
+
+/// A troubled key beside the backlog, or none.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Obstacle {
+    None,
+    ParkedKey,
+    HeadInFlight,
+}
+
+const RELAY_CONTENDERS: [(&str, Ordering, Obstacle); 4] = [
+    ("relay-per-key", Ordering::PerKey, Obstacle::None),
+    ("relay-unordered", Ordering::Unordered, Obstacle::None),
+    (
+        "relay-per-key-parked-key",
+        Ordering::PerKey,
+        Obstacle::ParkedKey,
+    ),
+    (
+        "relay-per-key-head-in-flight",
+        Ordering::PerKey,
+        Obstacle::HeadInFlight,
+    ),
+];
+
+const SEED_CONTENDERS: [(&str, Baseline, usize); 4] = [
+    ("seed-per-row-1w", Baseline::PerRow, 1),
+    ("seed-per-row-4w", Baseline::PerRow, 4),
+    ("seed-batched-1w", Baseline::Batched, 1),
+    ("seed-batched-4w", Baseline::Batched, 4),
+];
+
+/// Scenario name per dialect.
+pub fn name(dialect: &str) -> String {
+    format!("drain-{dialect}")
+}
+
+/// Runs the scenario on MariaDB and SQLite and checks its targets.
+pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
+    for dialect in ["mariadb", "sqlite"] {
+        let n = scale.pick(if dialect == "mariadb" { 50_000 } else { 20_000 }, 2_000);
+        let mut rounds = Rounds::default();
+        for round in 0..scale.rounds {
+            for (contender, ordering, obstacle) in RELAY_CONTENDERS {
+                if !scale.includes(contender) {
+                    continue;
+                }
+                let elapsed = relay(dialect, ordering, obstacle, round, n).await?;
+                record(&mut rounds, round, dialect, contender, n, elapsed);
+            }
+            if dialect != "mariadb" {
+                continue;
+            }
+            for (contender, baseline, workers) in SEED_CONTENDERS {
+                if !scale.includes(contender) {
+                    continue;
+                }
+                let elapsed = seed(baseline, workers, n).await?;
+                record(&mut rounds, round, dialect, contender, n, elapsed);
+            }
+        }
+        let scenario = name(dialect);
+        rounds.finish(&scenario, report);
+        check(report, &scenario);
+    }
+    Ok(())
+}
+
+fn record(
+    rounds: &mut Rounds,
+    round: usize,
+    dialect: &str,
+    contender: &str,
+    n: usize,
+    elapsed: Duration,
+) {
+    let events_per_second = rate(n as u64, elapsed);
+    rounds.add(contender, "events/s", events_per_second, true);
+    progress(format!(
+        "round {round} {dialect} {contender}: {events_per_second:.0} events/s"
+    ));
+}
+
+fn check(report: &mut Report, scenario: &str) {
+    let m = |report: &Report, c: &str| report.median(scenario, c, "events/s");
+    let Some(per_key) = m(report, "relay-per-key") else {
+        return;
+    };
+    if let Some(unordered) = m(report, "relay-unordered") {
+        report.target(TargetCheck::reported(
+            format!("{scenario}: relay-per-key / relay-unordered"),
+            per_key / unordered,
+        ));
+    }
+    for obstacle in ["relay-per-key-parked-key", "relay-per-key-head-in-flight"] {
+        if let Some(troubled) = m(report, obstacle) {
+            report.target(TargetCheck::at_most(
+                format!("{scenario}: cost of {obstacle} (clean / troubled)"),
+                per_key / troubled,
+                1.2,
+            ));
+        }
+    }
+    if let Some(seed) = m(report, "seed-batched-4w") {
+        report.target(TargetCheck::at_least(
+            format!("{scenario}: relay-per-key / seed-batched-4w"),
+            per_key / seed,
+            1.0,
+        ));
+    }
+    if let Some(seed) = m(report, "seed-per-row-1w") {
+        report.target(TargetCheck::reported(
+            format!("{scenario}: relay-per-key / seed-per-row-1w"),
+            per_key / seed,
+        ));
+    }
+}
+
+/// One relay contender's drain on `dialect`.
+async fn relay(
+    dialect: &str,
+    ordering: Ordering,
+    obstacle: Obstacle,
+    round: usize,
+    n: usize,
+) -> Result<Duration, Error> {
+    let config = RelayConfig {
+        poison: match obstacle {
+            Obstacle::ParkedKey => PoisonPolicy::Block,
+            _ => PoisonPolicy::Skip,
+        },
+        ..relay_run::config(BATCH, ordering)
+    };
+    let publisher = Arc::new(CountingPublisher::noop(BATCH));
+    if dialect == "mariadb" {
+        let store = Arc::new(env::mysql_store(8).await?);
+        sqlx::query("DELETE FROM bench_events")
+            .execute(store.pool())
+            .await?;
+        let left_open = prepare(store.as_ref(), obstacle, round, n).await?;
+        let elapsed =
+            relay_run::drain_leaving(store.clone(), publisher, config, n as u64, left_open).await;
+        store.pool().close().await;
+        elapsed
+    } else {
+        let store = Arc::new(env::sqlite_store(std::path::Path::new("target/bench/sqlite")).await?);
+        let left_open = prepare(store.as_ref(), obstacle, round, n).await?;
+        let elapsed =
+            relay_run::drain_leaving(store.clone(), publisher, config, n as u64, left_open).await;
+        store.pool().close().await;
+        elapsed
+    }
+}
+
+/// Sets up the obstacle (its key's events first, its head claimed and
+/// failed or held), then enqueues the `n` events of the backlog. Returns
+/// how many events the drain must leave open.
+async fn prepare<S>(store: &S, obstacle: Obstacle, round: usize, n: usize) -> Result<usize, Error>
+where
+    S: OutboxStore + OutboxAdmin + OutboxWriter,
+{
+    let left_open = if obstacle == Obstacle::None {
+        0
+    } else {
+        let troubled_key = usize::MAX - round;
+        let events: Vec<NewEvent> = (0..OBSTACLE_BACKLOG)
+            .map(|i| env::event_for_key(round, n + i, troubled_key))
+            .collect();
+        store.enqueue(&events).await?;
+        let claimed = store
+            .claim_batch(&ClaimRequest {
+                owner: RelayId::new("bench-troubled"),
+                limit: 1,
+                lease_duration: Duration::from_secs(600),
+                ordering: Ordering::PerKey,
+                poison: PoisonPolicy::Block,
+                crash_loop_limit: 5,
+            })
+            .await?;
+        let [head] = claimed.events.as_slice() else {
+            return Err(format!("claimed {} troubled heads", claimed.events.len()).into());
+        };
+        if obstacle == Obstacle::ParkedKey {
+            store
+                .nack(&[Nack {
+                    lease: head.lease.clone(),
+                    action: NackAction::Fail {
+                        reason: FailReason::Permanent,
+                        block_key: true,
+                    },
+                    error_class: ErrorClass::Permanent,
+                    error: "bench: the key's head cannot be published".into(),
+                }])
+                .await?;
+        }
+        OBSTACLE_BACKLOG
+    };
+    for start in (0..n).step_by(FILL_CHUNK) {
+        let events: Vec<NewEvent> = (start..(start + FILL_CHUNK).min(n))
+            .map(|i| env::event(round, i))
+            .collect();
+        store.enqueue(&events).await?;
+    }
+    Ok(left_open)
+}
+
+/// One seed contender's drain on MariaDB.
+async fn seed(baseline: Baseline, workers: usize, n: usize) -> Result<Duration, Error> {
+    let store = env::mysql_store(workers as u32 + 1).await?;
+    let pool = store.pool().clone();
+    seed_mysql::fill(&pool, n).await?;
+    let publisher = Arc::new(CountingPublisher::noop(1));
+    let started = std::time::Instant::now();
+    seed_mysql::drain(&pool, baseline, workers, publisher.clone()).await?;
+    let elapsed = started.elapsed();
+    let left = seed_mysql::pending(&pool).await?;
+    pool.close().await;
+    if left != 0 || publisher.delivered() < n as u64 {
+        return Err(format!(
+            "seed on MariaDB: {left} rows left, {} delivered",
+            publisher.delivered()
+        )
+        .into());
+    }
+    Ok(elapsed)
+}
