@@ -28,19 +28,26 @@ fi
 if ! "$VENV/bin/python" -c 'import moto.server, flask_cors' 2>/dev/null; then
   "$VENV/bin/pip" install -q --disable-pip-version-check "moto[server,sns,sqs]==5.2.5"
 fi
-# Tests that need an emulator of their own start this binary.
-echo "$PWD/$VENV/bin/moto_server" > .tools/moto-path
+# moto_server with a fix to FIFO group order after visibility timeouts
+# (scripts/moto_server.py says which); tests that need an emulator of their
+# own start this launcher too.
+cat > .tools/moto-server <<LAUNCHER
+#!/usr/bin/env bash
+exec "$PWD/$VENV/bin/python" "$PWD/scripts/moto_server.py" "\$@"
+LAUNCHER
+chmod +x .tools/moto-server
+echo "$PWD/.tools/moto-server" > .tools/moto-path
 if listening; then
   # Only a moto server this script started (from any checkout) is stopped;
   # anything else on the port is left alone and reported.
-  pkill -f "moto_server -H 127.0.0.1 -p $PORT" || true
+  pkill -f "moto_server(\.py)? -H 127\.0\.0\.1 -p $PORT" || true
   for _ in $(seq 1 50); do listening || break; sleep 0.1; done
   if listening; then
     echo "error: 127.0.0.1:$PORT is taken by something other than our moto_server" >&2
     exit 1
   fi
 fi
-nohup "$VENV/bin/moto_server" -H 127.0.0.1 -p "$PORT" > "$LOG" 2>&1 &
+nohup .tools/moto-server -H 127.0.0.1 -p "$PORT" > "$LOG" 2>&1 &
 for _ in $(seq 1 150); do
   if listening; then
     echo "    moto SNS/SQS emulator listening on 127.0.0.1:$PORT"

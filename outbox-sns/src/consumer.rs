@@ -29,10 +29,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_sqs::error::SdkError;
-use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
-    MessageSystemAttributeName, QueueAttributeName,
-};
+use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
 use outbox_core::consume::{Applied, Applier, default_store_outage};
 use outbox_core::policy::SplitMix64;
 use outbox_core::relay::OutagePolicy;
@@ -42,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::is_fifo;
 use crate::error::{classify_sdk_error, describe};
 use crate::message::{SqsEvent, receive_count};
+use crate::settle;
 use crate::visibility::VisibilityKeeper;
 
 pub use outbox_core::consume::HandlerError;
@@ -338,14 +336,14 @@ where
                 }
             }
         }
-        for message in &settled {
-            keeper.release(message.receipt_handle().unwrap_or_default());
-        }
-        self.delete(&settled).await;
+        // The keeper stops before anything is settled: an extension still
+        // in flight could otherwise land after a hand-back and hide one of
+        // a group's messages while SQS delivers the ones behind it.
+        self.report.visibility_extensions += keeper.stop().await;
+        settle::delete(&self.client, &self.config.queue_url, &settled).await;
         let rest = &messages[settled.len()..];
-        self.hand_back(rest).await;
-        self.report.visibility_extensions += keeper.extensions();
-        drop(keeper);
+        self.report.handed_back += rest.len() as u64;
+        settle::hand_back(&self.client, &self.config.queue_url, rest).await;
         outcome
     }
 
@@ -421,73 +419,5 @@ where
         self.report.dead_lettered += 1;
         tracing::error!(message_id = ?message.message_id(), %reason, "message dead-lettered");
         Ok(Handled::Settled)
-    }
-
-    /// Deletes settled messages. A failed delete is logged: the message
-    /// comes back after its visibility timeout and the inbox absorbs it.
-    async fn delete(&self, settled: &[&Message]) {
-        for chunk in settled.chunks(10) {
-            let entries: Vec<DeleteMessageBatchRequestEntry> = chunk
-                .iter()
-                .enumerate()
-                .filter_map(|(i, m)| {
-                    DeleteMessageBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(m.receipt_handle().unwrap_or_default())
-                        .build()
-                        .ok()
-                })
-                .collect();
-            let deleted = self
-                .client
-                .delete_message_batch()
-                .queue_url(&self.config.queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await;
-            match deleted {
-                Ok(output) if output.failed().is_empty() => {}
-                Ok(output) => {
-                    tracing::warn!(failed = ?output.failed(), "some settled messages were not deleted; they will be redelivered and absorbed")
-                }
-                Err(error) => {
-                    tracing::warn!(error = %describe(&error), "settled messages were not deleted; they will be redelivered and absorbed")
-                }
-            }
-        }
-    }
-
-    /// Makes unhandled messages visible again at once, so SQS redelivers
-    /// them (a FIFO group from its first unhandled message) without waiting
-    /// out the visibility timeout.
-    async fn hand_back(&mut self, rest: &[Message]) {
-        if rest.is_empty() {
-            return;
-        }
-        self.report.handed_back += rest.len() as u64;
-        for chunk in rest.chunks(10) {
-            let entries: Vec<ChangeMessageVisibilityBatchRequestEntry> = chunk
-                .iter()
-                .enumerate()
-                .filter_map(|(i, m)| {
-                    ChangeMessageVisibilityBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(m.receipt_handle().unwrap_or_default())
-                        .visibility_timeout(0)
-                        .build()
-                        .ok()
-                })
-                .collect();
-            if let Err(error) = self
-                .client
-                .change_message_visibility_batch()
-                .queue_url(&self.config.queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-            {
-                tracing::warn!(error = %describe(&error), "could not hand messages back; they reappear after the visibility timeout");
-            }
-        }
     }
 }

@@ -7,6 +7,7 @@ pub mod consumer;
 mod error;
 mod message;
 mod publisher;
+mod settle;
 mod visibility;
 
 pub use config::TopicRouter;

@@ -7,18 +7,18 @@
 //! later messages behind its back.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
-/// Extends the visibility of held messages every half timeout until dropped.
+/// Extends the visibility of held messages every half timeout until stopped.
 pub(crate) struct VisibilityKeeper {
-    held: Arc<Mutex<Vec<String>>>,
+    stop: CancellationToken,
     extensions: Arc<AtomicU64>,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
 }
 
 impl VisibilityKeeper {
@@ -29,39 +29,43 @@ impl VisibilityKeeper {
         timeout: Duration,
         receipts: Vec<String>,
     ) -> Self {
-        let held = Arc::new(Mutex::new(receipts));
+        let stop = CancellationToken::new();
         let extensions = Arc::new(AtomicU64::new(0));
         let task = tokio::spawn(keep(
             client,
             queue_url,
             timeout,
-            held.clone(),
+            receipts,
+            stop.clone(),
             extensions.clone(),
         ));
         Self {
-            held,
+            stop,
             extensions,
-            task,
+            task: Some(task),
         }
     }
 
-    /// Stops extending `receipt` (deleted or handed back).
-    pub(crate) fn release(&self, receipt: &str) {
-        self.held
-            .lock()
-            .expect("visibility keeper lock")
-            .retain(|r| r != receipt);
-    }
-
-    /// Extension requests that succeeded so far.
-    pub(crate) fn extensions(&self) -> u64 {
+    /// Stops extending and waits for an extension already sent to be
+    /// answered, so none lands after the batch is settled; returns the
+    /// extension requests that succeeded.
+    pub(crate) async fn stop(mut self) -> u64 {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            // The task only ends by returning (it never panics on its
+            // own); an abort from a runtime shutting down is no concern.
+            let _ = task.await;
+        }
         self.extensions.load(Ordering::Relaxed)
     }
 }
 
 impl Drop for VisibilityKeeper {
+    /// A keeper dropped unstopped (its batch abandoned mid-way) stops at once.
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -69,15 +73,23 @@ async fn keep(
     client: aws_sdk_sqs::Client,
     queue_url: String,
     timeout: Duration,
-    held: Arc<Mutex<Vec<String>>>,
+    receipts: Vec<String>,
+    stop: CancellationToken,
     extensions: Arc<AtomicU64>,
 ) {
     let seconds = timeout.as_secs().clamp(1, 43_200) as i32;
     let every = (timeout / 2).max(Duration::from_millis(500));
     loop {
-        tokio::time::sleep(every).await;
-        let receipts = held.lock().expect("visibility keeper lock").clone();
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
         for chunk in receipts.chunks(10) {
+            // Checked between requests, never during one: a request cut
+            // off mid-way may still be applied by SQS.
+            if stop.is_cancelled() {
+                return;
+            }
             let entries: Vec<ChangeMessageVisibilityBatchRequestEntry> = chunk
                 .iter()
                 .enumerate()
