@@ -13,8 +13,8 @@ use outbox_core::store::{
 };
 use outbox_core::testing::{event, relay_suite};
 use outbox_core::{
-    CancellationToken, EventId, ManualClock, NewEvent, Ordering, PublisherCapabilities, Relay,
-    RelayConfig, StoreError,
+    CancellationToken, EventId, ManualClock, NewEvent, Ordering, PublishError,
+    PublisherCapabilities, Relay, RelayConfig, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -85,6 +85,57 @@ async fn an_order_keeping_publisher_gets_the_whole_batch_at_once() {
     let calls = calls_for(relay_suite::config("one-call"), caps).await;
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].len(), 4);
+}
+
+/// An order-keeping publisher fails a key's head and holds back the key's
+/// later events in the same call: only the head spends an attempt. Were the
+/// held events nacked too, a head failing N times would exhaust the attempts
+/// of followers that were never tried.
+#[tokio::test]
+async fn events_held_behind_their_keys_failure_burn_no_attempt() {
+    let store = store();
+    let batch = [event("a", 1), event("a", 2), event("a", 3), event("b", 1)];
+    enqueue(&store, &batch).await;
+    let (mock, handle) = MockPublisher::pair();
+    let caps = PublisherCapabilities {
+        max_batch: 100,
+        preserves_key_order: true,
+    };
+    let shutdown = CancellationToken::new();
+    let task = Relay::new(
+        store.clone(),
+        Arc::new(mock.with_capabilities(caps)),
+        relay_suite::config("held"),
+    )
+    .unwrap()
+    .spawn(shutdown.clone());
+    let call = tokio::time::timeout(DEADLINE, handle.next_call())
+        .await
+        .unwrap();
+    assert_eq!(call.events.len(), 4, "one call for the whole batch");
+    let outcomes = call
+        .events
+        .iter()
+        .map(|e| match e.event_id {
+            id if id == batch[0].event_id => Err(PublishError::transient("broker said no")),
+            id if id == batch[3].event_id => Ok(()),
+            _ => Err(PublishError::transient(
+                "held: an earlier event of the key failed",
+            )),
+        })
+        .collect();
+    call.respond(outcomes);
+    shutdown.cancel();
+    let report = task.await.unwrap().unwrap();
+    assert_eq!((report.published, report.retried), (1, 1), "{report:?}");
+    assert_eq!(store.history(batch[0].event_id).await.unwrap().len(), 1);
+    for e in &batch[1..3] {
+        let history = store.history(e.event_id).await.unwrap();
+        assert!(
+            history.is_empty(),
+            "a held event burned an attempt: {history:?}"
+        );
+    }
 }
 
 #[tokio::test]

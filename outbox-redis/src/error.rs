@@ -18,7 +18,7 @@ pub(crate) fn classify(error: &RedisError) -> ErrorClass {
     classify_code(error.code().unwrap_or(""))
 }
 
-fn classify_code(code: &str) -> ErrorClass {
+pub(crate) fn classify_code(code: &str) -> ErrorClass {
     match code {
         // The server is starting, failing over or has no master.
         "LOADING" | "CLUSTERDOWN" | "MASTERDOWN" | "READONLY" => ErrorClass::Outage,

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod append;
 mod config;
 mod connection;
 pub mod consumer;

@@ -1,31 +1,37 @@
-//! [`RedisPublisher`]: one pipeline of `XADD`s per batch, one classified
-//! outcome per event.
+//! [`RedisPublisher`]: one append script per batch (see [`crate::append`]),
+//! one classified outcome per event.
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use outbox_core::ErrorClass;
 use outbox_core::{PublishError, PublishOutcome, Publisher, PublisherCapabilities, StoredEvent};
-use redis::Value;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::Script;
+use redis::aio::ConnectionManager;
 
+use crate::append::{self, Appended, Entry};
 use crate::config::{StreamRouter, Trim};
 use crate::connection::{ConnectionSettings, LazyConnection};
-use crate::error::classify;
+use crate::error::{classify, classify_code};
 use crate::fields::entry_fields;
 
 /// Publishes to Redis Streams. The stream is chosen by a [`StreamRouter`]
 /// over the event type; fields carry the event (see [`crate::fields`]).
 ///
-/// A batch goes out as one pipeline (not `MULTI`: each entry gets its own
-/// outcome). Per-key order holds because the relay hands a key's events to
-/// one publisher in order and a stream appends in arrival order.
+/// A batch goes out as one server-side script (not a pipeline or `MULTI`:
+/// each entry gets its own outcome, and an entry that fails holds back the
+/// later entries of its key). So the relay hands over a whole batch, a key's
+/// run of events included, in one round trip, and per-key order holds: a
+/// stream appends in the order given and nothing of a key passes its
+/// failure.
 #[derive(Clone)]
 pub struct RedisPublisher {
     connection: LazyConnection,
     router: StreamRouter,
     trims: HashMap<String, Trim>,
     max_batch: usize,
+    script: Script,
 }
 
 impl std::fmt::Debug for RedisPublisher {
@@ -65,6 +71,7 @@ impl RedisPublisher {
             router,
             trims: HashMap::new(),
             max_batch: 512,
+            script: append::script(),
         }
     }
 
@@ -79,28 +86,25 @@ impl RedisPublisher {
         self.router.stream_for(event_type)
     }
 
-    fn xadd(&self, event: &StoredEvent) -> redis::Cmd {
-        let stream = self.router.stream_for(&event.event_type);
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(&stream);
-        match self.trims.get(&stream) {
-            Some(Trim::MaxLen(n)) => {
-                cmd.arg("MAXLEN").arg("~").arg(*n);
-            }
-            Some(Trim::MaxAge(age)) => {
+    fn entry(&self, event: &StoredEvent) -> Entry {
+        Entry {
+            stream: self.router.stream_for(&event.event_type),
+            partition_key: event.partition_key.clone(),
+            fields: entry_fields(event),
+        }
+    }
+
+    /// `MAXLEN`/`MINID` and its value for `stream`'s approximate trim.
+    fn trim_args(&self, stream: &str) -> Option<(&'static str, String)> {
+        match self.trims.get(stream)? {
+            Trim::MaxLen(n) => Some(("MAXLEN", n.to_string())),
+            Trim::MaxAge(age) => {
                 let now = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or_default();
-                let min_id = now.saturating_sub(*age).as_millis();
-                cmd.arg("MINID").arg("~").arg(min_id.to_string());
+                Some(("MINID", now.saturating_sub(*age).as_millis().to_string()))
             }
-            None => {}
         }
-        cmd.arg("*");
-        for (name, value) in entry_fields(event) {
-            cmd.arg(name).arg(value);
-        }
-        cmd
     }
 }
 
@@ -109,8 +113,8 @@ impl Publisher for RedisPublisher {
     fn capabilities(&self) -> PublisherCapabilities {
         PublisherCapabilities {
             max_batch: self.max_batch,
-            // A failed XADD does not stop later ones in the same pipeline.
-            preserves_key_order: false,
+            // The append script stops a key at its first failed XADD.
+            preserves_key_order: true,
         }
     }
 
@@ -118,54 +122,45 @@ impl Publisher for RedisPublisher {
         if batch.is_empty() {
             return Vec::new();
         }
-        let mut pipe = redis::pipe();
-        for event in batch {
-            pipe.add_command(self.xadd(event));
-        }
+        let every = |class: ErrorClass, message: String| -> Vec<PublishOutcome> {
+            batch
+                .iter()
+                .map(|_| Err(PublishError::new(class, message.clone())))
+                .collect()
+        };
         let mut connection = match self.connection.get().await {
             Ok(connection) => connection,
             // No connection at all (refused, timed out, a bad database
             // index or password): nothing this batch did; the destination
             // is unusable until someone or something fixes it.
-            Err(e) => {
-                return batch
-                    .iter()
-                    .map(|_| {
-                        Err(PublishError::new(
-                            outbox_core::ErrorClass::Outage,
-                            format!("cannot connect to Redis: {e}"),
-                        ))
-                    })
-                    .collect();
-            }
+            Err(e) => return every(ErrorClass::Outage, format!("cannot connect to Redis: {e}")),
         };
-        match connection.req_packed_commands(&pipe, 0, batch.len()).await {
+        let entries: Vec<Entry> = batch.iter().map(|event| self.entry(event)).collect();
+        let invocation =
+            append::invocation(&self.script, &entries, |stream| self.trim_args(stream));
+        match invocation
+            .invoke_async::<Vec<String>>(&mut connection)
+            .await
+        {
             Ok(replies) if replies.len() == batch.len() => replies
-                .into_iter()
-                .map(|reply| match reply {
-                    Value::ServerError(e) => {
-                        let e = redis::RedisError::from(e);
-                        Err(PublishError::new(classify(&e), format!("XADD: {e}")))
-                    }
-                    _ => Ok(()),
-                })
-                .collect(),
-            Ok(replies) => batch
                 .iter()
-                .map(|_| {
-                    Err(PublishError::new(
-                        outbox_core::ErrorClass::Transient,
-                        format!("{} replies for {} XADDs", replies.len(), batch.len()),
-                    ))
+                .map(|reply| match Appended::parse(reply) {
+                    Appended::Ok => Ok(()),
+                    Appended::Held => Err(PublishError::new(
+                        ErrorClass::Transient,
+                        "not sent: an earlier event of its key failed in this call",
+                    )),
+                    Appended::Failed(e) => Err(PublishError::new(
+                        classify_code(e.split_whitespace().next().unwrap_or("")),
+                        format!("XADD: {e}"),
+                    )),
                 })
                 .collect(),
-            Err(e) => {
-                let class = classify(&e);
-                batch
-                    .iter()
-                    .map(|_| Err(PublishError::new(class, format!("XADD pipeline: {e}"))))
-                    .collect()
-            }
+            Ok(replies) => every(
+                ErrorClass::Transient,
+                format!("{} replies for {} XADDs", replies.len(), batch.len()),
+            ),
+            Err(e) => every(classify(&e), format!("XADD script: {e}")),
         }
     }
 }

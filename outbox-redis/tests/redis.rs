@@ -152,6 +152,40 @@ async fn a_stream_key_of_the_wrong_type_pauses_the_relay_until_fixed() {
     assert!(report.outages >= 2, "{report:?}");
 }
 
+/// A key's events go out in one call, and an `XADD` that fails holds back
+/// the later events of its key (they are not appended, and come back as
+/// not sent) while other keys' events are appended: k2 goes to a stream
+/// key holding a string, so k3 must not reach the good stream before it.
+#[tokio::test]
+async fn a_failed_append_holds_back_the_rest_of_its_key_only() {
+    let harness = Harness::new().await;
+    let mut connection = harness.connection.clone();
+    let broken = harness.publisher.stream_for("invoice.voided");
+    let _: () = connection.set(&broken, "not a stream").await.unwrap();
+    let mut voided = event("k", 2);
+    voided.event_type = "invoice.voided".into();
+    let events = stored(vec![event("k", 1), voided, event("k", 3), event("j", 1)]);
+    let refs: Vec<&StoredEvent> = events.iter().collect();
+    assert!(harness.publisher.capabilities().preserves_key_order);
+    let outcomes = harness.publisher.publish(&refs).await;
+    assert!(outcomes[0].is_ok() && outcomes[3].is_ok(), "{outcomes:?}");
+    let failed = outcomes[1].as_ref().unwrap_err();
+    assert!(failed.message.contains("WRONGTYPE"), "{failed}");
+    assert_eq!(failed.class, ErrorClass::Outage);
+    let held = outcomes[2].as_ref().unwrap_err();
+    assert!(held.message.contains("not sent"), "{held}");
+    let appended: Vec<_> = harness
+        .read_back(2)
+        .await
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(appended, vec![events[0].event_id, events[3].event_id]);
+    let len: usize = connection.xlen(&harness.stream).await.unwrap();
+    assert_eq!(len, 2, "k3 was appended after k2 failed");
+    let _: () = connection.del(&broken).await.unwrap();
+}
+
 /// A full server (maxmemory reached) refuses every write alike: an outage.
 #[tokio::test]
 async fn out_of_memory_is_an_outage() {

@@ -19,6 +19,8 @@ pub struct PublisherCapabilities {
     /// given and an event that fails stops every later event of its key in
     /// that call from being delivered. When true the relay hands over a whole
     /// batch at once; otherwise it sends a key's events in successive calls.
+    /// The events held back after a key's failure may carry any error: the
+    /// relay returns them to the store untouched, burning no attempt.
     pub preserves_key_order: bool,
 }
 

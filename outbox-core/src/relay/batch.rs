@@ -202,17 +202,30 @@ impl BatchWork {
         P: Publisher + ?Sized,
     {
         let mut outage = None;
+        let ordered = ctx.config.ordering == Ordering::PerKey;
         for (&i, outcome) in chunk.iter().zip(outcomes) {
             let key = self.events[i].event.partition_key.clone();
             self.progress[i] = Progress::Decided;
+            // A key already stopped in this call: an order-keeping publisher
+            // held the event back behind the earlier failure, so it was never
+            // tried and goes back untouched (no attempt burned; otherwise a
+            // head failing N times would exhaust its followers' attempts too).
+            let held = ordered && stopped_keys.contains(&key);
             let error = match outcome {
                 Ok(()) => {
-                    if stopped_keys.contains(&key) && ctx.config.ordering == Ordering::PerKey {
+                    if held {
                         // Only a publisher that claims to keep order within a
                         // call can get here, and it broke that promise.
                         tracing::error!(event_id = %self.events[i].event.event_id, "publisher delivered an event after an earlier event of its key failed in the same call");
                     }
                     self.acks.push(i);
+                    continue;
+                }
+                Err(_) if held => {
+                    self.releases.push(Release {
+                        lease: self.events[i].lease.clone(),
+                        attempt_started: false,
+                    });
                     continue;
                 }
                 Err(error) => error,
