@@ -20,7 +20,7 @@ use crate::report::{Report, TargetCheck};
 
 /// How a backlog's events spread over keys.
 #[derive(Clone, Copy, Debug)]
-enum Shape {
+pub enum Shape {
     /// Round-robin over this many keys.
     Keys(usize),
     /// Zipf (exponent 1) over [`ZIPF_KEYS`] keys: key 0 takes about a
@@ -131,7 +131,7 @@ fn check(report: &mut Report, scenario: &str) -> Vec<String> {
 }
 
 /// The key of each of `n` events.
-fn keys_of(shape: Shape, round: usize, n: usize) -> Vec<usize> {
+pub fn keys_of(shape: Shape, round: usize, n: usize) -> Vec<usize> {
     match shape {
         Shape::Keys(keys) => (0..n).map(|i| i % keys).collect(),
         Shape::Zipf => {
