@@ -43,16 +43,21 @@ impl Default for TopicRouter {
 
 /// Producer settings. The defaults make the producer idempotent (no
 /// duplicates from its own retries, order kept with several requests in
-/// flight) and bound every delivery by `delivery_timeout`.
+/// flight) and gap-less, and bound every publish call by
+/// `delivery_timeout`.
 #[derive(Clone, Debug)]
 pub struct KafkaPublisherConfig {
     /// `bootstrap.servers`.
     pub bootstrap_servers: String,
-    /// `message.timeout.ms`, and the longest a publish call waits for its
-    /// delivery reports. Keep it shorter than the relay's publish timeout
-    /// (and so its lease). Default 4 s.
+    /// The longest a publish call waits for its delivery reports; then
+    /// what is still queued or in flight is purged and reported as not
+    /// delivered. Keep it shorter than the relay's publish timeout (and so
+    /// its lease). Default 4 s.
     pub delivery_timeout: Duration,
     /// Any librdkafka setting, applied last (TLS, SASL, compression, …).
+    /// Setting `message.timeout.ms` or turning off idempotence or
+    /// `enable.gapless.guarantee` voids the per-key order the publisher
+    /// promises within a call.
     pub librdkafka: Vec<(String, String)>,
 }
 
@@ -79,11 +84,16 @@ impl KafkaPublisherConfig {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("max.in.flight.requests.per.connection", "5")
+            // A failed batch stops the producer (a fatal error: it is
+            // replaced) instead of letting the next batch of its partition
+            // through, so a partition's failures are a suffix of its
+            // messages and a key's later events never overtake a failed one.
+            .set("enable.gapless.guarantee", "true")
             .set("linger.ms", "5")
-            .set(
-                "message.timeout.ms",
-                self.delivery_timeout.as_millis().to_string(),
-            )
+            // No local timeout: one is outside the gap-less guarantee (a
+            // message timed out in the queue, a later one of its partition
+            // delivered). Each call bounds its wait and purges instead.
+            .set("message.timeout.ms", "0")
             // A request in flight when the connection drops is otherwise
             // awaited for 30 s, past the delivery timeout.
             .set(

@@ -35,7 +35,11 @@ pub(crate) fn classify(error: &KafkaError, brokers_down: bool) -> ErrorClass {
         Some(C::AllBrokersDown | C::BrokerTransportFailure | C::Resolve) => ErrorClass::Outage,
         // The producer instance is unusable (it is replaced); the event is fine.
         Some(code) if producer_is_broken(code) => ErrorClass::Outage,
-        Some(C::MessageTimedOut | C::RequestTimedOut) if brokers_down => ErrorClass::Outage,
+        Some(C::MessageTimedOut | C::RequestTimedOut | C::PurgeQueue | C::PurgeInflight)
+            if brokers_down =>
+        {
+            ErrorClass::Outage
+        }
         _ => ErrorClass::Transient,
     }
 }
@@ -46,6 +50,7 @@ pub(crate) fn producer_is_broken(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
         C::Fatal
+            | C::GaplessGuarantee
             | C::ProducerFenced
             | C::InvalidProducerEpoch
             | C::OutOfOrderSequenceNumber

@@ -4,8 +4,10 @@
 mod config;
 pub mod consumer;
 mod context;
+mod delivery_wait;
 mod error;
 pub mod headers;
+mod key_runs;
 mod publisher;
 #[cfg(feature = "testing")]
 pub mod testing;

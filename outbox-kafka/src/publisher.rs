@@ -1,5 +1,6 @@
 //! [`KafkaPublisher`]: a batch handed to librdkafka at once, awaited together.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,8 +13,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use crate::config::{KafkaPublisherConfig, TopicRouter};
 use crate::context::BrokerHealth;
+use crate::delivery_wait::DeliveryWait;
 use crate::error::{classify, producer_is_broken};
 use crate::headers::message_headers;
+use crate::key_runs::KeyRuns;
 
 /// Publishes to Kafka: topic from a [`TopicRouter`] over the event type,
 /// message key = `partition_key` (the broker keeps per-key order within a
@@ -103,9 +106,10 @@ impl Publisher for KafkaPublisher {
     fn capabilities(&self) -> PublisherCapabilities {
         PublisherCapabilities {
             max_batch: 1000,
-            // A message rejected locally (too large) does not stop later
-            // messages of its key in the same call.
-            preserves_key_order: false,
+            // A key's events go out in runs per topic (`crate::key_runs`) on
+            // a producer that fails a partition's messages as a suffix, and
+            // a key stops at its first failure.
+            preserves_key_order: true,
         }
     }
 
@@ -115,72 +119,126 @@ impl Publisher for KafkaPublisher {
             .iter()
             .map(|e| self.router.topic_for(&e.event_type))
             .collect();
-        // Hand every message to librdkafka first, then await them together.
-        let queued: Vec<_> = batch
-            .iter()
-            .zip(&topics)
-            .map(|(event, topic)| {
-                let record = FutureRecord::to(topic)
-                    .key(event.partition_key.as_bytes())
-                    .payload(event.payload.as_bytes())
-                    .headers(message_headers(event));
-                producer.send_result(record).map_err(|(e, _)| e)
-            })
-            .collect();
-        // Bound the wait ourselves: a request in flight when the connection
-        // drops may outlive `message.timeout.ms`.
-        let deadline =
-            tokio::time::Instant::now() + self.config.delivery_timeout + Duration::from_millis(500);
-        let mut outcomes = Vec::with_capacity(batch.len());
+        // The call bounds its own wait: nothing times out inside librdkafka.
+        let mut wait = DeliveryWait::until(
+            tokio::time::Instant::now() + self.config.delivery_timeout + Duration::from_millis(500),
+        );
+        let mut runs = KeyRuns::new(batch.iter().map(|e| e.partition_key.as_str()));
+        let mut outcomes: Vec<Option<PublishOutcome>> = batch.iter().map(|_| None).collect();
+        // Each failed key's earliest failed event.
+        let mut first_failure: HashMap<usize, usize> = HashMap::new();
+        let mut fail = |slot: usize, i: usize, runs: &mut KeyRuns| {
+            runs.stop(slot);
+            let first = first_failure.entry(slot).or_insert(i);
+            *first = (*first).min(i);
+        };
         let mut timed_out = Vec::new();
         let mut broken = false;
-        for queued in queued {
-            let outcome = match queued {
-                Err(e) => Err(self.failure(&e, &mut broken)),
-                Ok(delivery) => match tokio::time::timeout_at(deadline, delivery).await {
-                    Ok(Ok(Ok(_))) => Ok(()),
-                    Ok(Ok(Err((e, _)))) => {
+        loop {
+            if wait.expired() {
+                runs.stop_all();
+            }
+            let wave = runs.next_wave(&topics);
+            if wave.is_empty() {
+                break;
+            }
+            // Hand the whole wave to librdkafka first, then await it.
+            let mut pending = Vec::new();
+            for run in &wave {
+                for &i in &run.events {
+                    let record = FutureRecord::to(&topics[i])
+                        .key(batch[i].partition_key.as_bytes())
+                        .payload(batch[i].payload.as_bytes())
+                        .headers(message_headers(batch[i]));
+                    match producer.send_result(record) {
+                        Ok(delivery) => pending.push((run.slot, i, delivery)),
+                        Err((e, _)) => {
+                            outcomes[i] = Some(Err(self.failure(&e, &mut broken)));
+                            fail(run.slot, i, &mut runs);
+                            break;
+                        }
+                    }
+                }
+            }
+            for (slot, i, delivery) in pending {
+                let outcome = match wait.report(delivery, &producer).await {
+                    Some(Ok(Ok(_))) => Ok(()),
+                    Some(Ok(Err((e, _)))) => {
                         let failure = self.failure(&e, &mut broken);
                         if failure.class == ErrorClass::Transient && is_timeout(&e) {
-                            timed_out.push(outcomes.len());
+                            timed_out.push(i);
                         }
                         Err(failure)
                     }
-                    Ok(Err(_cancelled)) => Err(PublishError::new(
+                    Some(Err(_cancelled)) => Err(PublishError::new(
                         ErrorClass::Transient,
                         "producer dropped the delivery report",
                     )),
-                    Err(_elapsed) => {
-                        timed_out.push(outcomes.len());
+                    None => {
+                        timed_out.push(i);
                         Err(PublishError::new(
                             ErrorClass::Transient,
                             "no delivery report within the delivery timeout",
                         ))
                     }
-                },
-            };
-            outcomes.push(outcome);
+                };
+                if outcome.is_err() {
+                    fail(slot, i, &mut runs);
+                }
+                outcomes[i] = Some(outcome);
+            }
         }
         // A timeout is the event's only if the broker answers now: librdkafka
         // reports "all brokers down" late (or not at all when a proxy or a
         // firewall cuts the connections), and a cut must burn no attempts.
         // Nothing in the call delivered and something timed out: the broker
         // took none of it, which is the broker's state, not these events'.
-        let none_delivered = outcomes.iter().all(Result::is_err);
+        let none_delivered = !outcomes.iter().any(|o| matches!(o, Some(Ok(()))));
         if !timed_out.is_empty()
             && (none_delivered || self.brokers_down() || !reachable(&producer).await)
         {
             for i in timed_out {
-                outcomes[i] = Err(PublishError::new(
+                outcomes[i] = Some(Err(PublishError::new(
                     ErrorClass::Outage,
                     "no delivery report within the delivery timeout, and no broker answers",
-                ));
+                )));
             }
         }
         if broken || producer.client().fatal_error().is_some() {
             self.replace(&producer);
         }
+        // What was not sent: held back behind its key's failure (the relay
+        // returns it untouched), or left when the call ran out of time.
+        let unsent: Vec<(usize, PublishError)> = (0..batch.len())
+            .filter(|&i| outcomes[i].is_none())
+            .map(|i| {
+                let cause = first_failure
+                    .get(&runs.slot_of(i))
+                    .and_then(|&f| outcomes[f].as_ref())
+                    .and_then(|o| o.as_ref().err());
+                let error = match cause {
+                    Some(cause) => PublishError::new(
+                        cause.class,
+                        format!(
+                            "held back behind an earlier event of its key: {}",
+                            cause.message
+                        ),
+                    ),
+                    None => PublishError::new(
+                        ErrorClass::Transient,
+                        "not sent: the call's delivery timeout had passed",
+                    ),
+                };
+                (i, error)
+            })
+            .collect();
+        for (i, error) in unsent {
+            outcomes[i] = Some(Err(error));
+        }
         outcomes
+            .into_iter()
+            .map(|o| o.expect("every event has an outcome"))
+            .collect()
     }
 }
 
@@ -189,7 +247,7 @@ fn is_timeout(error: &KafkaError) -> bool {
     use rdkafka::error::RDKafkaErrorCode as C;
     matches!(
         error.rdkafka_error_code(),
-        Some(C::MessageTimedOut | C::RequestTimedOut)
+        Some(C::MessageTimedOut | C::RequestTimedOut | C::PurgeQueue | C::PurgeInflight)
     )
 }
 

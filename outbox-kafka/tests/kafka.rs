@@ -173,6 +173,88 @@ async fn an_oversized_message_is_permanent_and_the_rest_flows() {
     assert!(ids.contains(&events[0].event_id) && ids.contains(&events[2].event_id));
 }
 
+/// A key stops at its first failure within a call: the key's later event
+/// is reported failed and never delivered, while the other key flows. The
+/// key's next event, sent afterwards, is the first one after its head.
+#[tokio::test]
+async fn a_failed_event_holds_back_the_rest_of_its_key_only() {
+    let harness = Harness::new().await;
+    let mut huge = event("a", 1);
+    huge.payload = outbox_core::Payload::from_serialize(&"x".repeat(2_000_000)).unwrap();
+    let events = stored(vec![
+        event("a", 0),
+        huge,
+        event("a", 2),
+        event("b", 3),
+        event("a", 4),
+    ]);
+    let call: Vec<&StoredEvent> = events[..4].iter().collect();
+    let outcomes = harness.publisher.publish(&call).await;
+    assert!(outcomes[0].is_ok() && outcomes[3].is_ok(), "{outcomes:?}");
+    assert_eq!(
+        outcomes[1].as_ref().unwrap_err().class,
+        ErrorClass::Permanent
+    );
+    assert!(outcomes[2].is_err(), "a2 must be held back: {outcomes:?}");
+    assert!(harness.publisher.publish(&[&events[4]]).await[0].is_ok());
+    // Key a's partition holds a0 then a4: had a2 been delivered it would
+    // sit between them, and three messages could not include a4.
+    let got = harness.read_back(3).await;
+    let key_a: Vec<_> = got
+        .iter()
+        .filter(|r| r.partition_key == "a")
+        .map(|r| r.event_id)
+        .collect();
+    assert_eq!(key_a, vec![events[0].event_id, events[4].event_id]);
+    assert!(got.iter().any(|r| r.event_id == events[3].event_id));
+}
+
+/// A key's events bound for two topics: the run for the second topic waits
+/// for the first, and a failure in the first holds it back undelivered.
+#[tokio::test]
+async fn a_keys_run_to_another_topic_waits_for_the_run_before_it() {
+    let prefix = prefix();
+    let router = TopicRouter::with_prefix(&prefix);
+    let paid = router.topic_for("invoice.paid");
+    let voided = router.topic_for("invoice.voided");
+    create_topic(&paid).await;
+    create_topic(&voided).await;
+    let publisher = KafkaPublisher::new(&KafkaPublisherConfig::new(bootstrap()), router).unwrap();
+    let voided_event = |key: &str, n: usize| {
+        let mut e = event(key, n);
+        e.event_type = "invoice.voided".into();
+        e
+    };
+    let mut huge = event("a", 0);
+    huge.payload = outbox_core::Payload::from_serialize(&"x".repeat(2_000_000)).unwrap();
+    let events = stored(vec![
+        huge,
+        voided_event("a", 1),
+        voided_event("b", 2),
+        event("c", 3),
+        voided_event("c", 4),
+        voided_event("a", 5),
+    ]);
+    let call: Vec<&StoredEvent> = events[..5].iter().collect();
+    let outcomes = publisher.publish(&call).await;
+    assert_eq!(
+        outcomes[0].as_ref().unwrap_err().class,
+        ErrorClass::Permanent
+    );
+    assert!(outcomes[1].is_err(), "a1 must be held back: {outcomes:?}");
+    assert!(outcomes[2..].iter().all(Result::is_ok), "{outcomes:?}");
+    assert!(publisher.publish(&[&events[5]]).await[0].is_ok());
+    let on_voided = read(&reader(&voided), 3).await;
+    let key_a: Vec<_> = on_voided
+        .iter()
+        .filter(|r| r.partition_key == "a")
+        .map(|r| r.event_id)
+        .collect();
+    assert_eq!(key_a, vec![events[5].event_id], "a1 was never delivered");
+    let on_paid = read(&reader(&paid), 1).await;
+    assert_eq!(on_paid[0].event_id, events[3].event_id);
+}
+
 /// No broker at all: deliveries time out while every broker is down, an outage.
 #[tokio::test]
 async fn an_unreachable_broker_is_an_outage() {
