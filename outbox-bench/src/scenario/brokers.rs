@@ -15,7 +15,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 
-use super::keys::{Shape, keys_of};
+use super::keys::{SHAPES, Shape, keys_of};
 use super::{Rounds, Scale, progress, rate};
 use crate::counting::CountingPublisher;
 use crate::env::{self, Error};
@@ -25,16 +25,6 @@ use crate::report::{Report, TargetCheck};
 /// Scenario name.
 pub const NAME: &str = "drain-brokers";
 
-/// Key shapes of the backlog, as in the `keys` scenario (the smoke set
-/// takes 1,000 keys).
-const SHAPES: [(&str, Shape); 6] = [
-    ("1-key", Shape::Keys(1)),
-    ("10-keys", Shape::Keys(10)),
-    ("1k-keys", Shape::Keys(1_000)),
-    ("10k-keys", Shape::Keys(10_000)),
-    ("100k-keys", Shape::Keys(100_000)),
-    ("zipf-10k", Shape::Zipf),
-];
 /// Events per claim and per publish call (librdkafka and the Redis pipeline
 /// take the batch at once).
 const BATCH: usize = 1_000;
@@ -50,6 +40,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         .await
         .map_err(|e| format!("Redis unreachable at {}: {e}", env::redis_url()))?;
     let mut rounds = Rounds::default();
+    // The smoke set takes 1,000 keys.
     let shapes: &[(&str, Shape)] = if scale.quick { &SHAPES[2..3] } else { &SHAPES };
     for round in 0..scale.rounds {
         let runs = shapes.iter().flat_map(|&(shape_name, shape)| {

@@ -30,20 +30,37 @@ pub enum Shape {
 
 const ZIPF_KEYS: usize = 10_000;
 
-/// The per-key contenders, and the unordered drain they are measured against.
-const CONTENDERS: [(&str, Ordering, Shape); 7] = [
-    ("unordered-1k-keys", Ordering::Unordered, Shape::Keys(1_000)),
-    ("per-key-1-key", Ordering::PerKey, Shape::Keys(1)),
-    ("per-key-10-keys", Ordering::PerKey, Shape::Keys(10)),
-    ("per-key-1k-keys", Ordering::PerKey, Shape::Keys(1_000)),
-    ("per-key-10k-keys", Ordering::PerKey, Shape::Keys(10_000)),
-    ("per-key-100k-keys", Ordering::PerKey, Shape::Keys(100_000)),
-    ("per-key-zipf-10k", Ordering::PerKey, Shape::Zipf),
+/// The key shapes a backlog is measured on, by name; the `brokers`
+/// scenario drains the same ones.
+pub const SHAPES: [(&str, Shape); 6] = [
+    ("1-key", Shape::Keys(1)),
+    ("10-keys", Shape::Keys(10)),
+    ("1k-keys", Shape::Keys(1_000)),
+    ("10k-keys", Shape::Keys(10_000)),
+    ("100k-keys", Shape::Keys(100_000)),
+    ("zipf-10k", Shape::Zipf),
 ];
+
+/// The unordered drain the per-key ones are measured against.
+const UNORDERED: &str = "unordered-1k-keys";
+
+/// The unordered drain, then a per-key drain (`per-key-{shape}`) per shape.
+fn contenders() -> Vec<(String, Ordering, Shape)> {
+    let per_key = SHAPES
+        .iter()
+        .map(|&(name, shape)| (format!("per-key-{name}"), Ordering::PerKey, shape));
+    std::iter::once((
+        UNORDERED.to_string(),
+        Ordering::Unordered,
+        Shape::Keys(1_000),
+    ))
+    .chain(per_key)
+    .collect()
+}
 
 /// In the smoke set: one key, ten keys, a thousand, against unordered.
 const QUICK: [&str; 4] = [
-    "unordered-1k-keys",
+    UNORDERED,
     "per-key-1-key",
     "per-key-10-keys",
     "per-key-1k-keys",
@@ -71,15 +88,15 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         };
         let mut rounds = Rounds::default();
         for round in 0..scale.rounds {
-            for (contender, ordering, shape) in CONTENDERS {
-                let wanted = scale.includes(contender) || scale.includes(dialect);
-                if !wanted || (scale.quick && !QUICK.contains(&contender)) {
+            for (contender, ordering, shape) in contenders() {
+                let wanted = scale.includes(&contender) || scale.includes(dialect);
+                if !wanted || (scale.quick && !QUICK.contains(&contender.as_str())) {
                     continue;
                 }
                 let keys = keys_of(shape, round, n);
                 let elapsed = drain(dialect, ordering, round, &keys).await?;
                 let events_per_second = rate(n as u64, elapsed);
-                rounds.add(contender, "events/s", events_per_second, true);
+                rounds.add(&contender, "events/s", events_per_second, true);
                 progress(format!(
                     "round {round} {dialect} {contender}: {events_per_second:.0} events/s"
                 ));
@@ -102,11 +119,11 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
 
 /// Records the targets of one dialect; returns the contenders that stalled.
 fn check(report: &mut Report, scenario: &str) -> Vec<String> {
-    let unordered = report.median(scenario, "unordered-1k-keys", "events/s");
+    let unordered = report.median(scenario, UNORDERED, "events/s");
     let mut stalls = Vec::new();
-    for (contender, ordering, shape) in CONTENDERS {
+    for (contender, ordering, shape) in contenders() {
         let (Some(per_key), Some(unordered)) =
-            (report.median(scenario, contender, "events/s"), unordered)
+            (report.median(scenario, &contender, "events/s"), unordered)
         else {
             continue;
         };
