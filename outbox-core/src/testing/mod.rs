@@ -10,6 +10,7 @@
 //! Stores take their time from the [`ManualClock`] the suite passes to the
 //! factory, so lease expiry and backoff are driven by the test, not by sleeps.
 
+mod cancel;
 pub mod failure_suite;
 pub mod faults;
 mod fixtures;
@@ -28,6 +29,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+pub use cancel::{cancel_after_pending, cancel_at_every_await};
 pub use faults::{
     DieAfterCommit, DieAfterPublishing, FlakyInbox, OutageCounter, PublishGate,
     assert_exactly_once_in_key_order,
