@@ -430,3 +430,84 @@ async fn driver_errors_name_the_operation_and_table_once() {
     )
     .await;
 }
+
+/// A store operation cut off at any await point (an aborted relay task, a
+/// drain timeout, a `select!`) leaves no pooled connection inside a
+/// transaction and none out of step with the server. Under sqlx-mysql
+/// 0.8.6 a `BEGIN` cut before its answer left the server inside a
+/// transaction (the next autocommit statement, the store clock's update,
+/// kept its row lock), and a statement cut while being prepared left the
+/// pool's release ping waiting forever on a slot of the pool; the store's
+/// operations now run to completion on tasks of their own.
+#[tokio::test]
+async fn operations_cut_off_anywhere_leave_no_transaction_open() {
+    use outbox_core::InboxStore;
+    use outbox_core::testing::{cancel_at_every_await, store_suite};
+
+    let clock = ManualClock::at_epoch();
+    let migrated = store_on(clock.clone()).await;
+    // One connection: the one a cut operation left behind is the one
+    // the check reads.
+    let one = MySqlPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(std::time::Duration::from_secs(5))
+        .connect(&url())
+        .await
+        .unwrap();
+    let store = MySqlStore::new(one.clone(), migrated.config().clone());
+    // A key per event: claims cut after they leased still leave others.
+    let backlog: Vec<_> = (0..3_000).map(|n| event(&format!("k{n}"), n)).collect();
+    OutboxWriter::enqueue(&store, &backlog).await.unwrap();
+    let in_transaction = |operation: &'static str| {
+        let one = one.clone();
+        move |cut: usize| {
+            let one = one.clone();
+            async move {
+                let open: i64 = sqlx::query_scalar("SELECT CAST(@@in_transaction AS SIGNED)")
+                    .fetch_one(&one)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("{operation} cut at await {cut} kept the connection: {e}")
+                    });
+                assert_eq!(
+                    open, 0,
+                    "{operation} cut at await {cut} left a transaction open"
+                );
+            }
+        }
+    };
+    let request = store_suite::request("cut", 3);
+    const SWEEPS: usize = 10;
+    // Whether a read waits depends on when the server's answer arrives, so
+    // each sweep cuts at slightly different points: sweep a few times.
+    let (mut claim_cuts, mut ack_cuts, mut enqueue_cuts, mut inbox_cuts) = (0, 0, 0, 0);
+    let mut fresh = 10_000;
+    let inbox = store.inbox();
+    for _ in 0..SWEEPS {
+        claim_cuts += cancel_at_every_await(
+            || store.claim_batch(&request),
+            in_transaction("claim_batch"),
+        )
+        .await;
+        let claimed = store.claim_batch(&request).await.unwrap().events;
+        let leases: Vec<_> = claimed.into_iter().map(|c| c.lease).collect();
+        assert!(!leases.is_empty(), "a backlog left to ack");
+        ack_cuts += cancel_at_every_await(|| store.ack(&leases), in_transaction("ack")).await;
+        enqueue_cuts += cancel_at_every_await(
+            || {
+                fresh += 1;
+                let events = vec![event("fresh", fresh)];
+                let store = store.clone();
+                async move { OutboxWriter::enqueue(&store, &events).await }
+            },
+            in_transaction("enqueue"),
+        )
+        .await;
+        inbox_cuts += cancel_at_every_await(|| inbox.begin(), in_transaction("inbox begin")).await;
+    }
+    assert!(
+        claim_cuts > 0 && ack_cuts > 0 && enqueue_cuts > 0 && inbox_cuts > 0,
+        "every operation was cut before a run completed: \
+         {claim_cuts}, {ack_cuts}, {enqueue_cuts}, {inbox_cuts}"
+    );
+}

@@ -454,3 +454,102 @@ async fn driver_errors_name_the_operation_and_table_once() {
     )
     .await;
 }
+
+/// A store operation cut off at any await point (an aborted task, a drain
+/// timeout, a `select!`) leaves no pooled connection inside a transaction.
+/// sqlx's own `BEGIN`, cut between the statement and its answer, did: the
+/// next borrower (the application, on a shared pool) then ran inside a
+/// transaction nothing would commit.
+#[tokio::test]
+async fn operations_cut_off_anywhere_leave_no_transaction_open() {
+    use outbox_core::testing::cancel_at_every_await;
+    use outbox_core::{InboxStore, OutboxStore, OutboxWriter};
+
+    let migrated = store_on(ManualClock::at_epoch()).await;
+    // One connection, named: the one a cut operation left behind is the
+    // one the check finds.
+    let name = support::unique_name("cut");
+    let options: sqlx::postgres::PgConnectOptions = url().parse().unwrap();
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.application_name(&name))
+        .await
+        .unwrap();
+    let observer = pool().await;
+    let store = PgStore::new(one.clone(), migrated.config().clone());
+    let in_transaction = |operation: &'static str| {
+        let (one, observer, name) = (one.clone(), observer.clone(), name.clone());
+        move |cut: usize| {
+            let (one, observer, name) = (one.clone(), observer.clone(), name.clone());
+            async move {
+                // Once the pool hands the connection out again it is
+                // settled: what the server says of it then is what the
+                // next borrower would inherit.
+                let held = one.acquire().await.unwrap();
+                let state: String = sqlx::query_scalar(
+                    "SELECT state FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(&name)
+                .fetch_one(&observer)
+                .await
+                .unwrap();
+                drop(held);
+                assert_eq!(
+                    state, "idle",
+                    "{operation} cut at await {cut} left a transaction open"
+                );
+            }
+        }
+    };
+    let mut n = 0;
+    let enqueue_cuts = cancel_at_every_await(
+        || {
+            n += 1;
+            let events = vec![event("cut", n)];
+            let store = store.clone();
+            async move { OutboxWriter::enqueue(&store, &events).await }
+        },
+        in_transaction("enqueue"),
+    )
+    .await;
+    let inbox = store.inbox();
+    let inbox_cuts = cancel_at_every_await(|| inbox.begin(), in_transaction("inbox begin")).await;
+    // Claims and acks run on connections the store keeps apart from the
+    // pool: after each cut, the next claim must still answer.
+    let backlog: Vec<_> = (0..2_000).map(|n| event(&format!("k{n}"), n)).collect();
+    OutboxWriter::enqueue(&store, &backlog).await.unwrap();
+    let request = outbox_core::testing::store_suite::request("cut", 3);
+    let still_claims = |operation: &'static str| {
+        let (store, request) = (store.clone(), request.clone());
+        move |cut: usize| {
+            let (store, request) = (store.clone(), request.clone());
+            async move {
+                let next = tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    store.claim_batch(&request),
+                )
+                .await;
+                assert!(
+                    matches!(next, Ok(Ok(_))),
+                    "{operation} cut at await {cut}: the next claim got {next:?}"
+                );
+            }
+        }
+    };
+    let claim_cuts =
+        cancel_at_every_await(|| store.claim_batch(&request), still_claims("claim_batch")).await;
+    let leases: Vec<_> = store
+        .claim_batch(&request)
+        .await
+        .unwrap()
+        .events
+        .into_iter()
+        .map(|c| c.lease)
+        .collect();
+    assert!(!leases.is_empty(), "a backlog left to ack");
+    let ack_cuts = cancel_at_every_await(|| store.ack(&leases), still_claims("ack")).await;
+    assert!(
+        enqueue_cuts > 0 && inbox_cuts > 0 && claim_cuts > 0 && ack_cuts > 0,
+        "each was cut before a run completed: {enqueue_cuts}, {inbox_cuts}, {claim_cuts}, {ack_cuts}"
+    );
+}

@@ -20,9 +20,97 @@ const DUPLICATE_KEY: u16 = 1062;
 #[derive(Clone, Debug)]
 pub(crate) struct SqlxDriver(pub(crate) MySqlPool);
 
-/// A connection the protocol runs statements on: pooled, in a
-/// transaction, or the caller's `&mut MySqlConnection`.
+/// The caller's connection (`&mut MySqlConnection`, inside their own
+/// transaction) as the protocol runs statements on it.
 pub(crate) struct Sqlx<C>(pub(crate) C);
+
+/// A pooled connection or transaction of the store's own, whose every
+/// statement runs to completion on a task of its own.
+///
+/// sqlx-mysql 0.8.6 is not safe to cut inside a statement: one dropped
+/// while it is being prepared (the first use of a statement on a new
+/// connection) leaves the connection out of step with the server, and the
+/// pool's release ping then waits forever, keeping a slot of the pool; a
+/// few relays aborted mid-claim exhausted a test's pool. On a task of its
+/// own the statement always finishes. A caller dropped meanwhile still
+/// stops between statements: the task then drops the connection, and a
+/// transaction rolls back as it would have.
+pub(crate) struct Owned<C>(Option<C>);
+
+/// What a statement returns.
+enum Answer {
+    Changed(u64),
+    Rows(Vec<MySqlRow>),
+}
+
+impl<C> Owned<C>
+where
+    C: DerefMut<Target = MySqlConnection> + Send + 'static,
+{
+    fn new(conn: C) -> Self {
+        Self(Some(conn))
+    }
+
+    /// The connection; gone only if a statement's task died with it.
+    fn take(&mut self) -> Result<C, StoreError> {
+        self.0.take().ok_or_else(|| {
+            StoreError::Unavailable("the connection was lost with a statement's task".into())
+        })
+    }
+
+    /// Runs `sql` (`fetch`: and reads its rows) on a task of its own.
+    async fn run(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+        fetch: bool,
+    ) -> Result<Result<Answer, sqlx::Error>, StoreError> {
+        let mut conn = self.take()?;
+        let sql = sql.to_owned();
+        let task = tokio::spawn(async move {
+            let query = bind(&sql, &params);
+            let answer = if fetch {
+                query.fetch_all(&mut *conn).await.map(Answer::Rows)
+            } else {
+                query
+                    .execute(&mut *conn)
+                    .await
+                    .map(|done| Answer::Changed(done.rows_affected()))
+            };
+            (conn, answer)
+        });
+        let (conn, answer) = task
+            .await
+            .map_err(|join| StoreError::Unavailable(Box::new(join)))?;
+        self.0 = Some(conn);
+        Ok(answer)
+    }
+}
+
+impl Owned<Transaction<'static, MySql>> {
+    /// Commits on a task of its own, for the same reason.
+    async fn commit(mut self) -> Result<(), StoreError> {
+        let tx = self.take()?;
+        tokio::spawn(tx.commit())
+            .await
+            .map_err(|join| StoreError::Unavailable(Box::new(join)))?
+            .store()
+    }
+}
+
+/// `execute`'s answer to a duplicate key: `false`, the rest as errors.
+fn inserted(done: Result<u64, sqlx::Error>) -> Result<bool, StoreError> {
+    match done {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(e))
+            if e.try_downcast_ref::<MySqlDatabaseError>()
+                .is_some_and(|m| m.number() == DUPLICATE_KEY) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e).store(),
+    }
+}
 
 type Query<'q> = sqlx::query::Query<'q, MySql, MySqlArguments>;
 
@@ -96,43 +184,75 @@ where
     }
 
     async fn insert_unique(&mut self, sql: &str, params: Vec<Param>) -> Result<bool, StoreError> {
-        match bind(sql, &params).execute(&mut *self.0).await {
-            Ok(_) => Ok(true),
-            Err(sqlx::Error::Database(e))
-                if e.try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|m| m.number() == DUPLICATE_KEY) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(e).store(),
+        inserted(
+            bind(sql, &params)
+                .execute(&mut *self.0)
+                .await
+                .map(|done| done.rows_affected()),
+        )
+    }
+}
+
+#[async_trait]
+impl<C> Exec for Owned<C>
+where
+    C: DerefMut<Target = MySqlConnection> + Send + 'static,
+{
+    async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
+        match self.run(sql, params, false).await?.store()? {
+            Answer::Changed(n) => Ok(n),
+            Answer::Rows(_) => unreachable!("execute answers with a count"),
         }
+    }
+
+    async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
+        match self.run(sql, params, true).await?.store()? {
+            Answer::Rows(found) => rows(&found),
+            Answer::Changed(_) => unreachable!("fetch answers with rows"),
+        }
+    }
+
+    async fn insert_unique(&mut self, sql: &str, params: Vec<Param>) -> Result<bool, StoreError> {
+        let done = self
+            .run(sql, params, false)
+            .await?
+            .map(|answer| match answer {
+                Answer::Changed(n) => n,
+                Answer::Rows(_) => unreachable!("execute answers with a count"),
+            });
+        inserted(done)
     }
 }
 
 #[async_trait]
 impl Driver for SqlxDriver {
-    type Conn = Sqlx<PoolConnection<MySql>>;
-    type Tx = Sqlx<Transaction<'static, MySql>>;
+    type Conn = Owned<PoolConnection<MySql>>;
+    type Tx = Owned<Transaction<'static, MySql>>;
 
     async fn connect(&self) -> Result<Self::Conn, StoreError> {
-        self.0.acquire().await.store().map(Sqlx)
+        self.0.acquire().await.store().map(Owned::new)
     }
 
     async fn begin(&self, read_committed: bool) -> Result<Self::Tx, StoreError> {
         if !read_committed {
-            return self.0.begin().await.store().map(Sqlx);
+            return crate::pool::begin(&self.0).await.map(Owned::new);
         }
-        let mut conn = self.0.acquire().await.store()?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .execute(&mut *conn)
-            .await
-            .store()?;
-        // `Pool::begin` cannot take a connection prepared this way; the
-        // isolation level applies to this connection's next transaction.
-        Transaction::begin(conn, None).await.store().map(Sqlx)
+        let pool = self.0.clone();
+        crate::pool::begin_to_completion(async move {
+            let mut conn = pool.acquire().await?;
+            // Applies to this connection's next transaction only, so it
+            // runs to completion with the BEGIN after it.
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .execute(&mut *conn)
+                .await?;
+            // `Pool::begin` cannot take a connection prepared this way.
+            Transaction::begin(conn, None).await
+        })
+        .await
+        .map(Owned::new)
     }
 
     async fn commit(tx: Self::Tx) -> Result<(), StoreError> {
-        tx.0.commit().await.store()
+        tx.commit().await
     }
 }

@@ -53,7 +53,7 @@ impl InboxStore for MySqlInbox {
             || self.store.config().tables.inbox(),
             async move {
                 self.store.protocol.sync_clock().await?;
-                self.store.pool().begin().await.store()
+                crate::pool::begin(self.store.pool()).await
             },
         )
         .await

@@ -121,7 +121,7 @@ impl FaultSeams for MySqlStore {
         let report = self.protocol.ack_in(&mut tx, leases).await?;
         let _ = ready.send(());
         release.await;
-        tx.0.commit().await.store()?;
+        <super::driver::SqlxDriver as outbox_sql::mysql::Driver>::commit(tx).await?;
         Ok(report)
     }
 }

@@ -56,7 +56,7 @@ impl PgStore {
         action: &OperatorAction,
     ) -> Result<(), StoreError> {
         self.sync_clock().await?;
-        let mut tx = self.pool.begin().await.store()?;
+        let mut tx = crate::pool::begin(&self.pool).await?;
         let Some(row) = sqlx::query(query)
             .bind(event_id.as_uuid())
             .fetch_optional(&mut *tx)
@@ -344,7 +344,7 @@ impl OutboxAdmin for PgStore {
         crate::error::during("supersede", || self.config().tables.events(), async move {
             check_event(&replacement, &self.config.limits, true)?;
             self.sync_clock().await?;
-            let mut tx = self.pool.begin().await.store()?;
+            let mut tx = crate::pool::begin(&self.pool).await?;
             let Some(old) = sqlx::query(&self.queries.supersede_lock)
                 .bind(event_id.as_uuid())
                 .fetch_optional(&mut *tx)

@@ -54,7 +54,7 @@ impl InboxStore for PgInbox {
             || self.store.config().tables.inbox(),
             async move {
                 self.store.sync_clock().await?;
-                self.store.pool.begin().await.store()
+                crate::pool::begin(&self.store.pool).await
             },
         )
         .await

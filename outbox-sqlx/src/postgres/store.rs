@@ -123,7 +123,7 @@ impl PgStore {
     /// anything is changed.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         crate::error::during("migrate", || self.config().tables.events(), async move {
-            let mut tx = self.pool.begin().await.store()?;
+            let mut tx = crate::pool::begin(&self.pool).await?;
             sqlx::query(&self.queries.migrate_lock)
                 .execute(&mut *tx)
                 .await
@@ -365,7 +365,7 @@ impl OutboxWriter for PgStore {
     async fn enqueue(&self, events: &[NewEvent]) -> Result<Vec<EnqueueOutcome>, StoreError> {
         crate::error::during("enqueue", || self.config().tables.events(), async move {
             self.sync_clock().await?;
-            let mut tx = self.pool.begin().await.store()?;
+            let mut tx = crate::pool::begin(&self.pool).await?;
             let outcomes = PgStore::enqueue(self, &mut tx, events).await?;
             tx.commit().await.store()?;
             Ok(outcomes)
