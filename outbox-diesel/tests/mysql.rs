@@ -218,3 +218,83 @@ async fn apply_once_runs_the_effect_once_and_a_failure_leaves_no_claim() {
         vec![first, second]
     );
 }
+
+/// A store operation cut off at any await point (an aborted relay task, a
+/// drain timeout, a `select!`) leaves no pooled connection inside a
+/// transaction and none out of step with the server (the sqlx store's
+/// driver needed tasks of its own for that; diesel-async marks a
+/// connection cut mid-transaction broken and deadpool discards it).
+#[tokio::test]
+async fn operations_cut_off_anywhere_leave_no_transaction_open() {
+    use diesel::sql_types::BigInt;
+    use outbox_core::testing::{cancel_at_every_await, event, store_suite};
+    use outbox_core::{OutboxStore, OutboxWriter};
+
+    let (migrated, _) = store_in_database(ManualClock::at_epoch()).await;
+    // One connection: the one a cut operation left behind is the one the
+    // check reads.
+    let one = Pool::builder(AsyncDieselConnectionManager::<AsyncMysqlConnection>::new(
+        url(),
+    ))
+    .max_size(1)
+    .build()
+    .expect("a pool");
+    let store = MysqlStore::new(one.clone(), migrated.config().clone());
+    // A key per event: claims cut after they leased still leave others.
+    let backlog: Vec<_> = (0..3_000).map(|n| event(&format!("k{n}"), n)).collect();
+    OutboxWriter::enqueue(&store, &backlog).await.unwrap();
+    let in_transaction = |operation: &'static str| {
+        let one = one.clone();
+        move |cut: usize| {
+            let one = one.clone();
+            async move {
+                let mut conn = tokio::time::timeout(std::time::Duration::from_secs(5), one.get())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{operation} cut at await {cut} kept the connection")
+                    })
+                    .unwrap();
+                let open: i64 = diesel::select(diesel::dsl::sql::<BigInt>(
+                    "CAST(@@in_transaction AS SIGNED)",
+                ))
+                .get_result(&mut *conn)
+                .await
+                .unwrap();
+                assert_eq!(
+                    open, 0,
+                    "{operation} cut at await {cut} left a transaction open"
+                );
+            }
+        }
+    };
+    let request = store_suite::request("cut", 3);
+    // Whether a read waits depends on when the server's answer arrives, so
+    // each sweep cuts at slightly different points: sweep a few times.
+    let (mut claim_cuts, mut ack_cuts, mut enqueue_cuts) = (0, 0, 0);
+    let mut fresh = 10_000;
+    for _ in 0..10 {
+        claim_cuts += cancel_at_every_await(
+            || store.claim_batch(&request),
+            in_transaction("claim_batch"),
+        )
+        .await;
+        let claimed = store.claim_batch(&request).await.unwrap().events;
+        let leases: Vec<_> = claimed.into_iter().map(|c| c.lease).collect();
+        assert!(!leases.is_empty(), "a backlog left to ack");
+        ack_cuts += cancel_at_every_await(|| store.ack(&leases), in_transaction("ack")).await;
+        enqueue_cuts += cancel_at_every_await(
+            || {
+                fresh += 1;
+                let events = vec![event("fresh", fresh)];
+                let store = store.clone();
+                async move { OutboxWriter::enqueue(&store, &events).await }
+            },
+            in_transaction("enqueue"),
+        )
+        .await;
+    }
+    assert!(
+        claim_cuts > 0 && ack_cuts > 0 && enqueue_cuts > 0,
+        "every operation was cut before a run completed: {claim_cuts}, {ack_cuts}, {enqueue_cuts}"
+    );
+}
