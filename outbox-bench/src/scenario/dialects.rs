@@ -47,9 +47,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                 "mariadb" | "mariadb-diesel" => {
                     // Filled through sqlx either way: the rows are the same.
                     let store = Arc::new(env::mysql_store(8).await?);
-                    sqlx::query("DELETE FROM bench_events")
-                        .execute(store.pool())
-                        .await?;
+                    env::mysql_reset(&store).await?;
                     fill(store.as_ref(), round, n).await?;
                     let elapsed = if dialect == "mariadb" {
                         drain(store.clone(), n).await?

@@ -165,9 +165,7 @@ async fn relay(
     let publisher = Arc::new(CountingPublisher::noop(BATCH));
     if dialect == "mariadb" {
         let store = Arc::new(env::mysql_store(8).await?);
-        sqlx::query("DELETE FROM bench_events")
-            .execute(store.pool())
-            .await?;
+        env::mysql_reset(&store).await?;
         let left_open = prepare(store.as_ref(), obstacle, round, n).await?;
         let elapsed =
             relay_run::drain_leaving(store.clone(), publisher, config, n as u64, left_open).await;

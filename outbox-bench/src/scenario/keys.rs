@@ -196,9 +196,7 @@ async fn drain(
         }
         "mariadb" => {
             let store = Arc::new(env::mysql_store(8).await?);
-            sqlx::query("DELETE FROM bench_events")
-                .execute(store.pool())
-                .await?;
+            env::mysql_reset(&store).await?;
             fill(store.as_ref(), n, event).await?;
             let elapsed = relay_run::drain(store.clone(), publisher, config, 1, n as u64).await;
             store.pool().close().await;
