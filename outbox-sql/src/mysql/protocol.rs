@@ -102,6 +102,12 @@ pub fn raw_event(row: &Row) -> Result<RawEvent, StoreError> {
     })
 }
 
+/// Event ids as a JSON array of strings, for the statements that join
+/// them with `JSON_TABLE`.
+fn id_array(ids: impl Iterator<Item = EventId>) -> String {
+    Json::Array(ids.map(|id| Json::String(id.to_string())).collect()).to_string()
+}
+
 /// A leased row a settlement found still held by its lease.
 struct Held {
     sequence: i64,
@@ -295,10 +301,12 @@ impl Statements {
                 ]);
             }
             conn.execute(&insert, values).await?;
-            let ids: Vec<String> = fresh.iter().map(|e| e.event_id.to_string()).collect();
-            let read_back = with_in_list(&self.queries.read_back, ids.len());
+            let ids = id_array(fresh.iter().map(|e| e.event_id));
             let mut ours: HashMap<EventId, i64> = HashMap::new();
-            for r in conn.fetch(&read_back, params(&ids)).await? {
+            for r in conn
+                .fetch(&self.queries.read_back, vec![ids.into()])
+                .await?
+            {
                 if r.int("enqueue_mark")? == mark {
                     ours.insert(r.event_id("event_id")?, r.int("sequence")?);
                 }
@@ -573,9 +581,15 @@ impl<D: Driver> Protocol<D> {
             let now = self.now(&mut *tx).await?;
             tx.execute(&ack, with([now.into()], &sequences)).await?;
             // A published replacement lifts the block of the event it superseded.
-            let ids: Vec<String> = held.iter().map(|h| h.event_id.to_string()).collect();
-            let unblock = with_in_list(&self.queries.unblock_superseded, ids.len());
-            tx.execute(&unblock, params(&ids)).await?;
+            if !tx
+                .fetch(&self.queries.superseded_blocking, Vec::new())
+                .await?
+                .is_empty()
+            {
+                let ids: Vec<String> = held.iter().map(|h| h.event_id.to_string()).collect();
+                let unblock = with_in_list(&self.queries.unblock_superseded, ids.len());
+                tx.execute(&unblock, params(&ids)).await?;
+            }
         }
         let settled = held.into_iter().map(|h| h.event_id).collect();
         Ok(report(leases.iter().map(|l| l.event_id), &settled))

@@ -41,6 +41,7 @@ pub struct Queries {
     pub read_rows: String,
     pub lock_leased: String,
     pub ack: String,
+    pub superseded_blocking: String,
     pub unblock_superseded: String,
     pub nack: String,
     pub release: String,
@@ -141,9 +142,13 @@ impl Queries {
             // A duplicate id is left alone: waits for a concurrent insert of
             // it, then does nothing (no error, whatever the isolation level).
             enqueue_tail: " ON DUPLICATE KEY UPDATE event_id = event_id",
+            // Driven by the ids (a JSON array), not `event_id IN (…)`: on a
+            // table whose statistics still say it is empty (just created or
+            // emptied), MariaDB read an `IN` list back by scanning every row.
             read_back: format!(
-                "SELECT event_id, sequence, enqueue_mark FROM {events}
-                 WHERE event_id IN ({{in}})"
+                "SELECT STRAIGHT_JOIN e.event_id, e.sequence, e.enqueue_mark
+                 FROM JSON_TABLE(?, '$[*]' COLUMNS (id CHAR(36) PATH '$')) AS r
+                 JOIN {events} e ON e.event_id = r.id"
             ),
             claim_lock: format!("SELECT id FROM {claim_lock} WHERE id = 1 FOR UPDATE"),
             // Found without locking (a locking scan of the status index
@@ -214,6 +219,16 @@ impl Queries {
                 "UPDATE {events} SET status = 2, published_at = ?, unfinished_claims = 0,
                      suspect = FALSE, lease_expires_at = NULL
                  WHERE sequence IN ({{in}})"
+            ),
+            // Whether any superseded event still blocks its key: a range
+            // of the superseded index, empty unless an operator superseded
+            // under Block. Only then does an ack run `unblock_superseded`,
+            // which MariaDB plans over a 1,000-id list as a scan of the
+            // whole table (every ack of a full batch read every row). A
+            // join to the ids would probe the index instead, but a joined
+            // UPDATE that scans waits on producers' uncommitted rows.
+            superseded_blocking: format!(
+                "SELECT 1 AS n FROM {events} WHERE superseded_by IS NOT NULL AND blocks_key LIMIT 1"
             ),
             unblock_superseded: format!(
                 "UPDATE {events} SET blocks_key = FALSE
