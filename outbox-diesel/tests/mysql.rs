@@ -227,8 +227,7 @@ async fn apply_once_runs_the_effect_once_and_a_failure_leaves_no_claim() {
 #[tokio::test]
 async fn operations_cut_off_anywhere_leave_no_transaction_open() {
     use diesel::sql_types::BigInt;
-    use outbox_core::testing::{cancel_at_every_await, event, store_suite};
-    use outbox_core::{OutboxStore, OutboxWriter};
+    use outbox_core::testing::cut_store_operations;
 
     let (migrated, _) = store_in_database(ManualClock::at_epoch()).await;
     // One connection: the one a cut operation left behind is the one the
@@ -240,61 +239,24 @@ async fn operations_cut_off_anywhere_leave_no_transaction_open() {
     .build()
     .expect("a pool");
     let store = MysqlStore::new(one.clone(), migrated.config().clone());
-    // A key per event: claims cut after they leased still leave others.
-    let backlog: Vec<_> = (0..3_000).map(|n| event(&format!("k{n}"), n)).collect();
-    OutboxWriter::enqueue(&store, &backlog).await.unwrap();
-    let in_transaction = |operation: &'static str| {
+    let in_transaction = |operation: &'static str, cut: usize| {
         let one = one.clone();
-        move |cut: usize| {
-            let one = one.clone();
-            async move {
-                let mut conn = tokio::time::timeout(std::time::Duration::from_secs(5), one.get())
-                    .await
-                    .unwrap_or_else(|_| {
-                        panic!("{operation} cut at await {cut} kept the connection")
-                    })
-                    .unwrap();
-                let open: i64 = diesel::select(diesel::dsl::sql::<BigInt>(
-                    "CAST(@@in_transaction AS SIGNED)",
-                ))
-                .get_result(&mut *conn)
+        async move {
+            let mut conn = tokio::time::timeout(std::time::Duration::from_secs(5), one.get())
                 .await
+                .unwrap_or_else(|_| panic!("{operation} cut at await {cut} kept the connection"))
                 .unwrap();
-                assert_eq!(
-                    open, 0,
-                    "{operation} cut at await {cut} left a transaction open"
-                );
-            }
+            let open: i64 = diesel::select(diesel::dsl::sql::<BigInt>(
+                "CAST(@@in_transaction AS SIGNED)",
+            ))
+            .get_result(&mut *conn)
+            .await
+            .unwrap();
+            assert_eq!(
+                open, 0,
+                "{operation} cut at await {cut} left a transaction open"
+            );
         }
     };
-    let request = store_suite::request("cut", 3);
-    // Whether a read waits depends on when the server's answer arrives, so
-    // each sweep cuts at slightly different points: sweep a few times.
-    let (mut claim_cuts, mut ack_cuts, mut enqueue_cuts) = (0, 0, 0);
-    let mut fresh = 10_000;
-    for _ in 0..10 {
-        claim_cuts += cancel_at_every_await(
-            || store.claim_batch(&request),
-            in_transaction("claim_batch"),
-        )
-        .await;
-        let claimed = store.claim_batch(&request).await.unwrap().events;
-        let leases: Vec<_> = claimed.into_iter().map(|c| c.lease).collect();
-        assert!(!leases.is_empty(), "a backlog left to ack");
-        ack_cuts += cancel_at_every_await(|| store.ack(&leases), in_transaction("ack")).await;
-        enqueue_cuts += cancel_at_every_await(
-            || {
-                fresh += 1;
-                let events = vec![event("fresh", fresh)];
-                let store = store.clone();
-                async move { OutboxWriter::enqueue(&store, &events).await }
-            },
-            in_transaction("enqueue"),
-        )
-        .await;
-    }
-    assert!(
-        claim_cuts > 0 && ack_cuts > 0 && enqueue_cuts > 0,
-        "every operation was cut before a run completed: {claim_cuts}, {ack_cuts}, {enqueue_cuts}"
-    );
+    cut_store_operations(&store, 10, in_transaction).await;
 }

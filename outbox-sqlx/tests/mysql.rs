@@ -442,7 +442,7 @@ async fn driver_errors_name_the_operation_and_table_once() {
 #[tokio::test]
 async fn operations_cut_off_anywhere_leave_no_transaction_open() {
     use outbox_core::InboxStore;
-    use outbox_core::testing::{cancel_at_every_await, store_suite};
+    use outbox_core::testing::{cancel_at_every_await, cut_store_operations};
 
     let clock = ManualClock::at_epoch();
     let migrated = store_on(clock.clone()).await;
@@ -455,59 +455,27 @@ async fn operations_cut_off_anywhere_leave_no_transaction_open() {
         .await
         .unwrap();
     let store = MySqlStore::new(one.clone(), migrated.config().clone());
-    // A key per event: claims cut after they leased still leave others.
-    let backlog: Vec<_> = (0..3_000).map(|n| event(&format!("k{n}"), n)).collect();
-    OutboxWriter::enqueue(&store, &backlog).await.unwrap();
-    let in_transaction = |operation: &'static str| {
+    let in_transaction = |operation: &'static str, cut: usize| {
         let one = one.clone();
-        move |cut: usize| {
-            let one = one.clone();
-            async move {
-                let open: i64 = sqlx::query_scalar("SELECT CAST(@@in_transaction AS SIGNED)")
-                    .fetch_one(&one)
-                    .await
-                    .unwrap_or_else(|e| {
-                        panic!("{operation} cut at await {cut} kept the connection: {e}")
-                    });
-                assert_eq!(
-                    open, 0,
-                    "{operation} cut at await {cut} left a transaction open"
-                );
-            }
+        async move {
+            let open: i64 = sqlx::query_scalar("SELECT CAST(@@in_transaction AS SIGNED)")
+                .fetch_one(&one)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("{operation} cut at await {cut} kept the connection: {e}")
+                });
+            assert_eq!(
+                open, 0,
+                "{operation} cut at await {cut} left a transaction open"
+            );
         }
     };
-    let request = store_suite::request("cut", 3);
-    const SWEEPS: usize = 10;
-    // Whether a read waits depends on when the server's answer arrives, so
-    // each sweep cuts at slightly different points: sweep a few times.
-    let (mut claim_cuts, mut ack_cuts, mut enqueue_cuts, mut inbox_cuts) = (0, 0, 0, 0);
-    let mut fresh = 10_000;
+    cut_store_operations(&store, 10, in_transaction).await;
     let inbox = store.inbox();
-    for _ in 0..SWEEPS {
-        claim_cuts += cancel_at_every_await(
-            || store.claim_batch(&request),
-            in_transaction("claim_batch"),
-        )
-        .await;
-        let claimed = store.claim_batch(&request).await.unwrap().events;
-        let leases: Vec<_> = claimed.into_iter().map(|c| c.lease).collect();
-        assert!(!leases.is_empty(), "a backlog left to ack");
-        ack_cuts += cancel_at_every_await(|| store.ack(&leases), in_transaction("ack")).await;
-        enqueue_cuts += cancel_at_every_await(
-            || {
-                fresh += 1;
-                let events = vec![event("fresh", fresh)];
-                let store = store.clone();
-                async move { OutboxWriter::enqueue(&store, &events).await }
-            },
-            in_transaction("enqueue"),
-        )
-        .await;
-        inbox_cuts += cancel_at_every_await(|| inbox.begin(), in_transaction("inbox begin")).await;
+    let mut inbox_cuts = 0;
+    for _ in 0..10 {
+        inbox_cuts +=
+            cancel_at_every_await(|| inbox.begin(), |cut| in_transaction("inbox begin", cut)).await;
     }
-    assert!(
-        claim_cuts > 0 && ack_cuts > 0 && enqueue_cuts > 0 && inbox_cuts > 0,
-        "every operation was cut before a run completed: \
-         {claim_cuts}, {ack_cuts}, {enqueue_cuts}, {inbox_cuts}"
-    );
+    assert!(inbox_cuts > 0, "the inbox's begin was never cut");
 }

@@ -4,6 +4,10 @@
 use std::future::Future;
 use std::task::Poll;
 
+use super::fixtures::event;
+use super::store_suite::request;
+use crate::store::{OutboxStore, OutboxWriter};
+
 /// Most await points [`cancel_at_every_await`] cuts before it gives up.
 const MAX_CUTS: usize = 1_000;
 
@@ -47,6 +51,70 @@ where
         check(cut).await;
     }
     panic!("the operation never completed within {MAX_CUTS} cuts");
+}
+
+/// What [`cut_store_operations`] cut: how many times each operation was
+/// cut before a run of it completed, over all sweeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cuts {
+    /// `claim_batch`.
+    pub claim: usize,
+    /// `ack` of a claimed batch.
+    pub ack: usize,
+    /// `enqueue` in the store's own transaction.
+    pub enqueue: usize,
+}
+
+/// A store's relay and producer operations (`claim_batch`, `ack`,
+/// `enqueue`) cut off at each of their await points in turn, `sweeps`
+/// times over (whether a read waits depends on when the answer arrives, so
+/// each sweep cuts at slightly different points). After each cut,
+/// `check(operation, cut)` asserts what must hold: typically that the
+/// store's one pooled connection came back outside any transaction.
+/// Enqueues a backlog first, one key per event, so claims cut after they
+/// leased still leave work for the next.
+///
+/// Panics if a claim finds nothing to ack or an operation never completes.
+pub async fn cut_store_operations<S, Check, CheckFut>(
+    store: &S,
+    sweeps: usize,
+    mut check: Check,
+) -> Cuts
+where
+    S: OutboxStore + OutboxWriter + ?Sized,
+    Check: FnMut(&'static str, usize) -> CheckFut,
+    CheckFut: Future<Output = ()>,
+{
+    let backlog: Vec<_> = (0..3_000).map(|n| event(&format!("k{n}"), n)).collect();
+    store.enqueue(&backlog).await.expect("the backlog");
+    let request = request("cut", 3);
+    let mut cuts = Cuts::default();
+    let mut fresh = 10_000;
+    for _ in 0..sweeps {
+        cuts.claim += cancel_at_every_await(
+            || store.claim_batch(&request),
+            |cut| check("claim_batch", cut),
+        )
+        .await;
+        let claimed = store.claim_batch(&request).await.expect("a claim").events;
+        let leases: Vec<_> = claimed.into_iter().map(|c| c.lease).collect();
+        assert!(!leases.is_empty(), "a backlog left to ack");
+        cuts.ack += cancel_at_every_await(|| store.ack(&leases), |cut| check("ack", cut)).await;
+        cuts.enqueue += cancel_at_every_await(
+            || {
+                fresh += 1;
+                let events = vec![event("fresh", fresh)];
+                async move { store.enqueue(&events).await }
+            },
+            |cut| check("enqueue", cut),
+        )
+        .await;
+    }
+    assert!(
+        cuts.claim > 0 && cuts.ack > 0 && cuts.enqueue > 0,
+        "every operation was cut before a run completed: {cuts:?}"
+    );
+    cuts
 }
 
 #[cfg(test)]

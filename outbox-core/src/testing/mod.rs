@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use cancel::{cancel_after_pending, cancel_at_every_await};
+pub use cancel::{Cuts, cancel_after_pending, cancel_at_every_await, cut_store_operations};
 pub use faults::{
     DieAfterCommit, DieAfterPublishing, FlakyInbox, OutageCounter, PublishGate,
     assert_exactly_once_in_key_order,
