@@ -37,12 +37,6 @@ pub(crate) struct Sqlx<C>(pub(crate) C);
 /// transaction rolls back as it would have.
 pub(crate) struct Owned<C>(Option<C>);
 
-/// What a statement returns.
-enum Answer {
-    Changed(u64),
-    Rows(Vec<MySqlRow>),
-}
-
 impl<C> Owned<C>
 where
     C: DerefMut<Target = MySqlConnection> + Send + 'static,
@@ -58,32 +52,36 @@ where
         })
     }
 
-    /// Runs `sql` (`fetch`: and reads its rows) on a task of its own.
-    async fn run(
+    /// Runs `statement` on the connection on a task of its own; the task
+    /// hands the connection back with the answer.
+    async fn on_task<T, Fut>(
         &mut self,
-        sql: &str,
-        params: Vec<Param>,
-        fetch: bool,
-    ) -> Result<Result<Answer, sqlx::Error>, StoreError> {
-        let mut conn = self.take()?;
-        let sql = sql.to_owned();
-        let task = tokio::spawn(async move {
-            let query = bind(&sql, &params);
-            let answer = if fetch {
-                query.fetch_all(&mut *conn).await.map(Answer::Rows)
-            } else {
-                query
-                    .execute(&mut *conn)
-                    .await
-                    .map(|done| Answer::Changed(done.rows_affected()))
-            };
-            (conn, answer)
-        });
-        let (conn, answer) = task
+        statement: impl FnOnce(C) -> Fut,
+    ) -> Result<Result<T, sqlx::Error>, StoreError>
+    where
+        Fut: std::future::Future<Output = (C, Result<T, sqlx::Error>)> + Send + 'static,
+        T: Send + 'static,
+    {
+        let conn = self.take()?;
+        let (conn, answer) = tokio::spawn(statement(conn))
             .await
             .map_err(|join| StoreError::Unavailable(Box::new(join)))?;
         self.0 = Some(conn);
         Ok(answer)
+    }
+
+    /// `sql` as an `execute` on a task of its own: the rows it changed.
+    async fn changed(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<Result<u64, sqlx::Error>, StoreError> {
+        let sql = sql.to_owned();
+        self.on_task(|mut conn| async move {
+            let done = bind(&sql, &params).execute(&mut *conn).await;
+            (conn, done.map(|d| d.rows_affected()))
+        })
+        .await
     }
 }
 
@@ -199,28 +197,23 @@ where
     C: DerefMut<Target = MySqlConnection> + Send + 'static,
 {
     async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
-        match self.run(sql, params, false).await?.store()? {
-            Answer::Changed(n) => Ok(n),
-            Answer::Rows(_) => unreachable!("execute answers with a count"),
-        }
+        self.changed(sql, params).await?.store()
     }
 
     async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
-        match self.run(sql, params, true).await?.store()? {
-            Answer::Rows(found) => rows(&found),
-            Answer::Changed(_) => unreachable!("fetch answers with rows"),
-        }
+        let sql = sql.to_owned();
+        let found = self
+            .on_task(|mut conn| async move {
+                let found = bind(&sql, &params).fetch_all(&mut *conn).await;
+                (conn, found)
+            })
+            .await?
+            .store()?;
+        rows(&found)
     }
 
     async fn insert_unique(&mut self, sql: &str, params: Vec<Param>) -> Result<bool, StoreError> {
-        let done = self
-            .run(sql, params, false)
-            .await?
-            .map(|answer| match answer {
-                Answer::Changed(n) => n,
-                Answer::Rows(_) => unreachable!("execute answers with a count"),
-            });
-        inserted(done)
+        inserted(self.changed(sql, params).await?)
     }
 }
 
