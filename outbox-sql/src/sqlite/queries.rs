@@ -89,9 +89,14 @@ impl Queries {
             } else {
                 String::new()
             };
+            // `status IN (0, 1)` repeats the live index's condition word
+            // for word: SQLite uses a partial index only for a query whose
+            // WHERE contains its condition, and `status = 0` does not count.
+            // Without it every claim read the whole backlog through another
+            // index and sorted it (quadratic in the backlog).
             format!(
                 "SELECT c.sequence, c.partition_key, c.suspect FROM {events} c
-                 WHERE {CLAIMABLE} {key_order}
+                 WHERE c.status IN (0, 1) AND {CLAIMABLE} {key_order}
                  ORDER BY COALESCE(c.ord, c.sequence), c.sequence
                  LIMIT ?2"
             )

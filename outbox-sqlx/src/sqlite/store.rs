@@ -105,6 +105,15 @@ impl SqliteStore {
         &self.config
     }
 
+    /// The statement that finds a claim's candidates, for `EXPLAIN QUERY
+    /// PLAN` and review. Parameters: `?1` now (microseconds), `?2` limit.
+    pub fn claim_statement(&self, ordering: Ordering) -> &str {
+        match ordering {
+            Ordering::PerKey => &self.queries.claim_per_key,
+            Ordering::Unordered => &self.queries.claim_unordered,
+        }
+    }
+
     /// The schema DDL for these table names (what [`SqliteStore::migrate`] runs).
     pub fn schema_sql(&self) -> String {
         outbox_sql::sqlite::schema_sql(&self.config.tables)
