@@ -15,8 +15,8 @@ use outbox_core::{NewEvent, Ordering, OutboxWriter, RelayConfig};
 use super::{Rounds, Scale, progress, rate};
 use crate::counting::CountingPublisher;
 use crate::env::{self, Error, FILL_CHUNK};
-use crate::relay_run;
 use crate::report::{Report, TargetCheck};
+use crate::{query_count, relay_run};
 
 /// How a backlog's events spread over keys.
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +95,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                 }
                 let keys = keys_of(shape, round, n);
                 let elapsed = drain(dialect, ordering, round, &keys).await?;
+                query_count::print_profile(&format!("{dialect} {contender} round {round}"));
                 let events_per_second = rate(n as u64, elapsed);
                 rounds.add(&contender, "events/s", events_per_second, true);
                 progress(format!(
@@ -190,6 +191,7 @@ async fn drain(
             let store = Arc::new(env::pg_store(&pool).await?);
             env::pg_reset(&pool).await?;
             env::pg_fill_with(&store, n, event).await?;
+            query_count::reset_profile();
             let elapsed = relay_run::drain(store, publisher, config, 1, n as u64).await;
             pool.close().await;
             elapsed
@@ -198,6 +200,7 @@ async fn drain(
             let store = Arc::new(env::mysql_store(8).await?);
             env::mysql_reset(&store).await?;
             fill(store.as_ref(), n, event).await?;
+            query_count::reset_profile();
             let elapsed = relay_run::drain(store.clone(), publisher, config, 1, n as u64).await;
             store.pool().close().await;
             elapsed
@@ -206,6 +209,7 @@ async fn drain(
             let store =
                 Arc::new(env::sqlite_store(std::path::Path::new("target/bench/sqlite")).await?);
             fill(store.as_ref(), n, event).await?;
+            query_count::reset_profile();
             let elapsed = relay_run::drain(store.clone(), publisher, config, 1, n as u64).await;
             store.pool().close().await;
             elapsed
