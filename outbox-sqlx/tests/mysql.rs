@@ -253,37 +253,55 @@ async fn shipped_migration_is_the_default_rendering() {
     );
 }
 
-/// Tables made before the per-key due index existed get it from
-/// `migrate()` (a `CREATE TABLE IF NOT EXISTS` would leave them as they
-/// were, and the claim names the index).
+/// The events table's index definitions, name -> columns.
+async fn index_columns(pool: &MySqlPool, events: &str) -> Vec<(String, String)> {
+    sqlx::query_as(&format!(
+        "SELECT index_name, GROUP_CONCAT(column_name ORDER BY seq_in_index SEPARATOR ', ')
+         FROM information_schema.statistics
+         WHERE CONCAT(table_schema, '.', table_name) = '{events}' AND index_name <> 'PRIMARY'
+         GROUP BY index_name ORDER BY index_name"
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Tables made by earlier releases of schema version 2 get the current
+/// index definitions from `migrate()` (a `CREATE TABLE IF NOT EXISTS`
+/// leaves them as they were, and the claim names its indexes): the
+/// per-key due index added where it is missing, and the indexes that once
+/// led with `status` (rewritten on every lease and every ack) rebuilt.
 #[tokio::test]
-async fn migrate_adds_the_due_index_to_older_tables() {
+async fn migrate_brings_older_tables_to_the_current_indexes() {
     let store = store_on(ManualClock::at_epoch()).await;
     let events = store.config().tables.events();
     assert!(events.ends_with(".outbox_events"), "{events}");
-    let count_index = format!(
-        "SELECT COUNT(*) FROM information_schema.statistics
-         WHERE CONCAT(table_schema, '.', table_name) = '{events}' AND index_name = 'outbox_events_key_due'"
-    );
+    let current = index_columns(store.pool(), &events).await;
     sqlx::query(&format!(
-        "ALTER TABLE {events} DROP INDEX outbox_events_key_due"
+        "ALTER TABLE {events} DROP INDEX outbox_events_key_due,
+             DROP INDEX outbox_events_unfinished, ADD KEY outbox_events_unfinished (status, unfinished_claims),
+             DROP INDEX outbox_events_published, ADD KEY outbox_events_published (status, published_at)"
     ))
     .execute(store.pool())
     .await
     .unwrap();
-    let left: i64 = sqlx::query_scalar(&count_index)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(left, 0);
+    let older = index_columns(store.pool(), &events).await;
+    assert_ne!(older, current);
+    assert!(
+        !older
+            .iter()
+            .any(|(name, _)| name == "outbox_events_key_due")
+    );
+
     store.migrate().await.unwrap();
-    let added: i64 = sqlx::query_scalar(&count_index)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert!(added > 0, "migrate() did not add outbox_events_key_due");
+    assert_eq!(index_columns(store.pool(), &events).await, current);
+    assert!(current.contains(&(
+        "outbox_events_published".to_string(),
+        "published_at".to_string()
+    )));
     store.migrate().await.expect("migrate() is idempotent");
-    // The claim names the index: it works again.
+    assert_eq!(index_columns(store.pool(), &events).await, current);
+    // The claim names the indexes: it works again.
     OutboxWriter::enqueue(&store, &[event("a", 1)])
         .await
         .expect("enqueue after migrate");

@@ -46,17 +46,21 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     published_at      BIGINT NULL,
     UNIQUE KEY outbox_events_event_id (event_id),
     -- No partial indexes here: status leads, so the claim reads the live
-    -- ranges (0, 1) and never the published rows.
+    -- ranges (0, 1) and never the published rows. Every lease and every
+    -- ack rewrites the entries of each index that holds status, so only
+    -- the two that must hold it do. migrate() brings tables made by
+    -- earlier releases to these definitions.
     KEY outbox_events_live (status, sequence),
     KEY outbox_events_key (partition_key, status, sequence),
     -- A key's rows not due yet (delayed, backing off): the claim's per-key
-    -- check finds them without reading the key's due backlog. migrate()
-    -- adds it to tables created before it existed.
-    KEY outbox_events_key_due (partition_key, status, available_at),
+    -- check finds them without reading the key's due backlog. Only pending
+    -- rows are ever ahead of now, so status is checked on the row.
+    KEY outbox_events_key_due (partition_key, available_at),
     -- The crash-loop sweep before every claim reads only rows claimed
-    -- without an outcome, not the whole live backlog.
-    KEY outbox_events_unfinished (status, unfinished_claims),
-    KEY outbox_events_published (status, published_at),
+    -- without an outcome (every settlement sets the count back to 0).
+    KEY outbox_events_unfinished (unfinished_claims),
+    -- Only an ack sets published_at: purge reads published rows by age.
+    KEY outbox_events_published (published_at),
     KEY outbox_events_superseded (superseded_by)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 

@@ -23,6 +23,29 @@ pub fn schema_sql(tables: &TableNames) -> String {
     tables.render(SCHEMA)
 }
 
+/// The events table's secondary indexes in `schema` (a rendered
+/// template), as (name, columns) in the form `information_schema` lists
+/// them: `migrate()` brings older tables to these definitions. Read from
+/// the template so the two cannot drift.
+pub fn event_indexes(schema: &str) -> Vec<(String, String)> {
+    let table = schema
+        .split("CREATE TABLE IF NOT EXISTS ")
+        .find(|t| {
+            t.split_once(' ')
+                .is_some_and(|(name, _)| name.ends_with("_events"))
+        })
+        .unwrap_or_default();
+    table
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("KEY "))
+        .filter_map(|key| {
+            let (name, rest) = key.split_once(' ')?;
+            let columns = rest.trim_start_matches('(').split_once(')')?.0;
+            Some((name.to_owned(), columns.to_owned()))
+        })
+        .collect()
+}
+
 /// The schema as statements to run one at a time (MySQL takes one per
 /// call): comment lines dropped, split at `;` (the schema has no
 /// procedural bodies), blank statements dropped.
@@ -38,4 +61,29 @@ pub fn split_statements(schema: &str) -> Vec<String> {
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_indexes_are_read_from_the_rendered_template() {
+        let names = TableNames::with_prefix("shop").unwrap();
+        let indexes = event_indexes(&schema_sql(&names));
+        let names: Vec<&str> = indexes.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "shop_events_live",
+                "shop_events_key",
+                "shop_events_key_due",
+                "shop_events_unfinished",
+                "shop_events_published",
+                "shop_events_superseded"
+            ]
+        );
+        assert_eq!(indexes[1].1, "partition_key, status, sequence");
+        assert_eq!(indexes[2].1, "partition_key, available_at");
+    }
 }

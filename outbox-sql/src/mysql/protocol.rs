@@ -181,7 +181,7 @@ impl Statements {
             for statement in super::split_statements(&schema) {
                 conn.execute(&statement, Vec::new()).await?;
             }
-            self.add_missing_indexes(&mut *conn).await?;
+            self.align_indexes(&mut *conn, &schema).await?;
             Ok(migrated)
         })
         .await
@@ -217,27 +217,40 @@ impl Statements {
         Ok(crate::config::installed_version(events, record, version))
     }
 
-    /// Indexes added to schema version 2 after its first release: `CREATE
-    /// TABLE IF NOT EXISTS` leaves tables made before them as they were, and
-    /// MySQL has no `CREATE INDEX IF NOT EXISTS`.
-    async fn add_missing_indexes(&self, conn: &mut (impl Exec + ?Sized)) -> Result<(), StoreError> {
-        let tables = &self.config.tables;
-        let events = tables.events();
-        let index = format!("{}_events_key_due", tables.prefix());
-        let mut located = Self::located(&events);
-        located.push(index.as_str().into());
-        let present = Self::count(
-            conn,
-            "SELECT COUNT(*) AS n FROM information_schema.statistics
-             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND index_name = ?",
-            located,
-        )
-        .await?;
-        if present == 0 {
+    /// Brings the events table's secondary indexes to the template's
+    /// definitions ([`super::event_indexes`]): `CREATE TABLE IF NOT EXISTS`
+    /// leaves tables made by an earlier release of schema version 2 as they
+    /// were (MySQL has no `CREATE INDEX IF NOT EXISTS`). A missing index is
+    /// added and one with other columns rebuilt, online (`LOCK = NONE`:
+    /// writes go on while it builds); nothing is done when they match.
+    async fn align_indexes(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        schema: &str,
+    ) -> Result<(), StoreError> {
+        let events = self.config.tables.events();
+        for (index, columns) in super::event_indexes(schema) {
+            let mut located = Self::located(&events);
+            located.push(index.as_str().into());
+            let found = conn
+                .fetch(
+                    "SELECT GROUP_CONCAT(column_name ORDER BY seq_in_index SEPARATOR ', ') AS columns
+                     FROM information_schema.statistics
+                     WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND index_name = ?",
+                    located,
+                )
+                .await?
+                .first()
+                .map(|r| r.opt_text("columns"))
+                .transpose()?
+                .flatten();
+            let change = match found.as_deref() {
+                Some(present) if present == columns => continue,
+                Some(_) => format!("DROP INDEX {index}, ADD KEY {index} ({columns})"),
+                None => format!("ADD KEY {index} ({columns})"),
+            };
             conn.execute(
-                &format!(
-                    "ALTER TABLE {events} ADD KEY {index} (partition_key, status, available_at)"
-                ),
+                &format!("ALTER TABLE {events} {change}, ALGORITHM = INPLACE, LOCK = NONE"),
                 Vec::new(),
             )
             .await?;

@@ -340,7 +340,7 @@ impl Queries {
             ),
             purge_select: format!(
                 "SELECT sequence, event_id FROM {events}
-                 WHERE status = 2 AND published_at <= ? ORDER BY status, published_at LIMIT ?
+                 WHERE status = 2 AND published_at <= ? ORDER BY published_at LIMIT ?
                  FOR UPDATE SKIP LOCKED"
             ),
             purge_history: format!(
