@@ -66,25 +66,29 @@ impl Queries {
         let earlier =
             "(COALESCE(p.ord, p.sequence), p.sequence) < (COALESCE(c.ord, c.sequence), c.sequence)";
         // Candidates in claim order: pending and due, and (per key) no
-        // earlier row of the key holds it back (in flight, not yet due, or
-        // blocking). One probe per kind, each on a partial index holding
+        // earlier row of the key holds it back (blocking, in flight, or not
+        // yet due). One probe per kind, each on a partial index holding
         // only the key's rows of that kind: one probe over all kinds reads
         // the key's whole backlog for every candidate, quadratic in a key's
-        // backlog.
+        // backlog. The blocking probe comes first: a parked key's backlog
+        // stays at the head of the live index, every claim steps over it,
+        // and SQLite evaluates the probes in this order (stepping over
+        // 2,000 parked rows took 2.4 ms instead of 5.3 ms; a clean claim
+        // runs all three either way).
         let claim = |ordered: bool| {
             let key_order = if ordered {
                 format!(
                     "AND NOT EXISTS (
                         SELECT 1 FROM {events} p
+                        WHERE p.partition_key = c.partition_key AND p.blocks_key
+                          AND NOT (p.status = 0 AND p.available_at <= ?1) AND {earlier})
+                     AND NOT EXISTS (
+                        SELECT 1 FROM {events} p
                         WHERE p.partition_key = c.partition_key AND p.status = 1 AND {earlier})
                      AND NOT EXISTS (
                         SELECT 1 FROM {events} p
                         WHERE p.partition_key = c.partition_key AND p.status = 0
-                          AND p.available_at > ?1 AND {earlier})
-                     AND NOT EXISTS (
-                        SELECT 1 FROM {events} p
-                        WHERE p.partition_key = c.partition_key AND p.blocks_key
-                          AND NOT (p.status = 0 AND p.available_at <= ?1) AND {earlier})"
+                          AND p.available_at > ?1 AND {earlier})"
                 )
             } else {
                 String::new()
