@@ -4,7 +4,9 @@ the default names and limits, exactly as PgStore::schema_sql() does (a test,
 shipped_migration_is_the_default_rendering, keeps the two identical)."""
 import pathlib
 
-root = pathlib.Path(__file__).resolve().parent.parent / "outbox-sqlx"
+workspace = pathlib.Path(__file__).resolve().parent.parent
+root = workspace / "outbox-sqlx"
+templates = workspace / "outbox-sql/src"
 
 
 def lock_key(name: str) -> int:
@@ -15,7 +17,7 @@ def lock_key(name: str) -> int:
     return h - (1 << 64) if h >= (1 << 63) else h
 
 
-template = (root / "src/postgres/schema.sql").read_text()
+template = (templates / "postgres/schema.sql").read_text()
 producer_lock = lock_key("outbox_events") ^ 0x0B5E55ED
 producer_bits = producer_lock % (1 << 64)
 rendered = (
@@ -34,5 +36,9 @@ rendered = (
 
 # MySQL and SQLite: the template with the default (unqualified) names.
 for dialect in ("mysql", "sqlite"):
-    template = (root / f"src/{dialect}/schema.sql").read_text()
+    template = (templates / f"{dialect}/schema.sql").read_text()
     (root / f"migrations/{dialect}/0001_outbox.sql").write_text(template.replace("{{schema}}", ""))
+    if dialect == "mysql":
+        # Diesel's MySQL migration is the same rendering.
+        diesel = workspace / "outbox-diesel/migrations-mysql/2026-12-01-000000_outbox/up.sql"
+        diesel.write_text(template.replace("{{schema}}", ""))
