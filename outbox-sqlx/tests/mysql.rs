@@ -279,6 +279,7 @@ async fn migrate_brings_older_tables_to_the_current_indexes() {
     let current = index_columns(store.pool(), &events).await;
     sqlx::query(&format!(
         "ALTER TABLE {events} DROP INDEX outbox_events_key_due,
+             DROP INDEX outbox_events_key, ADD KEY outbox_events_key (partition_key, status, sequence),
              DROP INDEX outbox_events_unfinished, ADD KEY outbox_events_unfinished (status, unfinished_claims),
              DROP INDEX outbox_events_published, ADD KEY outbox_events_published (status, published_at)"
     ))
@@ -299,6 +300,10 @@ async fn migrate_brings_older_tables_to_the_current_indexes() {
         "outbox_events_published".to_string(),
         "published_at".to_string()
     )));
+    assert!(current.contains(&(
+        "outbox_events_key".to_string(),
+        "partition_key, blocks_key, sequence".to_string()
+    )));
     store.migrate().await.expect("migrate() is idempotent");
     assert_eq!(index_columns(store.pool(), &events).await, current);
     // The claim names the indexes: it works again.
@@ -310,6 +315,61 @@ async fn migrate_brings_older_tables_to_the_current_indexes() {
         .await
         .expect("claim after migrate");
     assert_eq!(batch.events.len(), 1);
+}
+
+/// A per-key claim leaves out every key with a row in flight (the keys the
+/// claim's reap read found), and takes back in the same claim a key whose
+/// lease that reap just ended.
+#[tokio::test]
+async fn keys_in_flight_wait_and_a_reaped_key_returns_in_the_same_claim() {
+    let clock = ManualClock::at_epoch();
+    let store = store_on(clock.clone()).await;
+    let keys: Vec<String> = (0..10).map(|k| format!("k{k}")).collect();
+    let events: Vec<_> = (0..3)
+        .flat_map(|n| keys.iter().map(move |k| event(k, n)))
+        .collect();
+    OutboxWriter::enqueue(&store, &events).await.unwrap();
+    let key_of = |batch: &ClaimedBatch| -> Vec<String> {
+        batch
+            .events
+            .iter()
+            .map(|c| c.event.partition_key.clone())
+            .collect()
+    };
+
+    let first = store
+        .claim_batch(&store_suite::request("relay-a", 5))
+        .await
+        .unwrap();
+    assert_eq!(key_of(&first), ["k0", "k1", "k2", "k3", "k4"]);
+    let second = store
+        .claim_batch(&store_suite::request("relay-b", 100))
+        .await
+        .unwrap();
+    let mut taken = key_of(&second);
+    taken.sort();
+    let expected: Vec<String> = keys[5..]
+        .iter()
+        .flat_map(|k| [k.clone(), k.clone(), k.clone()])
+        .collect();
+    assert_eq!(taken, expected, "only keys with nothing in flight, whole");
+    let leases: Vec<_> = second.events.iter().map(|c| c.lease.clone()).collect();
+    store.ack(&leases).await.unwrap();
+
+    clock.advance(store_suite::LEASE + std::time::Duration::from_secs(1));
+    let third = store
+        .claim_batch(&store_suite::request("relay-b", 100))
+        .await
+        .unwrap();
+    // The expired lease's rows came back as suspects, one suspect per
+    // claim: the first key's backlog, whole, and no other key's.
+    assert_eq!(key_of(&third), ["k0", "k0", "k0"]);
+    let ns: Vec<String> = third
+        .events
+        .iter()
+        .map(|c| c.event.aggregate_id.clone())
+        .collect();
+    assert_eq!(ns, ["inv-k0-0", "inv-k0-1", "inv-k0-2"]);
 }
 
 /// A relay that cannot work stops by itself with the store's error

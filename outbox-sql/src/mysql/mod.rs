@@ -8,7 +8,7 @@ mod traits;
 
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::{Protocol, Statements, raw_event};
-pub use queries::{EVENT_COLUMNS, Queries, with_in_list};
+pub use queries::{EVENT_COLUMNS, Queries, with_in_list, with_keys_in_flight};
 
 use crate::config::TableNames;
 
@@ -83,7 +83,21 @@ mod tests {
                 "shop_events_superseded"
             ]
         );
-        assert_eq!(indexes[1].1, "partition_key, status, sequence");
+        assert_eq!(indexes[1].1, "partition_key, blocks_key, sequence");
         assert_eq!(indexes[2].1, "partition_key, available_at");
+    }
+
+    /// A lease and an ack change a row's status: each index holding it
+    /// moves an entry twice per event, so only the claim's live index
+    /// does.
+    #[test]
+    fn only_the_live_index_holds_status() {
+        let indexes = event_indexes(&schema_sql(&TableNames::default()));
+        let with_status: Vec<&str> = indexes
+            .iter()
+            .filter(|(_, columns)| columns.split(", ").any(|c| c == "status"))
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert_eq!(with_status, ["outbox_events_live"]);
     }
 }

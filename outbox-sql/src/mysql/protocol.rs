@@ -21,7 +21,7 @@ use outbox_core::{
 use serde_json::{Value as Json, json};
 
 use super::driver::{Driver, Exec, Param, Row, from_micros};
-use super::{Queries, SCHEMA_VERSION, with_in_list};
+use super::{Queries, SCHEMA_VERSION, with_in_list, with_keys_in_flight};
 use crate::blame::{InFlight, blame, new_lease_id, reap};
 use crate::codes;
 use crate::config::{Migrated, StoreConfig};
@@ -468,21 +468,28 @@ impl<D: Driver> Protocol<D> {
             tx.execute(&self.queries.claim_lock, Vec::new()).await?;
             let now = self.now(&mut tx).await?;
             let expires = now.saturating_add(micros(request.lease_duration));
-            self.reap(&mut tx, now).await?;
+            let keys_in_flight = self.reap(&mut tx, now).await?;
             let block = request.poison == PoisonPolicy::Block;
             let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
 
             let (query, ordered) = match request.ordering {
-                Ordering::PerKey => (&self.queries.claim_candidates_per_key, true),
-                Ordering::Unordered => (&self.queries.claim_candidates_unordered, false),
+                Ordering::PerKey => (
+                    with_keys_in_flight(
+                        &self.queries.claim_candidates_per_key,
+                        keys_in_flight.len(),
+                    ),
+                    true,
+                ),
+                Ordering::Unordered => (self.queries.claim_candidates_unordered.clone(), false),
             };
             let mut bound = vec![now.into()];
             if ordered {
+                bound.extend(keys_in_flight.into_iter().map(Param::from));
                 bound.extend([now.into(), now.into()]);
             }
             bound.push(limit(request.limit));
             let candidates: Vec<(i64, String, bool)> = tx
-                .fetch(query, bound)
+                .fetch(&query, bound)
                 .await?
                 .iter()
                 .map(|r| {
@@ -734,13 +741,18 @@ impl<D: Driver> Protocol<D> {
 
     /// Leases that expired with rows in flight: the rows go back to
     /// pending and the crash is blamed ([`outbox_core::store::crash_culprit`]).
-    async fn reap(&self, tx: &mut D::Tx, now: i64) -> Result<(), StoreError> {
+    /// Returns the keys with a row still in flight, which a per-key claim
+    /// leaves alone.
+    async fn reap(&self, tx: &mut D::Tx, now: i64) -> Result<BTreeSet<String>, StoreError> {
         // Read without locking (a locking scan of the status index
         // deadlocks with settlements), then lock the expired rows by
         // primary key, skipping any a settlement holds right now.
-        let in_flight: Vec<InFlight> = tx
-            .fetch(&self.queries.in_flight, Vec::new())
-            .await?
+        let rows = tx.fetch(&self.queries.in_flight, Vec::new()).await?;
+        let keys: Vec<(i64, String)> = rows
+            .iter()
+            .map(|r| Ok((r.int("sequence")?, r.text("partition_key")?)))
+            .collect::<Result<_, StoreError>>()?;
+        let in_flight: Vec<InFlight> = rows
             .iter()
             .map(|r| {
                 Ok(InFlight {
@@ -761,7 +773,7 @@ impl<D: Driver> Protocol<D> {
             .chain(reaping.returned.iter().copied())
             .collect();
         if expired.is_empty() {
-            return Ok(());
+            return Ok(keys.into_iter().map(|(_, key)| key).collect());
         }
         let lock = with_in_list(&self.queries.lock_expired, expired.len());
         let locked: HashSet<i64> = tx
@@ -797,7 +809,13 @@ impl<D: Driver> Protocol<D> {
                 tx.execute(&update, params(&rows)).await?;
             }
         }
-        Ok(())
+        // Every locked expired row went back to pending; the rest stay in
+        // flight (a settlement holds them right now).
+        Ok(keys
+            .into_iter()
+            .filter(|(sequence, _)| !locked.contains(sequence))
+            .map(|(_, key)| key)
+            .collect())
     }
 
     /// Rows blamed for `crash_loop_limit` crashes, at the head of their key,

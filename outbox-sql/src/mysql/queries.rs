@@ -68,7 +68,22 @@ pub struct Queries {
 /// `query` with its `{in}` replaced by `n` placeholders: rows addressed by
 /// primary key, so a statement locks exactly the rows of its batch.
 pub fn with_in_list(query: &str, n: usize) -> String {
-    query.replace("{in}", &vec!["?"; n.max(1)].join(", "))
+    query.replace("{in}", &placeholders(n.max(1)))
+}
+
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// The per-key claim with its `{not_in_flight}` condition for `keys`
+/// keys in flight (bound after the first `now`): none, or `NOT IN` a
+/// list, which MariaDB and MySQL search as a sorted array.
+pub fn with_keys_in_flight(query: &str, keys: usize) -> String {
+    let condition = match keys {
+        0 => String::new(),
+        n => format!("AND c.partition_key NOT IN ({})", placeholders(n)),
+    };
+    query.replace("{not_in_flight}", &condition)
 }
 
 impl Queries {
@@ -86,33 +101,34 @@ impl Queries {
         let live = format!("{}_events_live", names.prefix());
         let by_key = format!("{}_events_key", names.prefix());
         let by_key_due = format!("{}_events_key_due", names.prefix());
-        // An earlier row of the key that holds it back: in flight, pending
-        // and not due, or failed and blocking (unless `c` replaces it). Each
-        // kind is its own probe reading one index entry or a few: a key's
-        // first row in flight; its latest due time, and only if that is
-        // ahead, its rows not due yet; its failed rows. One probe over all
-        // kinds reads the key's whole backlog for every candidate,
-        // quadratic in a key's backlog. (A correlated probe gets `ref`
-        // access only, never a range past the key: hence ORDER BY … LIMIT 1
-        // rather than a range condition.) Binds `now` twice.
+        // An earlier row of the key that holds it back: pending and not
+        // due, or failed and blocking (unless `c` replaces it). Each kind
+        // is its own probe reading one index entry or a few: the key's
+        // latest due time, and only if that is ahead, its rows not due
+        // yet; its failed rows. One probe over all kinds reads the key's
+        // whole backlog for every candidate, quadratic in a key's backlog.
+        // (A correlated probe gets `ref` access only, never a range past
+        // the key: hence ORDER BY … LIMIT 1 rather than a range
+        // condition.) Binds `now` twice. Keys with a row in flight are
+        // left out before these probes run (`{not_in_flight}`): the claim
+        // has just read every row in flight to reap, and a probe for them
+        // per candidate stepped over every entry a purge had delete-marked
+        // in the key's index until the purge thread caught up.
         let held_back = format!(
-            "(COALESCE((SELECT p.sequence FROM {events} p USE INDEX ({by_key})
-                        WHERE p.partition_key = c.partition_key AND p.status = 1
-                        ORDER BY p.sequence LIMIT 1) < c.sequence, FALSE)
-              OR (COALESCE((SELECT p.available_at FROM {events} p USE INDEX ({by_key_due})
+            "((COALESCE((SELECT p.available_at FROM {events} p USE INDEX ({by_key_due})
                             WHERE p.partition_key = c.partition_key AND p.status = 0
                             ORDER BY p.available_at DESC LIMIT 1) > ?, FALSE)
                   AND EXISTS (SELECT 1 FROM {events} p USE INDEX ({by_key_due})
                               WHERE p.partition_key = c.partition_key AND p.status = 0
                                 AND p.available_at > ? AND p.sequence < c.sequence))
               OR EXISTS (SELECT 1 FROM {events} p USE INDEX ({by_key})
-                         WHERE p.partition_key = c.partition_key AND p.status = 3
-                           AND p.sequence < c.sequence AND p.blocks_key
+                         WHERE p.partition_key = c.partition_key AND p.blocks_key = TRUE
+                           AND p.sequence < c.sequence AND p.status = 3
                            AND (p.superseded_by IS NULL OR p.superseded_by <> c.event_id)))"
         );
         let candidates = |ordered: bool| {
             let order = if ordered {
-                format!("AND NOT {held_back}")
+                format!("{{not_in_flight}} AND NOT {held_back}")
             } else {
                 String::new()
             };
@@ -155,7 +171,7 @@ impl Queries {
             // deadlocks with settlements of live leases), then locked by
             // primary key, skipping rows a settlement holds right now.
             in_flight: format!(
-                "SELECT sequence, lease_id, COALESCE(lease_owner, '') AS lease_owner,
+                "SELECT sequence, partition_key, lease_id, COALESCE(lease_owner, '') AS lease_owner,
                         lease_expires_at, lease_unstarted, suspect
                  FROM {events} WHERE status = 1"
             ),
@@ -179,13 +195,20 @@ impl Queries {
             mark_unstarted: format!(
                 "UPDATE {events} SET lease_unstarted = TRUE WHERE status = 1 AND sequence IN ({{in}})"
             ),
+            // At the head of its key: no earlier live row of the key (read
+            // from the live index, bounded by the backlog ahead of it, not
+            // by the key's published history) and no earlier blocking one.
             crash_loop_candidates: format!(
                 "SELECT c.sequence FROM {events} c
                  WHERE c.status = 0 AND c.unfinished_claims > 0 AND c.unfinished_claims >= ? AND {CLAIMABLE}
                    AND NOT EXISTS (
-                       SELECT 1 FROM {events} p
-                       WHERE p.partition_key = c.partition_key AND p.status IN (0, 1, 3)
-                         AND p.sequence < c.sequence AND (p.status <> 3 OR p.blocks_key))"
+                       SELECT 1 FROM {events} p USE INDEX ({live})
+                       WHERE p.status IN (0, 1) AND p.sequence < c.sequence
+                         AND p.partition_key = c.partition_key)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM {events} p USE INDEX ({by_key})
+                       WHERE p.partition_key = c.partition_key AND p.blocks_key = TRUE
+                         AND p.sequence < c.sequence AND p.status = 3)"
             ),
             claim_candidates_per_key: candidates(true),
             claim_candidates_unordered: candidates(false),

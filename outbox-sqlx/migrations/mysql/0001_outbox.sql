@@ -48,10 +48,14 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     -- No partial indexes here: status leads, so the claim reads the live
     -- ranges (0, 1) and never the published rows. Every lease and every
     -- ack rewrites the entries of each index that holds status, so only
-    -- the two that must hold it do. migrate() brings tables made by
+    -- the one that must hold it does. migrate() brings tables made by
     -- earlier releases to these definitions.
     KEY outbox_events_live (status, sequence),
-    KEY outbox_events_key (partition_key, status, sequence),
+    -- A key's failed rows that block it, for the claim's per-key check
+    -- (only a failure under Block sets blocks_key, and leases and acks
+    -- never change it). The claim reads the keys in flight once, with its
+    -- reaping, rather than per candidate.
+    KEY outbox_events_key (partition_key, blocks_key, sequence),
     -- A key's rows not due yet (delayed, backing off): the claim's per-key
     -- check finds them without reading the key's due backlog. Only pending
     -- rows are ever ahead of now, so status is checked on the row.
