@@ -372,6 +372,46 @@ async fn keys_in_flight_wait_and_a_reaped_key_returns_in_the_same_claim() {
     assert_eq!(ns, ["inv-k0-0", "inv-k0-1", "inv-k0-2"]);
 }
 
+/// More keys in flight than a claim statement lists: the ones past the
+/// list still hold their keys back (the claim leaves their candidates out
+/// as it reads them), and the statement stays under MySQL's parameter
+/// limit however many leases are out.
+#[tokio::test]
+async fn keys_in_flight_past_the_statements_list_still_wait() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let busy = outbox_sql::mysql::MAX_LISTED_KEYS + 50;
+    let keys: Vec<String> = (0..busy).map(|k| format!("busy-{k:05}")).collect();
+    let events: Vec<_> = (0..2)
+        .flat_map(|n| keys.iter().map(move |k| event(k, n)))
+        .chain(std::iter::once(event("free", 0)))
+        .collect();
+    for chunk in events.chunks(1_000) {
+        OutboxWriter::enqueue(&store, chunk).await.unwrap();
+    }
+    let heads = store
+        .claim_batch(&store_suite::request("relay-a", busy))
+        .await
+        .unwrap();
+    assert_eq!(heads.events.len(), busy, "every busy key's head");
+    assert!(
+        heads
+            .events
+            .iter()
+            .all(|c| c.event.aggregate_id.ends_with("-0"))
+    );
+
+    let next = store
+        .claim_batch(&store_suite::request("relay-b", 10_000))
+        .await
+        .unwrap();
+    let taken: Vec<&str> = next
+        .events
+        .iter()
+        .map(|c| c.event.partition_key.as_str())
+        .collect();
+    assert_eq!(taken, ["free"], "no busy key's second event");
+}
+
 /// A relay that cannot work stops by itself with the store's error
 /// (DESIGN.md §6) instead of logging a warning forever.
 mod fails_fast {

@@ -8,7 +8,7 @@ mod traits;
 
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::{Protocol, Statements, raw_event};
-pub use queries::{EVENT_COLUMNS, Queries, with_in_list, with_keys_in_flight};
+pub use queries::{EVENT_COLUMNS, MAX_LISTED_KEYS, Queries, with_in_list, with_keys_in_flight};
 
 use crate::config::TableNames;
 

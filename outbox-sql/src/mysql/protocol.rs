@@ -8,6 +8,7 @@
 //! at READ COMMITTED, so they lock only the rows they touch and never a gap
 //! a producer inserts into. Every time is the database server's clock.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use outbox_core::{
 use serde_json::{Value as Json, json};
 
 use super::driver::{Driver, Exec, Param, Row, from_micros};
-use super::{Queries, SCHEMA_VERSION, with_in_list, with_keys_in_flight};
+use super::{MAX_LISTED_KEYS, Queries, SCHEMA_VERSION, with_in_list, with_keys_in_flight};
 use crate::blame::{InFlight, blame, new_lease_id, reap};
 use crate::codes;
 use crate::config::{Migrated, StoreConfig};
@@ -472,19 +473,25 @@ impl<D: Driver> Protocol<D> {
             let block = request.poison == PoisonPolicy::Block;
             let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
 
-            let (query, ordered) = match request.ordering {
-                Ordering::PerKey => (
-                    with_keys_in_flight(
-                        &self.queries.claim_candidates_per_key,
-                        keys_in_flight.len(),
-                    ),
-                    true,
-                ),
-                Ordering::Unordered => (self.queries.claim_candidates_unordered.clone(), false),
+            let ordered = request.ordering == Ordering::PerKey;
+            // Keys in flight beyond the statement's list are left out below.
+            let listed = keys_in_flight.len().min(MAX_LISTED_KEYS);
+            let query = if ordered {
+                Cow::Owned(with_keys_in_flight(
+                    &self.queries.claim_candidates_per_key,
+                    listed,
+                ))
+            } else {
+                Cow::Borrowed(self.queries.claim_candidates_unordered.as_str())
             };
             let mut bound = vec![now.into()];
             if ordered {
-                bound.extend(keys_in_flight.into_iter().map(Param::from));
+                bound.extend(
+                    keys_in_flight
+                        .iter()
+                        .take(listed)
+                        .map(|k| Param::from(k.as_str())),
+                );
                 bound.extend([now.into(), now.into()]);
             }
             bound.push(limit(request.limit));
@@ -506,7 +513,11 @@ impl<D: Driver> Protocol<D> {
             // suspect, or a row that does not decode under Block ends its key's
             // prefix: nothing after it may be leased in this batch.
             let rows = self.read_rows(&mut tx, &locked).await?;
-            let mut stopped: HashSet<&str> = HashSet::new();
+            let mut stopped: HashSet<&str> = keys_in_flight
+                .iter()
+                .skip(listed)
+                .map(String::as_str)
+                .collect();
             let mut suspect_taken = false;
             let mut chosen = Vec::new();
             let mut unreadable = Vec::new();
@@ -747,22 +758,20 @@ impl<D: Driver> Protocol<D> {
         // Read without locking (a locking scan of the status index
         // deadlocks with settlements), then lock the expired rows by
         // primary key, skipping any a settlement holds right now.
-        let rows = tx.fetch(&self.queries.in_flight, Vec::new()).await?;
-        let keys: Vec<(i64, String)> = rows
-            .iter()
-            .map(|r| Ok((r.int("sequence")?, r.text("partition_key")?)))
-            .collect::<Result<_, StoreError>>()?;
-        let in_flight: Vec<InFlight> = rows
+        let (in_flight, keys): (Vec<InFlight>, Vec<String>) = tx
+            .fetch(&self.queries.in_flight, Vec::new())
+            .await?
             .iter()
             .map(|r| {
-                Ok(InFlight {
+                let row = InFlight {
                     sequence: r.int("sequence")?,
                     lease_id: r.int("lease_id")?,
                     owner: r.text("lease_owner")?,
                     expires_at: r.opt_int("lease_expires_at")?.unwrap_or(0),
                     unstarted: r.bool("lease_unstarted")?,
                     suspect: r.bool("suspect")?,
-                })
+                };
+                Ok((row, r.text("partition_key")?))
             })
             .collect::<Result<_, StoreError>>()?;
         let reaping = reap(&in_flight, now);
@@ -773,7 +782,7 @@ impl<D: Driver> Protocol<D> {
             .chain(reaping.returned.iter().copied())
             .collect();
         if expired.is_empty() {
-            return Ok(keys.into_iter().map(|(_, key)| key).collect());
+            return Ok(keys.into_iter().collect());
         }
         let lock = with_in_list(&self.queries.lock_expired, expired.len());
         let locked: HashSet<i64> = tx
@@ -811,9 +820,10 @@ impl<D: Driver> Protocol<D> {
         }
         // Every locked expired row went back to pending; the rest stay in
         // flight (a settlement holds them right now).
-        Ok(keys
-            .into_iter()
-            .filter(|(sequence, _)| !locked.contains(sequence))
+        Ok(in_flight
+            .iter()
+            .zip(keys)
+            .filter(|(row, _)| !locked.contains(&row.sequence))
             .map(|(_, key)| key)
             .collect())
     }

@@ -75,9 +75,15 @@ fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// At most this many keys in flight are listed in a per-key claim's
+/// `NOT IN` (a statement takes at most 65,535 parameters); the claim leaves
+/// out the rest's candidates itself, as it reads them.
+pub const MAX_LISTED_KEYS: usize = 4_096;
+
 /// The per-key claim with its `{not_in_flight}` condition for `keys`
-/// keys in flight (bound after the first `now`): none, or `NOT IN` a
-/// list, which MariaDB and MySQL search as a sorted array.
+/// keys in flight (bound after the first `now`; at most
+/// [`MAX_LISTED_KEYS`]): none, or `NOT IN` a list, which MariaDB and MySQL
+/// search as a sorted array.
 pub fn with_keys_in_flight(query: &str, keys: usize) -> String {
     let condition = match keys {
         0 => String::new(),
@@ -110,10 +116,10 @@ impl Queries {
         // (A correlated probe gets `ref` access only, never a range past
         // the key: hence ORDER BY … LIMIT 1 rather than a range
         // condition.) Binds `now` twice. Keys with a row in flight are
-        // left out before these probes run (`{not_in_flight}`): the claim
-        // has just read every row in flight to reap, and a probe for them
-        // per candidate stepped over every entry a purge had delete-marked
-        // in the key's index until the purge thread caught up.
+        // left out before these probes run (`{not_in_flight}`), from the
+        // rows in flight the claim has just read to reap: a probe for them
+        // per candidate would need `status` in the key's index, and every
+        // lease and ack would move an entry of it.
         let held_back = format!(
             "((COALESCE((SELECT p.available_at FROM {events} p USE INDEX ({by_key_due})
                             WHERE p.partition_key = c.partition_key AND p.status = 0
