@@ -1,16 +1,22 @@
 //! A Diesel application's enqueue (sync and async) on live PostgreSQL,
 //! published by the sqlx store's relay over the same tables: the two ORMs
-//! run one protocol.
+//! run one protocol. The synchronous API runs on diesel-async's
+//! `AsyncConnectionWrapper` (pure Rust) and, with feature `diesel-sync`,
+//! on Diesel's own `PgConnection` (libpq).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use diesel::Connection;
+use diesel::connection::LoadConnection;
+use diesel::pg::Pg;
+use diesel::sql_types::{Text, Uuid as SqlUuid};
+use diesel::{Connection, RunQueryDsl};
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use outbox_core::memory::RecordingPublisher;
 use outbox_core::store::{EnqueueOutcome, OutboxAdmin};
 use outbox_core::testing::{RelayFleet, event};
-use outbox_core::{EventId, InvalidEvent, NewEvent, StoreError};
+use outbox_core::{EventId, InboxStore, InvalidEvent, NewEvent, StoreError};
 use outbox_diesel::postgres::PgOutbox;
 use outbox_diesel::{StoreConfig, TableNames};
 use outbox_sqlx::postgres::{EndToEndDb, PgStore};
@@ -156,10 +162,27 @@ async fn bad_input_is_refused_before_the_insert_and_duplicates_are_reported() {
     );
 }
 
-/// The synchronous API: `PgConnection::transaction`, bulk, and `migrate`
-/// on a fresh schema that the sqlx store then finds current.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sync_api_migrates_and_enqueues_in_a_pg_connection_transaction() {
+/// Diesel's own `PgConnection` (links libpq): feature `diesel-sync`.
+#[cfg(feature = "diesel-sync")]
+fn libpq() -> diesel::PgConnection {
+    diesel::PgConnection::establish(&url())
+        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", url()))
+}
+
+/// diesel-async's connection behind Diesel's synchronous `Connection`
+/// (pure Rust), on a blocking thread of the test's runtime.
+fn wrapped() -> AsyncConnectionWrapper<AsyncPgConnection> {
+    <AsyncConnectionWrapper<AsyncPgConnection> as Connection>::establish(&url())
+        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", url()))
+}
+
+/// The synchronous API on a connection from `connect`: `migrate_sync` on a
+/// fresh schema, a bulk `enqueue_sync` inside `conn.transaction(|conn| …)`,
+/// and the sqlx store finds the tables current and the events claimable.
+async fn the_sync_api_migrates_and_enqueues<C>(connect: fn() -> C)
+where
+    C: LoadConnection<Backend = Pg> + 'static,
+{
     let schema = format!(
         "diesel_{}",
         &EventId::random().as_uuid().simple().to_string()[..12]
@@ -169,13 +192,9 @@ async fn the_sync_api_migrates_and_enqueues_in_a_pg_connection_transaction() {
     let (migrated, again, outcomes) = tokio::task::spawn_blocking({
         let (outbox, schema, events) = (outbox.clone(), schema.clone(), events.clone());
         move || {
-            let mut conn = diesel::PgConnection::establish(&url())
-                .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", url()));
-            diesel::connection::SimpleConnection::batch_execute(
-                &mut conn,
-                &format!("CREATE SCHEMA {schema}"),
-            )
-            .unwrap();
+            let mut conn = connect();
+            conn.batch_execute(&format!("CREATE SCHEMA {schema}"))
+                .unwrap();
             let migrated = outbox.migrate_sync(&mut conn).unwrap();
             let again = outbox.migrate_sync(&mut conn).unwrap();
             let outcomes = conn
@@ -220,6 +239,94 @@ async fn the_sync_api_migrates_and_enqueues_in_a_pg_connection_transaction() {
         .execute(&pool)
         .await
         .unwrap();
+}
+
+#[cfg(feature = "diesel-sync")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sync_api_migrates_and_enqueues_in_a_pg_connection_transaction() {
+    the_sync_api_migrates_and_enqueues(libpq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sync_api_migrates_and_enqueues_on_the_async_connection_wrapper() {
+    the_sync_api_migrates_and_enqueues(wrapped).await;
+}
+
+/// `apply_once_sync` on a connection from `connect`: the effect runs once
+/// per consumer and event, a redelivery runs nothing, a failing effect
+/// leaves no claim (the next delivery applies it), and another consumer
+/// applies the same event on its own.
+async fn apply_once_sync_applies_each_event_once<C>(connect: fn() -> C)
+where
+    C: LoadConnection<Backend = Pg> + 'static,
+{
+    let db = EndToEndDb::create("dsync").await;
+    let outbox = outbox_in(&db.schema);
+    let effects = format!("{}.effects", db.schema);
+    let (first, second) = (EventId::random(), EventId::random());
+    let outcomes = tokio::task::spawn_blocking(move || {
+        let mut conn = connect();
+        let mut apply = |consumer: &str, event_id: EventId, fail: bool| {
+            outbox.apply_once_sync(&mut conn, consumer, event_id, |conn| {
+                diesel::sql_query(format!(
+                    "INSERT INTO {effects} (partition_key, event_id) VALUES ($1, $2)"
+                ))
+                .bind::<Text, _>(consumer)
+                .bind::<SqlUuid, _>(*event_id.as_uuid())
+                .execute(conn)?;
+                if fail {
+                    return Err(outbox_diesel::Error::Outbox(StoreError::Config(
+                        "the handler gave up".into(),
+                    )));
+                }
+                Ok(())
+            })
+        };
+        [
+            apply("billing", first, false).ok(),
+            apply("billing", first, false).ok(),
+            apply("billing", second, true).ok(),
+            apply("billing", second, false).ok(),
+            apply("revenue", first, false).ok(),
+        ]
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        outcomes,
+        [
+            Some(Some(())),
+            Some(None), // a redelivery runs nothing
+            None,       // the effect failed: its claim rolled back with it
+            Some(Some(())),
+            Some(Some(())),
+        ]
+    );
+    assert_eq!(
+        db.effects().await,
+        [
+            ("billing".to_string(), first),
+            ("billing".to_string(), second),
+            ("revenue".to_string(), first)
+        ],
+        "each consumer applied each event once; the failed attempt left nothing"
+    );
+    // The claims are the inbox's: the sqlx inbox sees them as duplicates.
+    let inbox = db.store.inbox();
+    let mut tx = inbox.begin().await.unwrap();
+    assert!(!inbox.claim(&mut tx, "billing", second).await.unwrap());
+    inbox.rollback(tx).await.unwrap();
+}
+
+#[cfg(feature = "diesel-sync")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_once_sync_on_a_pg_connection_applies_each_event_once() {
+    apply_once_sync_applies_each_event_once(libpq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_once_sync_on_the_async_connection_wrapper_applies_each_event_once() {
+    apply_once_sync_applies_each_event_once(wrapped).await;
 }
 
 /// Async `migrate` on a fresh schema creates the tables, then reports them

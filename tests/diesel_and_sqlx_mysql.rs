@@ -7,14 +7,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::Connection;
+use diesel::connection::LoadConnection;
+use diesel::mysql::Mysql;
 use diesel::sql_types::Text;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_core::memory::RecordingPublisher;
 use outbox_core::store::{EnqueueOutcome, OutboxAdmin};
 use outbox_core::testing::{RelayFleet, event};
-use outbox_core::{EventId, InvalidEvent, NewEvent, OutboxWriter, StoreError};
+use outbox_core::{EventId, InboxStore, InvalidEvent, NewEvent, OutboxWriter, StoreError};
 use outbox_diesel::mysql::{MysqlOutbox, MysqlStore};
 use outbox_diesel::{StoreConfig, TableNames};
 use outbox_sqlx::mysql::MySqlStore;
@@ -240,11 +243,27 @@ async fn bad_input_is_refused_before_the_insert_and_duplicates_are_reported() {
     );
 }
 
-/// The synchronous API on `MysqlConnection` (libmariadb): `migrate_sync`
+/// Diesel's own `MysqlConnection` (links libmariadb): feature `diesel-sync`.
+#[cfg(feature = "diesel-sync")]
+fn libmariadb() -> diesel::MysqlConnection {
+    diesel::MysqlConnection::establish(&url())
+        .unwrap_or_else(|e| panic!("MariaDB unreachable at {}: {e}", url()))
+}
+
+/// diesel-async's connection behind Diesel's synchronous `Connection`
+/// (pure Rust), on a blocking thread of the test's runtime.
+fn wrapped() -> AsyncConnectionWrapper<AsyncMysqlConnection> {
+    <AsyncConnectionWrapper<AsyncMysqlConnection> as Connection>::establish(&url())
+        .unwrap_or_else(|e| panic!("MariaDB unreachable at {}: {e}", url()))
+}
+
+/// The synchronous API on a connection from `connect`: `migrate_sync`
 /// on a fresh database, then a bulk `enqueue_sync` inside
 /// `conn.transaction(|conn| …)`, which the sqlx store finds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sync_api_migrates_and_enqueues_in_a_mysql_connection_transaction() {
+async fn the_sync_api_migrates_and_enqueues<C>(connect: fn() -> C)
+where
+    C: LoadConnection<Backend = Mysql> + Send + 'static,
+{
     let database = format!(
         "outbox_t_sync_{}",
         &EventId::random().as_uuid().simple().to_string()[..12]
@@ -254,13 +273,9 @@ async fn the_sync_api_migrates_and_enqueues_in_a_mysql_connection_transaction() 
     let (migrated, again, outcomes, dup) = tokio::task::spawn_blocking({
         let (outbox, database, events) = (outbox.clone(), database.clone(), events.clone());
         move || {
-            let mut conn = diesel::MysqlConnection::establish(&url())
-                .unwrap_or_else(|e| panic!("MariaDB unreachable at {}: {e}", url()));
-            diesel::connection::SimpleConnection::batch_execute(
-                &mut conn,
-                &format!("CREATE DATABASE {database}"),
-            )
-            .unwrap();
+            let mut conn = connect();
+            conn.batch_execute(&format!("CREATE DATABASE {database}"))
+                .unwrap();
             let migrated = outbox.migrate_sync(&mut conn).unwrap();
             let again = outbox.migrate_sync(&mut conn).unwrap();
             let outcomes = conn
@@ -301,6 +316,117 @@ async fn the_sync_api_migrates_and_enqueues_in_a_mysql_connection_transaction() 
         "the sqlx store finds Diesel's tables current"
     );
     assert_eq!(sqlx_store.stats().await.unwrap()[0].claimable, 3);
+}
+
+#[cfg(feature = "diesel-sync")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sync_api_migrates_and_enqueues_in_a_mysql_connection_transaction() {
+    the_sync_api_migrates_and_enqueues(libmariadb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sync_api_migrates_and_enqueues_on_the_async_connection_wrapper() {
+    the_sync_api_migrates_and_enqueues(wrapped).await;
+}
+
+/// `apply_once_sync` on a connection from `connect`: the effect runs once
+/// per consumer and event, a redelivery runs nothing, a failing effect
+/// leaves no claim (the next delivery applies it), and another consumer
+/// applies the same event on its own.
+async fn apply_once_sync_applies_each_event_once<C>(connect: fn() -> C)
+where
+    C: LoadConnection<Backend = Mysql> + Send + 'static,
+{
+    let db = Db::create().await;
+    let outbox = db.outbox();
+    let effects = format!("{}.effects", db.name);
+    let (first, second) = (EventId::random(), EventId::random());
+    let outcomes = tokio::task::spawn_blocking({
+        let effects = effects.clone();
+        move || {
+            let mut conn = connect();
+            conn.batch_execute(&format!(
+                "CREATE TABLE {effects} (seq BIGINT AUTO_INCREMENT PRIMARY KEY,
+                     consumer VARCHAR(64) NOT NULL, event_id CHAR(36) NOT NULL) ENGINE = InnoDB"
+            ))
+            .unwrap();
+            let mut apply = |consumer: &str, event_id: EventId, fail: bool| {
+                outbox.apply_once_sync(&mut conn, consumer, event_id, |conn| {
+                    // Fully qualified: diesel-async's `RunQueryDsl` is in
+                    // scope in this file for the async tests.
+                    diesel::RunQueryDsl::execute(
+                        diesel::sql_query(format!(
+                            "INSERT INTO {effects} (consumer, event_id) VALUES (?, ?)"
+                        ))
+                        .bind::<Text, _>(consumer)
+                        .bind::<Text, _>(event_id.to_string()),
+                        conn,
+                    )?;
+                    if fail {
+                        return Err(outbox_diesel::Error::Outbox(StoreError::Config(
+                            "the handler gave up".into(),
+                        )));
+                    }
+                    Ok(())
+                })
+            };
+            [
+                apply("billing", first, false).ok(),
+                apply("billing", first, false).ok(),
+                apply("billing", second, true).ok(),
+                apply("billing", second, false).ok(),
+                apply("revenue", first, false).ok(),
+            ]
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        outcomes,
+        [
+            Some(Some(())),
+            Some(None), // a redelivery runs nothing
+            None,       // the effect failed: its claim rolled back with it
+            Some(Some(())),
+            Some(Some(())),
+        ]
+    );
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&url())
+        .await
+        .unwrap();
+    let applied: Vec<(String, String)> = sqlx::query_as(&format!(
+        "SELECT consumer, event_id FROM {effects} ORDER BY seq"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        applied,
+        [
+            ("billing".to_string(), first.to_string()),
+            ("billing".to_string(), second.to_string()),
+            ("revenue".to_string(), first.to_string())
+        ],
+        "each consumer applied each event once; the failed attempt left nothing"
+    );
+    // The claims are the inbox's: the sqlx inbox sees them as duplicates.
+    let inbox = db.sqlx.inbox();
+    let mut tx = inbox.begin().await.unwrap();
+    assert!(!inbox.claim(&mut tx, "billing", second).await.unwrap());
+    inbox.rollback(tx).await.unwrap();
+}
+
+#[cfg(feature = "diesel-sync")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_once_sync_on_a_mysql_connection_applies_each_event_once() {
+    apply_once_sync_applies_each_event_once(libmariadb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_once_sync_on_the_async_connection_wrapper_applies_each_event_once() {
+    apply_once_sync_applies_each_event_once(wrapped).await;
 }
 
 /// Inbox claims are one table: a claim committed through Diesel is a

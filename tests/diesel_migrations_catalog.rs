@@ -4,6 +4,8 @@
 
 use diesel::Connection;
 use diesel::connection::SimpleConnection;
+use diesel_async::AsyncPgConnection;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_migrations::MigrationHarness;
 use outbox_core::EventId;
 use outbox_diesel::postgres::MIGRATIONS;
@@ -62,7 +64,7 @@ async fn diesel_migrations_and_the_sqlx_migrate_build_the_same_catalog() {
     tokio::task::spawn_blocking({
         let schema = by_diesel.clone();
         move || {
-            let mut conn = diesel::PgConnection::establish(&url())
+            let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::establish(&url())
                 .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", url()));
             conn.batch_execute(&format!(
                 "CREATE SCHEMA {schema}; SET search_path TO {schema}"

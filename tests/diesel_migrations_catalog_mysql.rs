@@ -3,6 +3,8 @@
 //! the two catalogs are compared on live MariaDB.
 
 use diesel::Connection;
+use diesel_async::AsyncMysqlConnection;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_migrations::MigrationHarness;
 use outbox_core::EventId;
 use outbox_diesel::mysql::MIGRATIONS;
@@ -93,7 +95,7 @@ async fn diesel_migrations_and_the_sqlx_migrate_build_the_same_mysql_catalog() {
     tokio::task::spawn_blocking({
         let url = format!("{}/{by_diesel}", url());
         move || {
-            let mut conn = diesel::MysqlConnection::establish(&url)
+            let mut conn = AsyncConnectionWrapper::<AsyncMysqlConnection>::establish(&url)
                 .unwrap_or_else(|e| panic!("MariaDB unreachable at {url}: {e}"));
             let applied = conn.run_pending_migrations(MIGRATIONS).unwrap();
             assert_eq!(applied.len(), 1, "one migration");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use diesel::deserialize::{FromSql, QueryableByName};
-use diesel::mysql::{Mysql, MysqlConnection, MysqlType};
+use diesel::mysql::{Mysql, MysqlType};
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::row::{Field, NamedRow};
@@ -20,7 +20,7 @@ use outbox_sql::mysql::{Driver, Exec, Param, Row, Value};
 use crate::error::{ResultExt, store_error};
 
 /// A statement with the protocol's parameters bound.
-fn bind(sql: &str, params: Vec<Param>) -> BoxedSqlQuery<'static, Mysql, SqlQuery> {
+pub(super) fn bind(sql: &str, params: Vec<Param>) -> BoxedSqlQuery<'static, Mysql, SqlQuery> {
     params.into_iter().fold(
         diesel::sql_query(sql).into_boxed(),
         |query, param| match param {
@@ -34,7 +34,7 @@ fn bind(sql: &str, params: Vec<Param>) -> BoxedSqlQuery<'static, Mysql, SqlQuery
 
 /// Any row, read column by column: integers by their wire type, the rest
 /// as bytes.
-struct AnyRow(Row);
+pub(super) struct AnyRow(Row);
 
 impl QueryableByName<Mysql> for AnyRow {
     fn build<'a>(row: &impl NamedRow<'a, Mysql>) -> diesel::deserialize::Result<Self> {
@@ -58,12 +58,12 @@ impl QueryableByName<Mysql> for AnyRow {
     }
 }
 
-fn rows(rows: Vec<AnyRow>) -> Vec<Row> {
+pub(super) fn rows(rows: Vec<AnyRow>) -> Vec<Row> {
     rows.into_iter().map(|r| r.0).collect()
 }
 
 /// `false` for a duplicate key, the statement's error otherwise.
-fn unique(result: Result<usize, DieselError>) -> Result<bool, StoreError> {
+pub(super) fn unique(result: Result<usize, DieselError>) -> Result<bool, StoreError> {
     match result {
         Ok(_) => Ok(true),
         Err(DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(false),
@@ -96,42 +96,6 @@ where
 
     async fn insert_unique(&mut self, sql: &str, params: Vec<Param>) -> Result<bool, StoreError> {
         unique(diesel_async::RunQueryDsl::execute(bind(sql, params), &mut *self.0).await)
-    }
-}
-
-/// The caller's synchronous [`MysqlConnection`]. Its statements block and
-/// never wait on anything else, so the protocol's future over it is ready
-/// at its first poll ([`run_sync`]).
-pub(crate) struct Blocking<'c>(pub(crate) &'c mut MysqlConnection);
-
-#[async_trait]
-impl Exec for Blocking<'_> {
-    async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
-        let changed = diesel::RunQueryDsl::execute(bind(sql, params), self.0).store()?;
-        Ok(changed as u64)
-    }
-
-    async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
-        diesel::RunQueryDsl::load::<AnyRow>(bind(sql, params), self.0)
-            .store()
-            .map(rows)
-    }
-
-    async fn insert_unique(&mut self, sql: &str, params: Vec<Param>) -> Result<bool, StoreError> {
-        unique(diesel::RunQueryDsl::execute(bind(sql, params), self.0))
-    }
-}
-
-/// Runs the protocol's `work` over a [`Blocking`] connection to its end.
-/// Every await inside is a blocking statement that has already finished,
-/// so one poll with a waker that does nothing completes it; no runtime is
-/// needed.
-pub(crate) fn run_sync<T>(work: impl std::future::Future<Output = T>) -> T {
-    use std::task::{Context, Poll, Waker};
-    let mut work = std::pin::pin!(work);
-    match work.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(value) => value,
-        Poll::Pending => unreachable!("a blocking connection's work completes at its first poll"),
     }
 }
 

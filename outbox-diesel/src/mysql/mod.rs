@@ -1,5 +1,6 @@
 //! MySQL 8 / MariaDB ≥ 10.6: enqueue inside your Diesel transaction, on
-//! [`diesel::MysqlConnection`] or diesel-async's [`AsyncMysqlConnection`],
+//! diesel-async's [`AsyncMysqlConnection`] or (feature `mysql-sync`)
+//! Diesel's `MysqlConnection`,
 //! migrate the tables, and run relays and inboxes over diesel-async. The
 //! protocol (every statement, in which order, what a row means) is
 //! `outbox-sql`'s, the one the sqlx store runs: this module binds
@@ -8,20 +9,20 @@
 mod driver;
 mod inbox;
 mod store;
+mod sync;
 #[cfg(feature = "testing")]
 mod testing;
 
 pub use inbox::{MysqlInbox, MysqlInboxTx};
 pub use store::MysqlStore;
 
-use diesel::MysqlConnection;
 use diesel_async::AsyncMysqlConnection;
 use outbox_core::store::EnqueueOutcome;
 use outbox_core::{NewEvent, StoreError};
 use outbox_sql::mysql::Statements;
 use outbox_sql::{Migrated, StoreConfig};
 
-use driver::{Blocking, Diesel, run_sync};
+use driver::Diesel;
 
 pub use outbox_sql::mysql::SCHEMA_VERSION;
 
@@ -85,16 +86,6 @@ impl MysqlOutbox {
         self.statements.enqueue(&mut Diesel(conn), events).await
     }
 
-    /// [`MysqlOutbox::enqueue`] on a synchronous [`MysqlConnection`],
-    /// inside `conn.transaction(|conn| …)`.
-    pub fn enqueue_sync(
-        &self,
-        conn: &mut MysqlConnection,
-        events: &[NewEvent],
-    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        run_sync(self.statements.enqueue(&mut Blocking(conn), events))
-    }
-
     /// The schema DDL for these names (what [`MysqlOutbox::migrate`] runs;
     /// the sqlx store's `schema_sql` is the same text).
     pub fn schema_sql(&self) -> String {
@@ -107,10 +98,5 @@ impl MysqlOutbox {
     /// notes.
     pub async fn migrate(&self, conn: &mut AsyncMysqlConnection) -> Result<Migrated, StoreError> {
         self.statements.migrate_on(&mut Diesel(conn)).await
-    }
-
-    /// [`MysqlOutbox::migrate`] on a synchronous [`MysqlConnection`].
-    pub fn migrate_sync(&self, conn: &mut MysqlConnection) -> Result<Migrated, StoreError> {
-        run_sync(self.statements.migrate_on(&mut Blocking(conn)))
     }
 }

@@ -1,13 +1,15 @@
-//! PostgreSQL: enqueue inside your Diesel transaction, on
-//! [`diesel::PgConnection`] or diesel-async's [`AsyncPgConnection`], and
-//! migrate the tables; the statements are `outbox-sql`'s, the same the
-//! sqlx store runs.
+//! PostgreSQL: enqueue inside your Diesel transaction, on diesel-async's
+//! [`AsyncPgConnection`] or (feature `postgres-sync`) Diesel's
+//! `PgConnection`, migrate the tables, and run relays and inboxes over
+//! diesel-async; the statements are `outbox-sql`'s, the same the sqlx
+//! store runs.
 
 mod admin;
 mod inbox;
 mod rows;
 mod statements;
 mod store;
+mod sync;
 #[cfg(feature = "testing")]
 mod testing;
 
@@ -17,8 +19,6 @@ pub use store::PgStore;
 
 use std::sync::Arc;
 
-use diesel::connection::SimpleConnection;
-use diesel::{Connection, PgConnection};
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use outbox_core::store::EnqueueOutcome;
 use outbox_core::{NewEvent, StoreError};
@@ -97,25 +97,6 @@ impl PgOutbox {
         Ok(outcomes(events, rows.into_iter().map(Inserted::pair)))
     }
 
-    /// [`PgOutbox::enqueue`] on a synchronous [`PgConnection`], inside
-    /// `conn.transaction(|conn| …)`.
-    pub fn enqueue_sync(
-        &self,
-        conn: &mut PgConnection,
-        events: &[NewEvent],
-    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        // Bad input is refused here, before anything is sent.
-        let columns = EnqueueColumns::checked(events, &self.config, true)?;
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows: Vec<Inserted> =
-            diesel::RunQueryDsl::load(statements::enqueue(&self.queries, columns), conn)
-                .store()
-                .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
-        Ok(outcomes(events, rows.into_iter().map(Inserted::pair)))
-    }
-
     /// The schema DDL and functions for these names and limits (what
     /// [`PgOutbox::migrate`] runs; the sqlx store's `schema_sql` is the
     /// same text).
@@ -156,37 +137,6 @@ impl PgOutbox {
                 Ok(migrated)
             })
             .await;
-        migrated.map_err(|e| {
-            e.into_store_error()
-                .during("migrate", self.config.tables.events())
-        })
-    }
-
-    /// [`PgOutbox::migrate`] on a synchronous [`PgConnection`].
-    pub fn migrate_sync(&self, conn: &mut PgConnection) -> Result<Migrated, StoreError> {
-        let schema = self.schema_sql();
-        let migrated = conn.transaction::<_, crate::Error, _>(|conn| {
-            diesel::RunQueryDsl::execute(
-                diesel::sql_query(self.queries.migrate_lock.as_str()),
-                conn,
-            )?;
-            let installed: Installed = diesel::RunQueryDsl::get_result(
-                diesel::sql_query(self.queries.installed_tables.as_str()),
-                conn,
-            )?;
-            let version = if installed.both() {
-                diesel::RunQueryDsl::get_result::<InstalledVersion>(
-                    diesel::sql_query(self.queries.installed_version.as_str()),
-                    conn,
-                )?
-                .version
-            } else {
-                None
-            };
-            let migrated = self.check(&installed, version)?;
-            conn.batch_execute(&schema)?;
-            Ok(migrated)
-        });
         migrated.map_err(|e| {
             e.into_store_error()
                 .during("migrate", self.config.tables.events())

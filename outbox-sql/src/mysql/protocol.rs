@@ -354,6 +354,16 @@ impl Statements {
         Ok(())
     }
 
+    /// Writes the store-time shift of tests ([`outbox_core::StoreTime::Shifted`])
+    /// on `conn`; nothing on the database clock.
+    pub async fn sync_clock_on(&self, conn: &mut (impl Exec + ?Sized)) -> Result<(), StoreError> {
+        if let Some(shift) = self.config.shift_micros() {
+            conn.execute(&self.queries.sync_clock, vec![shift.into(), shift.into()])
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Claims `(consumer, event_id)` in the inbox on `conn` (inside the
     /// consumer's transaction). `true` means "apply the effect now". A
     /// duplicate is a plain insert failing on the primary key: MySQL undoes
@@ -386,10 +396,9 @@ impl<D: Driver> Protocol<D> {
     /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
     /// shift is kept in the database, so every handle agrees.
     pub async fn sync_clock(&self) -> Result<(), StoreError> {
-        if let Some(shift) = self.config.shift_micros() {
+        if self.config.shift_micros().is_some() {
             let mut conn = self.driver.connect().await?;
-            conn.execute(&self.queries.sync_clock, vec![shift.into(), shift.into()])
-                .await?;
+            self.sync_clock_on(&mut conn).await?;
         }
         Ok(())
     }

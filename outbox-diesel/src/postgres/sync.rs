@@ -1,0 +1,151 @@
+//! The outbox on a synchronous Diesel connection to PostgreSQL: enqueue and
+//! migrate in your transaction, and the inbox's claim and `apply_once` for
+//! consumers that write their effects synchronously. The statements are the
+//! async API's.
+//!
+//! Any [`LoadConnection`] with the `Pg` backend serves: Diesel's own
+//! `PgConnection` (Diesel's `postgres` feature, or this crate's
+//! `postgres-sync`; it links libpq), an r2d2 pooled one, or diesel-async's
+//! `AsyncConnectionWrapper<AsyncPgConnection>` (pure Rust; call it from a
+//! thread outside the async runtime, such as `spawn_blocking`). This crate
+//! itself links no C library.
+//!
+//! This module uses only `diesel::RunQueryDsl`; the async modules use only
+//! `diesel_async::RunQueryDsl`. Keeping the two apart is what spares every
+//! `.execute` the ambiguity of both traits in scope (E0034).
+
+use diesel::connection::LoadConnection;
+use diesel::pg::Pg;
+use diesel::sql_types::{BigInt, Text, Uuid as SqlUuid};
+use diesel::{Connection, RunQueryDsl};
+use outbox_core::store::EnqueueOutcome;
+use outbox_core::{EventId, NewEvent, StoreError};
+use outbox_sql::Migrated;
+use outbox_sql::enqueue::{EnqueueColumns, outcomes};
+
+use super::PgOutbox;
+use super::statements::{self, Inserted, Installed, InstalledVersion};
+use crate::error::ResultExt;
+
+impl PgOutbox {
+    /// [`PgOutbox::enqueue`] on a synchronous connection (`PgConnection`,
+    /// …), inside `conn.transaction(|conn| …)`.
+    pub fn enqueue_sync(
+        &self,
+        conn: &mut impl LoadConnection<Backend = Pg>,
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        // Bad input is refused here, before anything is sent.
+        let columns = EnqueueColumns::checked(events, &self.config, true)?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<Inserted> = statements::enqueue(&self.queries, columns)
+            .load(conn)
+            .store()
+            .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
+        Ok(outcomes(events, rows.into_iter().map(Inserted::pair)))
+    }
+
+    /// [`PgOutbox::migrate`] on a synchronous connection.
+    pub fn migrate_sync(
+        &self,
+        conn: &mut impl LoadConnection<Backend = Pg>,
+    ) -> Result<Migrated, StoreError> {
+        let schema = self.schema_sql();
+        let migrated = conn.transaction::<_, crate::Error, _>(|conn| {
+            diesel::sql_query(self.queries.migrate_lock.as_str()).execute(conn)?;
+            let installed: Installed =
+                diesel::sql_query(self.queries.installed_tables.as_str()).get_result(conn)?;
+            let version = if installed.both() {
+                diesel::sql_query(self.queries.installed_version.as_str())
+                    .get_result::<InstalledVersion>(conn)?
+                    .version
+            } else {
+                None
+            };
+            let migrated = self.check(&installed, version)?;
+            conn.batch_execute(&schema)?;
+            Ok(migrated)
+        });
+        migrated.map_err(|e| {
+            e.into_store_error()
+                .during("migrate", self.config.tables.events())
+        })
+    }
+
+    /// Claims `(consumer, event_id)` in the inbox on `conn`, inside your
+    /// transaction: `true` means "apply the effect now", `false` that this
+    /// consumer already applied the event (a redelivery). The claim and
+    /// your effect commit together or not at all.
+    pub fn claim_sync(
+        &self,
+        conn: &mut impl Connection<Backend = Pg>,
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        let inserted = diesel::sql_query(self.queries.inbox_claim.as_str())
+            .bind::<Text, _>(consumer)
+            .bind::<SqlUuid, _>(*event_id.as_uuid())
+            .execute(conn)
+            .store()
+            .map_err(|e| e.during("inbox claim", self.config.tables.inbox()))?;
+        Ok(inserted == 1)
+    }
+
+    /// Applies `effect` once for `consumer` on a synchronous connection:
+    /// in one Diesel transaction the inbox claim is written and, if it is
+    /// new, `effect` runs on the same connection; both commit or neither
+    /// does. `Ok(None)` is a redelivery (nothing ran); an error from
+    /// `effect` rolls the claim back, so a later delivery tries again.
+    /// Inside a transaction of yours it runs as a savepoint.
+    ///
+    /// ```no_run
+    /// # fn book(outbox: &outbox_diesel::postgres::PgOutbox,
+    /// #         conn: &mut impl diesel::Connection<Backend = diesel::pg::Pg>,
+    /// #         event_id: outbox_core::EventId) -> Result<(), outbox_diesel::Error> {
+    /// use diesel::RunQueryDsl;
+    ///
+    /// let booked = outbox.apply_once_sync(conn, "revenue", event_id, |conn| {
+    ///     diesel::sql_query("INSERT INTO revenue (amount_cents) VALUES (1200)").execute(conn)?;
+    ///     Ok::<_, outbox_diesel::Error>(())
+    /// })?;
+    /// if booked.is_none() {
+    ///     println!("a redelivery: already booked");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn apply_once_sync<C, R, E, F>(
+        &self,
+        conn: &mut C,
+        consumer: &str,
+        event_id: EventId,
+        effect: F,
+    ) -> Result<Option<R>, E>
+    where
+        C: Connection<Backend = Pg>,
+        F: FnOnce(&mut C) -> Result<R, E>,
+        E: From<diesel::result::Error> + From<StoreError>,
+    {
+        self.sync_clock_sync(conn)?;
+        conn.transaction::<_, E, _>(|conn| {
+            if !self.claim_sync(conn, consumer, event_id)? {
+                return Ok(None);
+            }
+            Ok(Some(effect(conn)?))
+        })
+    }
+
+    /// The store-time shift of a configured clock skew (tests), as the
+    /// async store's connections carry it.
+    fn sync_clock_sync(&self, conn: &mut impl Connection<Backend = Pg>) -> Result<(), StoreError> {
+        if let Some(shift) = self.config.shift_micros() {
+            diesel::sql_query(self.queries.sync_clock.as_str())
+                .bind::<BigInt, _>(shift)
+                .execute(conn)
+                .store()?;
+        }
+        Ok(())
+    }
+}
