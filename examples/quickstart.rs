@@ -1,6 +1,8 @@
 //! The outbox in one run, on SQLite: no server needed.
 //!
-//! `cargo run --example quickstart`
+//! `cargo run --example quickstart`. Its only crates are `outbox` (feature
+//! `sqlx-sqlite`; `uuid`, `serde_json` and `sqlx` come through it), `serde`
+//! for the event type and `tokio`.
 //!
 //! 1. Paying an invoice writes `invoice.paid` in the same transaction.
 //! 2. A rolled-back payment leaves no event behind.
@@ -13,15 +15,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox::memory::{Fault, RecordingPublisher};
-use outbox::relay::FailedAlert;
-use outbox::sqlx::StoreConfig;
+use outbox::relay::{FailedAlert, RelayId};
 use outbox::sqlx::sqlite::SqliteStore;
+use outbox::sqlx::{StoreConfig, sqlx};
 use outbox::store::{EnqueueOutcome, OutboxAdmin};
+use outbox::uuid::Uuid;
 use outbox::{
     CancellationToken, ErrorClass, EventId, InboxStore, NewEvent, Relay, RelayConfig, TypedEvent,
 };
 use serde::Serialize;
-use uuid::Uuid;
 
 /// Ids of our events live in this namespace (any fixed UUID of yours).
 const NAMESPACE: Uuid = Uuid::from_u128(0x5f1d_0c3a_8b7e_4e2f_9a61_2c4d_8e0b_71a5);
@@ -89,7 +91,7 @@ async fn pay(
 
 fn relay_config(name: &str) -> RelayConfig {
     RelayConfig {
-        relay_id: outbox::store::RelayId::new(name),
+        relay_id: RelayId::new(name),
         lease_duration: Duration::from_secs(2),
         publish_timeout: Duration::from_secs(1),
         poll_interval: Duration::from_millis(100),
@@ -190,7 +192,7 @@ async fn main() -> Result<(), Error> {
         let mut tx = inbox.begin().await?;
         let fresh = inbox.claim(&mut tx, "revenue", delivered.event_id).await?;
         if fresh {
-            let paid: serde_json::Value = delivered.payload.deserialize()?;
+            let paid: outbox::serde_json::Value = delivered.payload.deserialize()?;
             sqlx::query("INSERT INTO revenue VALUES (?1, ?2, ?3)")
                 .bind(delivered.event_id.to_string())
                 .bind(paid["invoice_id"].as_str())

@@ -1,5 +1,8 @@
 #![doc = include_str!("../README.md")]
-#![cfg_attr(docsrs, feature(doc_cfg))]
+// docs.rs builds with `--cfg outbox_docsrs` (see Cargo.toml) on nightly,
+// where each feature-gated item shows the feature it needs. Not `docsrs`:
+// `RUSTDOCFLAGS="--cfg docsrs" cargo +stable doc` must build too.
+#![cfg_attr(outbox_docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 pub mod clock;
@@ -13,6 +16,7 @@ pub mod publisher;
 pub mod relay;
 pub mod store;
 #[cfg(feature = "testing")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 pub mod trace;
 
@@ -26,7 +30,7 @@ pub use inbox::InboxStore;
 pub use policy::{Ordering, PoisonPolicy, RetryPolicy};
 pub use publisher::{ErrorClass, PublishError, PublishOutcome, Publisher, PublisherCapabilities};
 pub use relay::{Relay, RelayConfig, RelayError, RelayReport, WakeUp};
-pub use store::{OutboxAdmin, OutboxStore, OutboxWriter};
+pub use store::{OutboxAdmin, OutboxStore, OutboxWriter, RelayId};
 /// Re-exported so callers need not depend on `tokio-util` to stop a relay.
 pub use tokio_util::sync::CancellationToken;
 
@@ -36,3 +40,9 @@ pub use async_trait::async_trait;
 /// The date-time crate of the public API (`DateTime<Utc>` in events,
 /// history and admin answers).
 pub use chrono;
+/// The JSON crate of the public API (payloads are JSON: `NewEvent`'s
+/// `payload` takes any `Serialize`, `serde_json::json!` included).
+pub use serde_json;
+/// The UUID crate of the public API ([`EventId`] wraps a `uuid::Uuid`;
+/// `EventId::deterministic` takes a namespace `Uuid`).
+pub use uuid;

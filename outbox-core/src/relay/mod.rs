@@ -9,6 +9,8 @@ mod report;
 mod runner;
 mod wake_up;
 
+/// The relay's name in leases, heartbeats and metrics ([`RelayConfig::relay_id`]).
+pub use crate::store::RelayId;
 pub use alert::{AlertHook, FailedAlert, FailureCause, LogAlert};
 pub use config::{ConfigError, OutagePolicy, RelayConfig};
 pub use report::{RelayError, RelayReport};
