@@ -1,5 +1,5 @@
 //! Several relays in separate OS processes (this binary again, as
-//! [`relay_process`](crate::relay_process)), draining one PostgreSQL
+//! [`crate::relay_process`]), draining one PostgreSQL
 //! outbox with no coordinator but the database: how N replicas of a
 //! service would run them.
 //!

@@ -58,6 +58,7 @@ pub(crate) fn consume_span(
 }
 
 #[cfg(feature = "otel")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "otel")))]
 pub use otel::{current_trace_context, span_context_of};
 
 #[cfg(feature = "otel")]

@@ -1,4 +1,8 @@
 #![doc = include_str!("../README.md")]
+// docs.rs builds with `--cfg outbox_docsrs` (see Cargo.toml) on nightly,
+// where each feature-gated item shows the feature it needs. Not `docsrs`:
+// `RUSTDOCFLAGS="--cfg docsrs" cargo +stable doc` must build too.
+#![cfg_attr(outbox_docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod config;
@@ -10,6 +14,7 @@ pub mod headers;
 mod key_runs;
 mod publisher;
 #[cfg(feature = "testing")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 
 pub use config::{KafkaPublisherConfig, TopicRouter};

@@ -1,6 +1,6 @@
 //! Crash blame for the stores that mark leases on the rows (MySQL, SQLite):
 //! the rows of one lease that ended without an outcome, grouped by lease
-//! and judged by [`crash_culprit`].
+//! and judged by [`outbox_core::store::crash_culprit`].
 
 use std::collections::HashMap;
 

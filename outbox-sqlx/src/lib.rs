@@ -1,4 +1,8 @@
 #![doc = include_str!("../README.md")]
+// docs.rs builds with `--cfg outbox_docsrs` (see Cargo.toml) on nightly,
+// where each feature-gated item shows the feature it needs. Not `docsrs`:
+// `RUSTDOCFLAGS="--cfg docsrs" cargo +stable doc` must build too.
+#![cfg_attr(outbox_docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 // What the SQL adapters share (schema, statements, codes, validation) is
@@ -13,10 +17,13 @@ mod error;
 mod pool;
 
 #[cfg(feature = "mysql")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
 #[cfg(feature = "postgres")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 
 pub use config::{DEFAULT_PREFIX, Migrated, StoreConfig, TableNames};

@@ -22,6 +22,7 @@ pub mod publisher_suite;
 pub mod relay_suite;
 pub mod store_suite;
 #[cfg(feature = "otel-testing")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "otel-testing")))]
 pub mod trace_recorder;
 
 use std::future::Future;

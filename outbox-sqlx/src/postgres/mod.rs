@@ -14,4 +14,5 @@ pub use inbox::PgInbox;
 pub use listen::PgWakeUp;
 pub use store::PgStore;
 #[cfg(feature = "testing")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "testing")))]
 pub use testing::{EffectLog, EndToEndDb};
