@@ -13,6 +13,12 @@ export CARGO_INCREMENTAL=0
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# Before anything is installed: the README's first command (`cargo run
+# --example quickstart`) must build on a machine with nothing but a Rust
+# toolchain. Proven from the dependency graph it resolves, not by luck.
+step "bare machine: the quickstart's and the facade's graphs link no system library"
+python3 scripts/check-bare-machine.py
+
 step "services"
 scripts/services.sh
 
@@ -32,6 +38,8 @@ target/debug/examples/billing-postgres > /tmp/outbox-billing.log
 tail -n 3 /tmp/outbox-billing.log
 target/debug/examples/diesel-billing > /tmp/outbox-diesel-billing.log
 tail -n 3 /tmp/outbox-diesel-billing.log
+target/debug/examples/diesel-sync > /tmp/outbox-diesel-sync.log
+tail -n 3 /tmp/outbox-diesel-sync.log
 
 step "outbox CLI on the quickstart's database (the README's lines)"
 quickstart_db="sqlite:${TMPDIR:-/tmp}/outbox-quickstart.db"
@@ -52,6 +60,28 @@ target/debug/outbox-bench all --quick --out target/bench-smoke
 step "chaos (outbox-chaos run, Redis then Kafka: 5,000 events each, relays SIGKILLed, broker and PostgreSQL stopped)"
 target/debug/outbox-chaos run
 target/debug/outbox-chaos run --kafka
+
+# The docs as docs.rs and a user's `cargo doc` build them: on stable with
+# `--cfg docsrs` (no nightly-only attribute may leak into it), and the
+# docs.rs build itself (nightly features behind `outbox_docsrs`; stable
+# rustdoc accepts them under RUSTC_BOOTSTRAP, in a target dir of its own so
+# the main build's artifacts stay valid).
+step "docs (stable, --cfg docsrs, -D warnings)"
+RUSTDOCFLAGS="-D warnings --cfg docsrs" cargo doc --workspace --all-features --no-deps
+step "docs as docs.rs builds them (feature badges)"
+docsrs_crates=$(cargo metadata --format-version 1 --no-deps | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    if "outbox_docsrs" in json.dumps(p["metadata"] or {}):
+        print("-p", p["name"])
+')
+# shellcheck disable=SC2086
+CARGO_TARGET_DIR=target/docsrs RUSTC_BOOTSTRAP=1 \
+  RUSTDOCFLAGS="-D warnings --cfg docsrs --cfg outbox_docsrs" \
+  cargo doc $docsrs_crates --all-features --no-deps
+
+step "every publishable crate packages and builds alone (cargo package, dependency order)"
+scripts/check-packages.sh
 
 # Doc tests before nextest: the run then closes on nextest's summary.
 step "doc tests"
