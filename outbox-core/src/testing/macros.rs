@@ -22,6 +22,7 @@ macro_rules! store_conformance_tests {
             crash_loops_end_in_failed,
             release_burns_no_attempt,
             purge_never_touches_unpublished_rows,
+            purge_empties_the_history_while_it_returns_batch_size,
             stats_report_lag_and_parked_events,
             heartbeats_report_liveness,
         );

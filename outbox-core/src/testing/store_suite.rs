@@ -571,6 +571,62 @@ pub async fn purge_never_touches_unpublished_rows<F: StoreFactory>(factory: &F) 
     }
 }
 
+/// Purge keeps its contract however the history was made: a call returns
+/// fewer than `batch_size` only when nothing the cut-off allows is left, so
+/// "call again while it returns `batch_size`" empties the history. Events
+/// are published one per claim (on PostgreSQL each is a claim-order run of
+/// its own, the shape live traffic leaves), some after a retry (written
+/// published), and the batch is larger than any internal read.
+pub async fn purge_empties_the_history_while_it_returns_batch_size<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let req = request("r1", 16);
+    let mut published = Vec::new();
+    for n in 0..300usize {
+        let e = event(&format!("k{}", n % 7), n);
+        enqueue_all(&*store, std::slice::from_ref(&e)).await;
+        let mut c = claim(&*store, &req).await;
+        if n % 10 == 0 {
+            // A retry first: the row leaves claim order and is written
+            // published when acked.
+            store.nack(&[retry(&c[0], Duration::ZERO)]).await.unwrap();
+            c = claim(&*store, &req).await;
+        }
+        store.ack(&[c[0].lease.clone()]).await.unwrap();
+        published.push(e.event_id);
+    }
+    let pending = event("late", 1);
+    enqueue_all(&*store, std::slice::from_ref(&pending)).await;
+    clock.advance(Duration::from_secs(7200));
+    let (mut purged, mut calls) = (0, 0);
+    loop {
+        let n = store
+            .purge_published(Duration::from_secs(3600), 100)
+            .await
+            .unwrap();
+        assert!(n <= 100, "a purge batch is bounded: {n}");
+        purged += n;
+        calls += 1;
+        if n < 100 {
+            break;
+        }
+    }
+    assert_eq!(
+        purged,
+        300,
+        "the documented loop stopped after {calls} calls with {} published events left",
+        300 - purged
+    );
+    for id in published {
+        assert_eq!(
+            store.event_state(id).await.unwrap(),
+            None,
+            "{id} not purged"
+        );
+    }
+    assert!(store.event_state(pending.event_id).await.unwrap().is_some());
+}
+
 /// Stats count claimable events and the age of the oldest, parked apart.
 pub async fn stats_report_lag_and_parked_events<F: StoreFactory>(factory: &F) {
     let clock = ManualClock::at_epoch();

@@ -75,7 +75,6 @@ impl Queries {
         let control = names.table("control");
         let function = |name: &str| names.table(name);
         let now = format!("{}()", function("now"));
-        let stream_pending = format!("{}()", function("stream_pending"));
         let seq = format!("{}{}_events_seq", names.qualifier(), names.prefix());
         Self {
             channel: channel(names),
@@ -167,61 +166,10 @@ impl Queries {
                  SET last_seen = EXCLUDED.last_seen, clock_skew_ms = EXCLUDED.clock_skew_ms"
             ),
             stats: format!(
-                "WITH held AS (
-                     SELECT unnest(held) AS sequence FROM {leases} WHERE cardinality(held) > 0
-                 ), open AS (
-                     SELECT e.event_type, e.status, e.available_at, FALSE AS in_flight
-                     FROM {events} e
-                     WHERE e.sequence IN (SELECT * FROM {stream_pending}) AND e.status = 0
-                     UNION ALL
-                     SELECT e.event_type, e.status, e.available_at, TRUE
-                     FROM {events} e WHERE e.sequence IN (SELECT sequence FROM held)
-                     UNION ALL
-                     SELECT e.event_type, e.status, e.available_at, FALSE
-                     FROM {events} e
-                     WHERE e.status IN (3, 4, 5) AND e.sequence NOT IN (SELECT sequence FROM held)
-                 ), now AS (SELECT {now} AS at)
-                 SELECT event_type,
-                     count(*) FILTER (WHERE status <> 3 AND NOT in_flight AND available_at <= now.at) AS claimable,
-                     min(available_at) FILTER (WHERE status <> 3 AND NOT in_flight AND available_at <= now.at) AS oldest,
-                     count(*) FILTER (WHERE status <> 3 AND NOT in_flight AND available_at > now.at) AS parked,
-                     count(*) FILTER (WHERE in_flight) AS in_flight,
-                     count(*) FILTER (WHERE status = 3) AS failed,
-                     now.at AS now
-                 FROM open, now GROUP BY event_type, now.at ORDER BY event_type"
+                "SELECT event_type, claimable, oldest, parked, in_flight, failed, now FROM {}()",
+                function("stats")
             ),
-            held_back: format!(
-                "WITH now AS (SELECT {now} AS at)
-                 SELECT
-                     (SELECT count(DISTINCT partition_key) FROM {events} WHERE status = 3 AND blocks_key) AS blocked_keys,
-                     (SELECT count(*) FROM {events} WHERE status = 5) AS blocked_waiting,
-                     (SELECT count(DISTINCT partition_key) FROM {events}, now
-                      WHERE status = 4 AND available_at > now.at) AS backoff_keys,
-                     (SELECT count(*) FROM {events} e, now
-                      WHERE e.status = 4 AND e.partition_key IN (
-                          SELECT partition_key FROM {events} WHERE status = 4 AND available_at > now.at)) AS backoff_waiting,
-                     (SELECT min(available_at) FROM {events}, now
-                      WHERE status = 4 AND available_at > now.at) AS next_due,
-                     (SELECT count(*) FROM {leases}, now
-                      WHERE expires_at <= now.at AND cardinality(held) > 0) AS expired_leases,
-                     (SELECT coalesce(sum(cardinality(held)), 0) FROM {leases}, now
-                      WHERE expires_at <= now.at AND cardinality(held) > 0) AS expired_events,
-                     (SELECT min(expires_at) FROM {leases}, now
-                      WHERE expires_at <= now.at AND cardinality(held) > 0) AS first_expired_at,
-                     (SELECT array_agg(DISTINCT owner) FROM {leases}, now
-                      WHERE expires_at > now.at AND claimed_at < now.at - interval '5 seconds'
-                        AND cardinality(held) > 0) AS long_owners,
-                     (SELECT coalesce(sum(cardinality(held)), 0) FROM {leases}, now
-                      WHERE expires_at > now.at AND claimed_at < now.at - interval '5 seconds'
-                        AND cardinality(held) > 0) AS long_events,
-                     (SELECT min(claimed_at) FROM {leases}, now
-                      WHERE expires_at > now.at AND claimed_at < now.at - interval '5 seconds'
-                        AND cardinality(held) > 0) AS long_claimed_at,
-                     (SELECT min(expires_at) FROM {leases}, now
-                      WHERE expires_at > now.at AND claimed_at < now.at - interval '5 seconds'
-                        AND cardinality(held) > 0) AS long_expires_at,
-                     (SELECT count(*) FROM {events} WHERE status = 4 AND suspect) AS suspects"
-            ),
+            held_back: format!("SELECT * FROM {}()", function("held_back")),
             // Other sessions' transactions holding a write lock on the events
             // table: they have enqueued (or are settling) and not committed.
             open_transactions: format!(
@@ -282,16 +230,8 @@ impl Queries {
                  FROM {attempts} WHERE event_id = ANY($1) ORDER BY id"
             ),
             blocked_keys: format!(
-                "WITH pending AS (
-                     SELECT e.partition_key FROM {events} e
-                     WHERE e.sequence IN (SELECT * FROM {stream_pending}) AND e.status = 0
-                     UNION ALL
-                     SELECT partition_key FROM {events} WHERE status IN (4, 5)
-                 )
-                 SELECT DISTINCT ON (b.partition_key) b.partition_key, b.event_id,
-                     (SELECT count(*) FROM pending p WHERE p.partition_key = b.partition_key) AS backlog
-                 FROM {events} b WHERE b.status = 3 AND b.blocks_key
-                 ORDER BY b.partition_key, b.position"
+                "SELECT partition_key, event_id, backlog FROM {}()",
+                function("blocked_keys")
             ),
             requeue: format!(
                 "UPDATE {events} SET status = 4, blocks_key = FALSE, attempts = 0,
@@ -334,9 +274,15 @@ impl Queries {
                 "INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)
                  VALUES ($1, $2, {now}, $3, NULL, $4, $5)"
             ),
-            // Published rows at least a second older than the cutoff: stream
-            // rows of runs the cursor had passed by then (the cursor log),
-            // and rows written published.
+            // Published rows at least a second older than the cutoff: rows
+            // written published, then stream rows of runs the cursor had
+            // passed by then (the cursor log), walked in claim order until
+            // the batch is full. A call returns fewer than `$2` only when it
+            // walked every such run, so "call again while it returns the
+            // batch size" empties the history (a cap on runs read, whatever
+            // their size, made it stop after one call: runs hold 1 to 64
+            // rows). Runs the walk emptied go with their rows; each run is
+            // walked whole once more at most (it keeps a row in flight).
             purge: format!(
                 "WITH cutoff AS (SELECT {now} - $1 * interval '1 millisecond' AS at),
                  bound AS (
@@ -345,22 +291,31 @@ impl Queries {
                      ORDER BY g.position DESC LIMIT 1
                  ), held AS (
                      SELECT unnest(held) AS sequence FROM {leases} WHERE cardinality(held) > 0
-                 ), runs AS (
-                     SELECT o.first_position, o.sequences FROM {order} o, bound b
-                     WHERE o.first_position + cardinality(o.sequences) <= b.position
-                     ORDER BY o.first_position LIMIT 64
+                 ), written AS (
+                     SELECT e.sequence FROM {events} e, cutoff
+                     WHERE e.status = 2 AND e.published_at <= cutoff.at
+                     ORDER BY e.published_at LIMIT $2
+                 ), streamed AS MATERIALIZED (
+                     SELECT r.first_position, e.sequence
+                     FROM (SELECT o.first_position, o.sequences FROM {order} o, bound b
+                           WHERE o.first_position < b.position
+                             AND o.first_position + cardinality(o.sequences) <= b.position
+                           ORDER BY o.first_position) r
+                     CROSS JOIN LATERAL unnest(r.sequences) AS u(sequence)
+                     CROSS JOIN LATERAL (SELECT x.sequence FROM {events} x
+                                         WHERE x.sequence = u.sequence AND x.status = 0
+                                         LIMIT 1) e
+                     WHERE e.sequence NOT IN (SELECT sequence FROM held)
+                     LIMIT greatest($2 - (SELECT count(*) FROM written), 0)
                  ), picked AS (
-                     SELECT sequence FROM (
-                         (SELECT e.sequence FROM {events} e, cutoff
-                          WHERE e.status = 2 AND e.published_at <= cutoff.at
-                          ORDER BY e.published_at LIMIT $2)
-                         UNION ALL
-                         (SELECT e.sequence
-                          FROM runs r CROSS JOIN LATERAL unnest(r.sequences) AS u(sequence)
-                          JOIN {events} e ON e.sequence = u.sequence
-                          WHERE e.status = 0 AND e.sequence NOT IN (SELECT sequence FROM held)
-                          LIMIT $2)
-                     ) AS x LIMIT $2
+                     SELECT sequence FROM written UNION ALL SELECT sequence FROM streamed
+                 ), walked AS (
+                     -- How far the walk went: to the bound when it ran out
+                     -- of rows, else up to the run of its last row.
+                     SELECT CASE WHEN (SELECT count(*) FROM streamed)
+                                      < greatest($2 - (SELECT count(*) FROM written), 0)
+                                 THEN (SELECT position FROM bound)
+                                 ELSE (SELECT max(first_position) + 1 FROM streamed) END AS position
                  ), doomed AS (
                      DELETE FROM {events} WHERE sequence IN (SELECT sequence FROM picked)
                      RETURNING sequence, event_id
@@ -369,12 +324,15 @@ impl Queries {
                  ), emptied AS (
                      -- A run whose stream rows are all gone has no use left
                      -- (rows that left the stream keep their own position).
-                     DELETE FROM {order} o USING runs r
-                     WHERE o.first_position = r.first_position
+                     DELETE FROM {order} o USING walked w, bound b
+                     WHERE o.first_position < w.position
+                       AND o.first_position + cardinality(o.sequences) <= b.position
                        AND NOT EXISTS (
-                           SELECT 1 FROM {events} e
-                           WHERE e.sequence = ANY(r.sequences) AND e.status = 0
-                             AND e.sequence NOT IN (SELECT sequence FROM doomed))
+                           SELECT 1 FROM unnest(o.sequences) AS u(sequence)
+                           CROSS JOIN LATERAL (SELECT 1 FROM {events} x
+                                               WHERE x.sequence = u.sequence AND x.status = 0
+                                               LIMIT 1) e
+                           WHERE u.sequence NOT IN (SELECT sequence FROM doomed))
                  )
                  SELECT count(*) FROM doomed"
             ),
