@@ -33,6 +33,8 @@ rendered = (
     .replace("{{max_header_bytes}}", "16384")
 )
 (root / "migrations/postgres/0001_outbox.sql").write_text(rendered)
+# Diesel's PostgreSQL migration is the same rendering.
+(workspace / "outbox-diesel/migrations/2026-12-01-000000_outbox/up.sql").write_text(rendered)
 
 # MySQL and SQLite: the template with the default (unqualified) names.
 for dialect in ("mysql", "sqlite"):

@@ -996,38 +996,166 @@ $$;
 -- Stream rows the cursor has not passed and no claim took (pending in
 -- claim order), and committed rows no tick has ordered yet: together with
 -- the tracked rows, every pending event, however the table got here.
+-- Admin reads build on it, so it costs what is waiting, never what is
+-- retained: published stream rows stay status 0 until purged, so rows not
+-- yet ticked are found by transaction id (the two probes a tick makes),
+-- never by status. Planned for indexes whatever the statistics say (a
+-- history loaded since the last ANALYZE looked empty to the planner).
 CREATE OR REPLACE FUNCTION {{schema}}outbox_stream_pending() RETURNS SETOF bigint
-    LANGUAGE sql STABLE AS $$
-    WITH c AS (
-        SELECT k.*, k.tick_snapshot IS NOT NULL
-                    AND k.system_identifier = (SELECT system_identifier FROM pg_control_system()) AS valid
-        FROM {{schema}}outbox_cursor k
-    ), taken AS (
-        SELECT unnest(l.positions) AS position FROM {{schema}}outbox_leases l, c
-        WHERE l.max_position >= c.position
-    ), held AS (
+    LANGUAGE plpgsql STABLE SET jit = off SET enable_seqscan = off
+    SET max_parallel_workers_per_gather = 0 AS $$
+DECLARE
+    c record;
+BEGIN
+    SELECT * INTO c FROM {{schema}}outbox_cursor;
+    RETURN QUERY
+        WITH taken AS (
+            SELECT unnest(l.positions) AS position FROM {{schema}}outbox_leases l
+            WHERE l.max_position >= c.position
+        ), held AS (
+            SELECT unnest(held) AS sequence FROM {{schema}}outbox_leases WHERE cardinality(held) > 0
+        )
+        SELECT u.sequence
+        FROM {{schema}}outbox_order o
+        CROSS JOIN LATERAL unnest(o.sequences) WITH ORDINALITY AS u(sequence, i)
+        WHERE o.first_position >= (SELECT coalesce(max(first_position), 0) FROM {{schema}}outbox_order
+                                   WHERE first_position <= c.position)
+          AND o.first_position + u.i - 1 >= c.position
+          AND o.first_position + u.i - 1 NOT IN (SELECT position FROM taken)
+          AND u.sequence NOT IN (SELECT sequence FROM held);
+    IF c.tick_snapshot IS NOT NULL
+       AND c.system_identifier = (SELECT system_identifier FROM pg_control_system()) THEN
+        RETURN QUERY
+            SELECT e.sequence FROM {{schema}}outbox_events e
+            WHERE e.txid >= pg_snapshot_xmax(c.tick_snapshot) AND e.status = 0 AND e.position IS NULL;
+        RETURN QUERY
+            SELECT e.sequence
+            FROM (SELECT x.id FROM pg_snapshot_xip(c.tick_snapshot) AS x(id) OFFSET 0) x
+            CROSS JOIN LATERAL (SELECT y.sequence FROM {{schema}}outbox_events y
+                                WHERE y.txid = x.id AND y.status = 0 AND y.position IS NULL
+                                OFFSET 0) e;
+    ELSE
+        -- Never ticked, or on another cluster: every stream row not in
+        -- claim order (the next claim rebases; until then this reads the
+        -- table once).
+        RETURN QUERY
+            SELECT e.sequence FROM {{schema}}outbox_events e
+            WHERE e.status = 0 AND e.position IS NULL
+              AND NOT EXISTS (SELECT 1 FROM {{schema}}outbox_order o
+                              WHERE int8range(o.lo_sequence, o.hi_sequence, '[]') @> e.sequence
+                                AND e.sequence = ANY(o.sequences));
+    END IF;
+END
+$$;
+
+-- Per event type: claimable (pending and due), the oldest claimable,
+-- parked (pending, not yet due), in flight, failed. Reads the backlog,
+-- the leases and the failed rows by index, never the retained history;
+-- `stats()`, `status`, health checks and every metrics scrape run it.
+CREATE OR REPLACE FUNCTION {{schema}}outbox_stats()
+    RETURNS TABLE (event_type text, claimable bigint, oldest timestamptz, parked bigint,
+                   in_flight bigint, failed bigint, now timestamptz)
+    LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off
+    SET max_parallel_workers_per_gather = 0 AS $$
+    WITH held AS (
         SELECT unnest(held) AS sequence FROM {{schema}}outbox_leases WHERE cardinality(held) > 0
+    ), open AS (
+        SELECT e.event_type, e.status, e.available_at, FALSE AS in_flight
+        FROM {{schema}}outbox_stream_pending() AS p(sequence)
+        CROSS JOIN LATERAL (SELECT x.event_type, x.status, x.available_at
+                            FROM {{schema}}outbox_events x
+                            WHERE x.sequence = p.sequence AND x.status = 0 LIMIT 1) e
+        UNION ALL
+        SELECT e.event_type, e.status, e.available_at, TRUE
+        FROM held h
+        CROSS JOIN LATERAL (SELECT x.event_type, x.status, x.available_at
+                            FROM {{schema}}outbox_events x WHERE x.sequence = h.sequence LIMIT 1) e
+        UNION ALL
+        SELECT e.event_type, e.status, e.available_at, FALSE
+        FROM {{schema}}outbox_events e
+        WHERE e.status IN (4, 5) AND e.sequence NOT IN (SELECT sequence FROM held)
+        UNION ALL
+        SELECT e.event_type, e.status, e.available_at, FALSE
+        FROM {{schema}}outbox_events e WHERE e.status = 3
+    ), now AS (SELECT {{schema}}outbox_now() AS at)
+    SELECT o.event_type,
+        count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND o.available_at <= now.at),
+        min(o.available_at) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND o.available_at <= now.at),
+        count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND o.available_at > now.at),
+        count(*) FILTER (WHERE o.in_flight),
+        count(*) FILTER (WHERE o.status = 3),
+        now.at
+    FROM open o, now GROUP BY o.event_type, now.at ORDER BY o.event_type
+$$;
+
+-- Keys parked behind a failed row that blocks them: the first such row
+-- and how many pending events wait behind it (tracked, parked, and stream
+-- rows not yet visited by a claim). The same count `outbox_held_back`
+-- reports, so `status` never contradicts itself.
+CREATE OR REPLACE FUNCTION {{schema}}outbox_blocked_keys()
+    RETURNS TABLE (partition_key text, event_id uuid, backlog bigint)
+    LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off
+    SET max_parallel_workers_per_gather = 0 AS $$
+    WITH blocked AS (
+        SELECT DISTINCT ON (b.partition_key) b.partition_key, b.event_id
+        FROM {{schema}}outbox_events b WHERE b.status = 3 AND b.blocks_key
+        ORDER BY b.partition_key, b.position
+    ), waiting AS (
+        SELECT e.partition_key
+        FROM {{schema}}outbox_stream_pending() AS p(sequence)
+        CROSS JOIN LATERAL (SELECT x.partition_key FROM {{schema}}outbox_events x
+                            WHERE x.sequence = p.sequence AND x.status = 0 LIMIT 1) e
+        WHERE e.partition_key IN (SELECT partition_key FROM blocked)
+        UNION ALL
+        SELECT x.partition_key
+        FROM blocked b
+        CROSS JOIN LATERAL (SELECT y.partition_key FROM {{schema}}outbox_events y
+                            WHERE y.partition_key = b.partition_key AND y.status IN (4, 5)) x
+    ), counted AS (
+        SELECT partition_key, count(*) AS backlog FROM waiting GROUP BY partition_key
     )
-    SELECT u.sequence
-    FROM c, {{schema}}outbox_order o
-    CROSS JOIN LATERAL unnest(o.sequences) WITH ORDINALITY AS u(sequence, i)
-    WHERE o.first_position >= (SELECT coalesce(max(first_position), 0) FROM {{schema}}outbox_order, c
-                               WHERE first_position <= c.position)
-      AND o.first_position + u.i - 1 >= c.position
-      AND o.first_position + u.i - 1 NOT IN (SELECT position FROM taken)
-      AND u.sequence NOT IN (SELECT sequence FROM held)
-    UNION ALL
-    SELECT e.sequence FROM {{schema}}outbox_events e, c
-    WHERE c.valid AND e.status = 0 AND e.position IS NULL
-      AND (e.txid >= pg_snapshot_xmax(c.tick_snapshot)
-           OR e.txid = ANY(ARRAY(SELECT pg_snapshot_xip(c.tick_snapshot))))
-    UNION ALL
-    -- Never ticked, or on another cluster: every stream row not in claim order.
-    SELECT e.sequence FROM {{schema}}outbox_events e, c
-    WHERE NOT c.valid AND e.status = 0 AND e.position IS NULL
-      AND NOT EXISTS (SELECT 1 FROM {{schema}}outbox_order o
-                      WHERE int8range(o.lo_sequence, o.hi_sequence, '[]') @> e.sequence
-                        AND e.sequence = ANY(o.sequences))
+    SELECT b.partition_key, b.event_id, coalesce(c.backlog, 0)
+    FROM blocked b LEFT JOIN counted c ON c.partition_key = b.partition_key
+    ORDER BY b.partition_key
+$$;
+
+-- What holds publication back, in one row (`held_back()`, `status`).
+CREATE OR REPLACE FUNCTION {{schema}}outbox_held_back()
+    RETURNS TABLE (blocked_keys bigint, blocked_waiting bigint, backoff_keys bigint,
+                   backoff_waiting bigint, next_due timestamptz, expired_leases bigint,
+                   expired_events bigint, first_expired_at timestamptz, long_owners text[],
+                   long_events bigint, long_claimed_at timestamptz, long_expires_at timestamptz,
+                   suspects bigint)
+    LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off
+    SET max_parallel_workers_per_gather = 0 AS $$
+    WITH now AS (SELECT {{schema}}outbox_now() AS at),
+    blocked AS (SELECT * FROM {{schema}}outbox_blocked_keys()),
+    backoff AS (
+        SELECT e.partition_key, e.available_at FROM {{schema}}outbox_events e, now
+        WHERE e.status = 4 AND e.available_at > now.at
+    ), expired AS (
+        SELECT l.* FROM {{schema}}outbox_leases l, now
+        WHERE l.expires_at <= now.at AND cardinality(l.held) > 0
+    ), long AS (
+        SELECT l.* FROM {{schema}}outbox_leases l, now
+        WHERE l.expires_at > now.at AND l.claimed_at < now.at - interval '5 seconds'
+          AND cardinality(l.held) > 0
+    )
+    SELECT
+        (SELECT count(*) FROM blocked),
+        (SELECT coalesce(sum(backlog), 0)::bigint FROM blocked),
+        (SELECT count(DISTINCT partition_key) FROM backoff),
+        (SELECT count(*) FROM {{schema}}outbox_events e
+         WHERE e.status = 4 AND e.partition_key IN (SELECT partition_key FROM backoff)),
+        (SELECT min(available_at) FROM backoff),
+        (SELECT count(*) FROM expired),
+        (SELECT coalesce(sum(cardinality(held)), 0)::bigint FROM expired),
+        (SELECT min(expires_at) FROM expired),
+        (SELECT array_agg(DISTINCT owner) FROM long),
+        (SELECT coalesce(sum(cardinality(held)), 0)::bigint FROM long),
+        (SELECT min(claimed_at) FROM long),
+        (SELECT min(expires_at) FROM long),
+        (SELECT count(*) FROM {{schema}}outbox_events WHERE status = 4 AND suspect)
 $$;
 
 -- Sequences travel neither with logical replication nor with every copy
