@@ -14,11 +14,11 @@ use outbox_kafka::{
     TopicRouter,
 };
 use outbox_redis::{
-    ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher, StreamEvent, StreamRouter,
+    ConnectionSettings, ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher,
+    StreamEvent, StreamRouter,
 };
 use outbox_sqlx::StoreConfig;
 use outbox_sqlx::postgres::PgStore;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Postgres, Transaction};
 
@@ -46,18 +46,14 @@ fn pool(url: &str) -> Result<sqlx::PgPool, Error> {
     )
 }
 
-/// A connection manager, waiting for Redis if it is down right now.
-async fn redis(url: &str) -> Result<ConnectionManager, Error> {
-    let client = redis::Client::open(url)?;
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Duration::from_secs(1))
-        .set_response_timeout(Duration::from_secs(2))
-        .set_number_of_retries(2);
-    loop {
-        match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
-            Ok(connection) => return Ok(connection),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
+/// The Redis connection settings of the run's relays and consumer: the
+/// README's way (`from_url`, connected lazily, reconnecting by itself), with
+/// timeouts short enough for the run's outages.
+fn redis_settings() -> ConnectionSettings {
+    ConnectionSettings {
+        connect_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(2),
+        ..ConnectionSettings::default()
     }
 }
 
@@ -107,10 +103,11 @@ pub(crate) async fn relay(pg: &str, broker: &str, name: &str) -> Result<(), Erro
                 .await?;
         }
         None => {
-            let publisher = Arc::new(RedisPublisher::new(
-                redis(broker).await?,
+            let publisher = Arc::new(RedisPublisher::from_url_with(
+                broker,
                 StreamRouter::default(),
-            ));
+                redis_settings(),
+            )?);
             Relay::new(store, publisher, config)?
                 .run(on_sigterm()?)
                 .await?;
@@ -181,8 +178,13 @@ pub(crate) async fn consume(pg: &str, broker: &str, name: &str) -> Result<(), Er
     let redis_url = broker;
     let mut config = ConsumerConfig::new(GROUP, name, vec![STREAM.into()]);
     config.block = Duration::from_millis(200);
-    let consumer =
-        RedisConsumer::new(redis(redis_url).await?, config, store.inbox(), RecordEffect)?;
+    let consumer = RedisConsumer::from_url_with(
+        redis_url,
+        redis_settings(),
+        config,
+        store.inbox(),
+        RecordEffect,
+    )?;
     let report = consumer.run(on_sigterm()?).await?;
     eprintln!("consumer {name}: {report:?}");
     Ok(())

@@ -33,6 +33,7 @@ use redis::streams::{
 use redis::{AsyncCommands, RedisError, Value};
 use tokio_util::sync::CancellationToken;
 
+use crate::connection::{ConnectionSettings, LazyConnection};
 use crate::fields::StreamEvent;
 
 pub use outbox_core::consume::HandlerError;
@@ -186,7 +187,7 @@ enum Reading {
 
 /// Reads a consumer group and applies each event once through an inbox.
 pub struct RedisConsumer<I, H> {
-    connection: ConnectionManager,
+    connection: LazyConnection,
     config: ConsumerConfig,
     inbox: I,
     handler: H,
@@ -208,6 +209,47 @@ where
         inbox: I,
         handler: H,
     ) -> Result<Self, ConsumerError> {
+        Self::on(LazyConnection::ready(connection), config, inbox, handler)
+    }
+
+    /// A consumer of the server at `url`, built without connecting: it
+    /// can be built (and started) while Redis is down, and waits the
+    /// outage out like any other, with the default connection settings.
+    /// A malformed URL fails here.
+    pub fn from_url(
+        url: &str,
+        config: ConsumerConfig,
+        inbox: I,
+        handler: H,
+    ) -> Result<Self, ConsumerError> {
+        Self::from_url_with(url, ConnectionSettings::default(), config, inbox, handler)
+    }
+
+    /// [`Self::from_url`] with explicit connection settings (the response
+    /// timeout must be longer than `config.block`).
+    pub fn from_url_with(
+        url: &str,
+        settings: ConnectionSettings,
+        config: ConsumerConfig,
+        inbox: I,
+        handler: H,
+    ) -> Result<Self, ConsumerError> {
+        if settings.response_timeout <= config.block {
+            return Err(ConsumerError::Config(format!(
+                "the response timeout ({:?}) must be longer than a blocking read ({:?})",
+                settings.response_timeout, config.block
+            )));
+        }
+        let connection = LazyConnection::open(url, settings).map_err(ConsumerError::Redis)?;
+        Self::on(connection, config, inbox, handler)
+    }
+
+    fn on(
+        connection: LazyConnection,
+        config: ConsumerConfig,
+        inbox: I,
+        handler: H,
+    ) -> Result<Self, ConsumerError> {
         config.validate()?;
         Ok(Self {
             connection,
@@ -220,11 +262,18 @@ where
         })
     }
 
+    /// The connection, made now if there is none yet (refused or timed
+    /// out: an outage the run loop waits out).
+    async fn redis(&self) -> Result<ConnectionManager, RedisError> {
+        self.connection.get().await
+    }
+
     /// Creates the group on every stream (from the beginning) if missing.
     pub async fn ensure_groups(&mut self) -> Result<(), ConsumerError> {
         for stream in &self.config.streams {
             let created: Result<(), RedisError> = self
-                .connection
+                .redis()
+                .await?
                 .xgroup_create_mkstream(stream, &self.config.group, "0")
                 .await;
             match created {
@@ -305,7 +354,9 @@ where
         };
         let ids: Vec<&str> = self.config.streams.iter().map(|_| position).collect();
         let read: Option<StreamReadReply> = tokio::select! {
-            read = self.connection.xread_options(&self.config.streams, &ids, &options) => Some(read?),
+            read = async {
+                self.redis().await?.xread_options(&self.config.streams, &ids, &options).await
+            } => Some(read?),
             _ = shutdown.cancelled() => None,
         };
         let mut handed = 0usize;
@@ -334,7 +385,8 @@ where
         let idle = self.config.reclaim_idle.as_millis() as usize;
         for stream in self.config.streams.clone() {
             let reply: StreamAutoClaimReply = self
-                .connection
+                .redis()
+                .await?
                 .xautoclaim_options(
                     &stream,
                     &self.config.group,
@@ -355,7 +407,8 @@ where
 
     async fn deliveries(&mut self, stream: &str, id: &str) -> Result<usize, ConsumerError> {
         let pending: redis::streams::StreamPendingCountReply = self
-            .connection
+            .redis()
+            .await?
             .xpending_count(stream, &self.config.group, id, id, 1)
             .await?;
         Ok(pending.ids.first().map(|p| p.times_delivered).unwrap_or(1))
@@ -392,7 +445,8 @@ where
         }
         // Only now, after the effect committed (or the entry was dead-lettered).
         let _: usize = self
-            .connection
+            .redis()
+            .await?
             .xack(stream, &self.config.group, &[&entry.id])
             .await?;
         Ok(())
@@ -454,7 +508,7 @@ where
             fields.push((k.to_owned(), v.into_bytes()));
         }
         let dead = format!("{stream}{}", self.config.dead_letter_suffix);
-        let _: String = self.connection.xadd(&dead, "*", &fields).await?;
+        let _: String = self.redis().await?.xadd(&dead, "*", &fields).await?;
         tracing::error!(%stream, entry = %entry.id, %reason, "entry dead-lettered");
         Ok(Handled::DeadLettered)
     }

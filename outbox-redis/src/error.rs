@@ -4,11 +4,13 @@ use outbox_core::ErrorClass;
 use redis::RedisError;
 
 /// A connection-level failure: the broker is unreachable or failing over.
+/// A timeout is one too: no reply within the response timeout to a whole
+/// batch's script is the server's state (paused, swapping, a long command
+/// ahead), never one event's, so the relay pauses and burns no attempt
+/// rather than retrying each event towards `failed`.
 pub(crate) fn classify(error: &RedisError) -> ErrorClass {
-    if error.is_timeout() {
-        return ErrorClass::Transient;
-    }
-    if error.is_io_error()
+    if error.is_timeout()
+        || error.is_io_error()
         || error.is_connection_refusal()
         || error.is_connection_dropped()
         || error.is_unrecoverable_error()

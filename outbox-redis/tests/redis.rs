@@ -516,6 +516,92 @@ async fn a_publisher_built_while_redis_is_down_reports_outages_until_it_is_back(
     assert!(outcomes[0].is_ok(), "{outcomes:?}");
 }
 
+/// A connection that drops under a running publisher (the server killed):
+/// every publish during the outage says so promptly and as an outage (the
+/// relay pauses and burns no attempt), and the first publish after the
+/// server is back succeeds. Before, each publish waited on the connection
+/// manager's reconnect backoff for minutes and timed out, a transient
+/// failure that burned an attempt.
+#[tokio::test]
+async fn a_dropped_connection_is_an_outage_at_once_and_recovery_is_prompt() {
+    let mut own = support::OwnRedis::start().await;
+    let publisher = RedisPublisher::from_url(&own.url(), StreamRouter::with_prefix("drop:"))
+        .expect("the URL parses");
+    let events = stored(vec![event("a", 1), event("a", 2), event("a", 3)]);
+    assert!(publisher.publish(&[&events[0]]).await[0].is_ok());
+    own.kill().await;
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let outcomes = publisher.publish(&[&events[1]]).await;
+        let error = outcomes[0].as_ref().expect_err("the server is gone");
+        assert_eq!(error.class, ErrorClass::Outage, "{error}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "an outage is reported within the connect timeout, took {:?}",
+            started.elapsed()
+        );
+    }
+    own.restart().await;
+    let started = std::time::Instant::now();
+    let outcomes = publisher.publish(&[&events[2]]).await;
+    assert!(outcomes[0].is_ok(), "{outcomes:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "published {:?} after the server came back",
+        started.elapsed()
+    );
+}
+
+/// A consumer built and started while Redis is down (a deploy during a
+/// Redis restart): it waits the outage out and applies what is published
+/// once the server is back. Before, building its connection manager never
+/// finished against a refused port.
+#[tokio::test]
+async fn a_consumer_built_while_redis_is_down_applies_once_it_is_back() {
+    use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
+    use outbox_redis::{ConsumerConfig, Handler, HandlerError, RedisConsumer};
+
+    struct Applied(tokio::sync::mpsc::UnboundedSender<EventId>);
+
+    #[async_trait]
+    impl Handler<MemoryInboxTx, StreamEvent> for Applied {
+        async fn handle(
+            &self,
+            _tx: &mut MemoryInboxTx,
+            event: &StreamEvent,
+        ) -> Result<(), HandlerError> {
+            let _ = self.0.send(event.event_id);
+            Ok(())
+        }
+    }
+
+    let mut own = support::OwnRedis::start().await;
+    own.stop().await;
+    let router = StreamRouter::with_prefix("back:");
+    let stream = router.stream_for("invoice.paid");
+    let mut config = ConsumerConfig::new("g", "c", vec![stream]);
+    config.block = Duration::from_millis(50);
+    let (applied, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let consumer =
+        RedisConsumer::from_url(&own.url(), config, MemoryInbox::new(), Applied(applied))
+            .expect("built without a server");
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(consumer.run(stop.clone()));
+
+    own.restart().await;
+    let publisher = RedisPublisher::from_url(&own.url(), router).unwrap();
+    let events = stored(vec![event("a", 1)]);
+    assert!(publisher.publish(&[&events[0]]).await[0].is_ok());
+    let first = tokio::time::timeout(Duration::from_secs(20), seen.recv())
+        .await
+        .expect("applied within 20 s of the server coming back");
+    assert_eq!(first, Some(events[0].event_id));
+    stop.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!(report.applied, 1);
+    assert!(report.redis_retries > 0, "it met the outage: {report:?}");
+}
+
 /// A database index the server does not have is configuration: an outage,
 /// reported at once rather than after minutes of waiting.
 #[tokio::test]

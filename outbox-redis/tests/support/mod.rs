@@ -100,6 +100,13 @@ impl OwnRedis {
         }
     }
 
+    /// Kills the server (SIGKILL: connections drop without a goodbye).
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
     pub async fn restart(&mut self) {
         self.spawn().await;
     }
