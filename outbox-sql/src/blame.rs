@@ -1,30 +1,30 @@
 //! Crash blame for the stores that mark leases on the rows (MySQL, SQLite):
 //! the rows of one lease that ended without an outcome, grouped by lease
-//! and judged by [`outbox_core::store::crash_culprit`].
+//! and judged by [`outbox_core::store::judge_crash`].
 
 use std::collections::HashMap;
 
 use outbox_core::EventId;
-use outbox_core::store::crash_culprit;
+use outbox_core::store::{CrashVerdict, judge_crash};
 
-/// `(sequence, 1 if the crash is blamed on it, else 0)` for rows given as
-/// `(sequence, lease id, already a suspect)`.
-pub fn blame(rows: &[(i64, i64, bool)]) -> Vec<(i64, i64)> {
-    let mut by_lease: HashMap<i64, Vec<(i64, bool)>> = HashMap::new();
-    for (sequence, lease, suspect) in rows {
-        by_lease
-            .entry(*lease)
-            .or_default()
-            .push((*sequence, *suspect));
+/// Each lease's rows judged on their own, for rows given as `(sequence,
+/// lease id, its suspect span if already a suspect)`.
+pub fn blame(rows: &[(i64, i64, Option<u32>)]) -> Vec<CrashVerdict> {
+    let mut by_lease: HashMap<i64, Vec<(i64, Option<u32>)>> = HashMap::new();
+    for (sequence, lease, span) in rows {
+        by_lease.entry(*lease).or_default().push((*sequence, *span));
     }
     by_lease
         .values()
-        .flat_map(|rows| {
-            let culprit = crash_culprit(rows);
-            rows.iter()
-                .map(move |(s, _)| (*s, i64::from(culprit == Some(*s))))
-        })
+        .flat_map(|rows| judge_crash(rows))
         .collect()
+}
+
+/// A row's suspect span as the tables keep it (`suspect`, `suspect_span`):
+/// `None` if it is no suspect; rows made suspects before spans existed
+/// (span 0) go alone.
+pub fn suspect_span(suspect: bool, span: i64) -> Option<u32> {
+    suspect.then(|| u32::try_from(span).unwrap_or(1).max(1))
 }
 
 /// A row a lease holds, as the reaper reads it.
@@ -39,16 +39,16 @@ pub struct InFlight {
     pub expires_at: i64,
     /// The relay released it before publishing.
     pub unstarted: bool,
-    /// Already blamed for a crash once.
-    pub suspect: bool,
+    /// Its suspect span, if it already shared a lease that crashed.
+    pub suspect_span: Option<u32>,
 }
 
 /// What reaping the expired leases among `in_flight` does.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Reaping {
-    /// Rows of expired leases whose publishing may have started:
-    /// `(sequence, 1 if the crash is blamed on it)`; all become suspects.
-    pub blamed: Vec<(i64, i64)>,
+    /// Rows of expired leases whose publishing may have started, judged:
+    /// all become suspects, some blamed.
+    pub blamed: Vec<CrashVerdict>,
     /// Rows of expired leases that never started (a relay's prefetch): back
     /// to pending, unblamed.
     pub returned: Vec<i64>,
@@ -93,7 +93,7 @@ pub fn reap(in_flight: &[InFlight], now: i64) -> Reaping {
             if unstarted {
                 reaping.returned.extend(rows.iter().map(|r| r.sequence));
             } else {
-                started_expired.extend(rows.iter().map(|r| (r.sequence, *lease, r.suspect)));
+                started_expired.extend(rows.iter().map(|r| (r.sequence, *lease, r.suspect_span)));
             }
         }
     }
@@ -121,7 +121,7 @@ mod tests {
             owner: owner.into(),
             expires_at,
             unstarted: false,
-            suspect: false,
+            suspect_span: None,
         }
     }
 
@@ -135,7 +135,7 @@ mod tests {
             row(3, 3, "relay-b", 500),
         ];
         let reaping = reap(&rows, 200);
-        assert_eq!(reaping.blamed, vec![(1, 1)]);
+        assert_eq!(verdicts(&reaping.blamed), vec![(1, true, 1)]);
         assert_eq!(reaping.returned, vec![2]);
         assert!(reaping.unstarted.is_empty());
     }
@@ -144,7 +144,7 @@ mod tests {
     fn a_younger_lease_is_marked_when_the_older_expires_first() {
         let rows = [row(1, 1, "relay-a", 100), row(2, 2, "relay-a", 105)];
         let reaping = reap(&rows, 102);
-        assert_eq!(reaping.blamed, vec![(1, 1)]);
+        assert_eq!(verdicts(&reaping.blamed), vec![(1, true, 1)]);
         assert_eq!(reaping.unstarted, vec![2]);
         let later = [InFlight {
             unstarted: true,
@@ -155,14 +155,41 @@ mod tests {
 
     #[test]
     fn each_lease_is_judged_on_its_own() {
-        let mut blamed = blame(&[
-            (1, 10, false),
-            (2, 10, true),
-            (3, 20, false),
-            (4, 30, false),
-            (5, 30, false),
-        ]);
+        let mut blamed = verdicts(&blame(&[
+            (1, 10, None),
+            (2, 10, Some(1)),
+            (3, 20, None),
+            (4, 30, None),
+            (5, 30, None),
+        ]));
         blamed.sort();
-        assert_eq!(blamed, vec![(1, 0), (2, 1), (3, 1), (4, 0), (5, 0)]);
+        assert_eq!(
+            blamed,
+            vec![
+                (1, false, 1),
+                (2, true, 1),
+                (3, true, 1),
+                (4, false, 2),
+                (5, false, 2)
+            ]
+        );
+    }
+
+    fn verdicts(verdicts: &[CrashVerdict]) -> Vec<(i64, bool, u32)> {
+        verdicts
+            .iter()
+            .map(|v| (v.sequence, v.blamed, v.suspect_span))
+            .collect()
+    }
+
+    #[test]
+    fn spans_are_read_from_the_columns() {
+        assert_eq!(suspect_span(false, 7), None);
+        assert_eq!(suspect_span(true, 7), Some(7));
+        assert_eq!(
+            suspect_span(true, 0),
+            Some(1),
+            "rows from before spans go alone"
+        );
     }
 }

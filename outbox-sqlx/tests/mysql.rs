@@ -272,7 +272,7 @@ async fn index_columns(pool: &MySqlPool, events: &str) -> Vec<(String, String)> 
 /// per-key due index added where it is missing, and the indexes that once
 /// led with `status` (rewritten on every lease and every ack) rebuilt.
 #[tokio::test]
-async fn migrate_brings_older_tables_to_the_current_indexes() {
+async fn migrate_brings_older_tables_to_the_current_indexes_and_columns() {
     let store = store_on(ManualClock::at_epoch()).await;
     let events = store.config().tables.events();
     assert!(events.ends_with(".outbox_events"), "{events}");
@@ -281,7 +281,8 @@ async fn migrate_brings_older_tables_to_the_current_indexes() {
         "ALTER TABLE {events} DROP INDEX outbox_events_key_due,
              DROP INDEX outbox_events_key, ADD KEY outbox_events_key (partition_key, status, sequence),
              DROP INDEX outbox_events_unfinished, ADD KEY outbox_events_unfinished (status, unfinished_claims),
-             DROP INDEX outbox_events_published, ADD KEY outbox_events_published (status, published_at)"
+             DROP INDEX outbox_events_published, ADD KEY outbox_events_published (status, published_at),
+             DROP COLUMN suspect_span"
     ))
     .execute(store.pool())
     .await
@@ -296,6 +297,17 @@ async fn migrate_brings_older_tables_to_the_current_indexes() {
 
     store.migrate().await.unwrap();
     assert_eq!(index_columns(store.pool(), &events).await, current);
+    let (database, table) = events.split_once('.').unwrap();
+    let span_columns: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.columns
+         WHERE table_schema = ? AND table_name = ? AND column_name = 'suspect_span'",
+    )
+    .bind(database)
+    .bind(table)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(span_columns, 1, "migrate() adds the suspect_span column");
     assert!(current.contains(&(
         "outbox_events_published".to_string(),
         "published_at".to_string()
@@ -361,15 +373,28 @@ async fn keys_in_flight_wait_and_a_reaped_key_returns_in_the_same_claim() {
         .claim_batch(&store_suite::request("relay-b", 100))
         .await
         .unwrap();
-    // The expired lease's rows came back as suspects, one suspect per
-    // claim: the first key's backlog, whole, and no other key's.
-    assert_eq!(key_of(&third), ["k0", "k0", "k0"]);
-    let ns: Vec<String> = third
+    // The expired lease's five rows came back together (a dead relay's
+    // batch, crashed once): their keys' backlogs, whole, in key order.
+    let mut ns: Vec<String> = third
         .events
         .iter()
         .map(|c| c.event.aggregate_id.clone())
         .collect();
-    assert_eq!(ns, ["inv-k0-0", "inv-k0-1", "inv-k0-2"]);
+    let expected: Vec<String> = keys[..5]
+        .iter()
+        .flat_map(|k| (0..3).map(move |n| format!("inv-{k}-{n}")))
+        .collect();
+    for k in &keys[..5] {
+        let of_key: Vec<&String> = ns
+            .iter()
+            .filter(|n| n.starts_with(&format!("inv-{k}-")))
+            .collect();
+        let mut sorted = of_key.clone();
+        sorted.sort();
+        assert_eq!(of_key, sorted, "{k} in order");
+    }
+    ns.sort();
+    assert_eq!(ns, expected);
 }
 
 /// More keys in flight than a claim statement lists: the ones past the

@@ -237,6 +237,46 @@ async fn shipped_migration_is_the_default_rendering() {
     );
 }
 
+/// Tables made before a column was added (the crash suspects' span) get it
+/// from `migrate()`, which stays idempotent, and claims work on them.
+#[tokio::test]
+async fn migrate_adds_the_columns_older_tables_lack() {
+    use outbox_core::store::OutboxStore;
+    let store = store_on(ManualClock::at_epoch()).await;
+    let events = store.config().tables.events();
+    let columns = |pool: SqlitePool, events: String| async move {
+        sqlx::query_scalar::<_, String>("SELECT name FROM pragma_table_info(?1)")
+            .bind(events)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+    sqlx::query(&format!("ALTER TABLE {events} DROP COLUMN suspect_span"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert!(
+        !columns(store.pool().clone(), events.clone())
+            .await
+            .contains(&"suspect_span".to_string())
+    );
+    store.migrate().await.unwrap();
+    store.migrate().await.expect("migrate() is idempotent");
+    assert!(
+        columns(store.pool().clone(), events.clone())
+            .await
+            .contains(&"suspect_span".to_string())
+    );
+    OutboxWriter::enqueue(&store, &[event("a", 1)])
+        .await
+        .unwrap();
+    let batch = store
+        .claim_batch(&store_suite::request("relay", 10))
+        .await
+        .unwrap();
+    assert_eq!(batch.events.len(), 1);
+}
+
 /// Two stores with pools of their own on one file behave like two processes:
 /// claims stay exclusive and a stale acknowledgement is fenced off.
 #[tokio::test]

@@ -10,7 +10,7 @@ use crate::policy::{Ordering, PoisonPolicy};
 use crate::publisher::ErrorClass;
 use crate::store::{
     AttemptKind, AttemptRecord, ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome,
-    FailReason, FencingToken, Lease, NackAction, RelayId,
+    FailReason, FencingToken, Lease, NackAction, RelayId, SuspectAllowance,
 };
 
 #[derive(Clone, Debug)]
@@ -41,9 +41,10 @@ pub(super) struct Row {
     pub(super) fencing_token: i64,
     /// Crashes blamed on this row alone; a crash-looping event piles them up.
     pub(super) unfinished_claims: u32,
-    /// It shared a lease that ended without an outcome: it is claimed as
-    /// the only suspect of a lease until it settles.
-    pub(super) suspect: bool,
+    /// It shared a lease that ended without an outcome: until it settles, a
+    /// lease carries at most this many suspects with it
+    /// ([`crate::store::judge_crash`]).
+    pub(super) suspect_span: Option<u32>,
     /// Set by tests: the row does not decode (as a row written by another
     /// tool may not); the claim fails it alone.
     pub(super) unreadable: Option<String>,
@@ -141,7 +142,7 @@ impl State {
                 status: RowStatus::Pending,
                 fencing_token: 0,
                 unfinished_claims: 0,
-                suspect: false,
+                suspect_span: None,
                 unreadable: None,
                 history: Vec::new(),
             },
@@ -233,20 +234,18 @@ impl State {
     }
 
     /// Rows of one lease ended without an outcome after publishing may have
-    /// started: back to pending; the crash counts on one row only when it is
-    /// certain which (the lease's one suspect, or a lone row), otherwise
-    /// every row becomes a suspect, claimed alone among suspects later.
+    /// started: back to pending, judged by [`crate::store::judge_crash`]
+    /// (blamed where it is certain which row crashed, suspects otherwise).
     pub(super) fn blame(&mut self, sequences: &[i64]) {
-        let rows: Vec<(i64, bool)> = sequences
+        let rows: Vec<(i64, Option<u32>)> = sequences
             .iter()
-            .map(|s| (*s, self.rows[s].suspect))
+            .map(|s| (*s, self.rows[s].suspect_span))
             .collect();
-        let culprit = crate::store::crash_culprit(&rows);
-        for sequence in sequences {
-            let row = self.rows.get_mut(sequence).expect("row exists");
+        for verdict in crate::store::judge_crash(&rows) {
+            let row = self.rows.get_mut(&verdict.sequence).expect("row exists");
             row.status = RowStatus::Pending;
-            row.suspect = true;
-            if culprit == Some(*sequence) {
+            row.suspect_span = Some(verdict.suspect_span);
+            if verdict.blamed {
                 row.unfinished_claims += 1;
             }
         }
@@ -304,7 +303,7 @@ impl State {
             superseded_by: None,
         };
         row.unfinished_claims = 0;
-        row.suspect = false;
+        row.suspect_span = None;
         row.record(
             AttemptKind::CrashLoop,
             now,
@@ -372,9 +371,9 @@ impl State {
 
         // Round-robin over keys so a batch spans as many keys as it can: the
         // relay publishes a key's events one after another, keys side by side.
-        // At most one crash suspect per lease: a key stops at a second one.
+        // Crash suspects only within their span: a key stops at one refused.
         let mut chosen = Vec::with_capacity(request.limit);
-        let mut suspect_taken = false;
+        let mut suspects = SuspectAllowance::default();
         let mut stopped = vec![false; prefixes.len()];
         let mut depth = 0;
         while chosen.len() < request.limit {
@@ -384,12 +383,11 @@ impl State {
                     continue;
                 }
                 if let Some(sequence) = prefix.get(depth) {
-                    if self.rows[sequence].suspect {
-                        if suspect_taken {
+                    if let Some(span) = self.rows[sequence].suspect_span {
+                        if !suspects.admit(span) {
                             stopped[k] = true;
                             continue;
                         }
-                        suspect_taken = true;
                     }
                     chosen.push(*sequence);
                     took = true;
@@ -422,7 +420,7 @@ impl State {
             .map(|r| r.stored.sequence)
             .collect();
         let mut chosen = Vec::new();
-        let mut suspect_taken = false;
+        let mut suspects = SuspectAllowance::default();
         for sequence in candidates {
             if chosen.len() == request.limit {
                 break;
@@ -432,11 +430,10 @@ impl State {
             {
                 continue;
             }
-            if self.rows[&sequence].suspect {
-                if suspect_taken {
+            if let Some(span) = self.rows[&sequence].suspect_span {
+                if !suspects.admit(span) {
                     continue;
                 }
-                suspect_taken = true;
             }
             chosen.push(sequence);
         }
@@ -462,7 +459,7 @@ impl State {
     ) {
         row.stored.attempts += 1;
         row.unfinished_claims = 0;
-        row.suspect = false;
+        row.suspect_span = None;
         let kind = match action {
             NackAction::Retry { after } => {
                 row.stored.available_at = add_duration(now, *after);

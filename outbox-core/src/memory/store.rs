@@ -271,7 +271,7 @@ impl OutboxStore for MemoryStore {
                 Some(row) => {
                     row.status = RowStatus::Published { at: now };
                     row.unfinished_claims = 0;
-                    row.suspect = false;
+                    row.suspect_span = None;
                     report.applied += 1;
                 }
                 None => report.fenced.push(lease.event_id),
@@ -443,7 +443,7 @@ impl OutboxAdmin for MemoryStore {
                 let entry = expired.entry(lease).or_insert((0, lease_expires_at));
                 entry.0 += 1;
             }
-            if row.suspect && matches!(row.status, RowStatus::Pending) {
+            if row.suspect_span.is_some() && matches!(row.status, RowStatus::Pending) {
                 suspects += 1;
             }
         }

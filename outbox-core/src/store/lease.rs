@@ -176,32 +176,3 @@ pub enum EnqueueOutcome {
     /// An event with this id already exists; nothing was written.
     AlreadyExists,
 }
-
-/// Which row of a lease a crash is blamed on (crash loops):
-/// the rows of one lease that ended without an outcome after publishing
-/// may have started, each with whether it was already a suspect. A crash
-/// counts on one row only when it is certain which: the lease's one suspect
-/// (a lease holds at most one), or the only row. Otherwise nobody is blamed
-/// and every row becomes a suspect, to be retried as the only suspect of a
-/// later lease. Every store applies this rule.
-pub fn crash_culprit(rows: &[(i64, bool)]) -> Option<i64> {
-    let mut suspects = rows.iter().filter(|(_, suspect)| *suspect);
-    match (suspects.next(), suspects.next(), rows) {
-        (Some((one, _)), None, _) => Some(*one),
-        (None, _, [(only, _)]) => Some(*only),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::crash_culprit;
-
-    #[test]
-    fn blame_is_laid_only_where_it_is_certain() {
-        assert_eq!(crash_culprit(&[(7, false)]), Some(7));
-        assert_eq!(crash_culprit(&[(1, false), (2, true), (3, false)]), Some(2));
-        assert_eq!(crash_culprit(&[(1, false), (2, false)]), None);
-        assert_eq!(crash_culprit(&[]), None);
-    }
-}

@@ -1,6 +1,7 @@
 //! The store side of the outbox.
 
 mod admin;
+mod crash;
 mod history;
 mod lease;
 mod traits;
@@ -9,9 +10,10 @@ pub use admin::{
     BlockedKey, EventState, EventTypeStats, FailedEvent, HeldBack, OpenTransaction, OperatorAction,
     RelayStatus,
 };
+pub use crash::{CrashVerdict, SuspectAllowance, crash_culprit, judge_crash};
 pub use history::{AttemptKind, AttemptRecord};
 pub use lease::{
     ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FailReason, FencingToken, Lease,
-    Nack, NackAction, RelayId, Release, SettleReport, crash_culprit,
+    Nack, NackAction, RelayId, Release, SettleReport,
 };
 pub use traits::{OutboxAdmin, OutboxStore, OutboxWriter};

@@ -213,6 +213,52 @@ pub async fn lease_expiry_makes_events_claimable_again<F: StoreFactory>(factory:
     );
 }
 
+/// A relay that dies (or pauses past its lease) holding a batch over many
+/// keys: once the lease has expired, the next claim takes the whole batch
+/// back, so its keys resume after one lease, not one per claim. If that
+/// lease dies too, the rows go back in halves (a poison event among them is
+/// being looked for); nobody is blamed and nothing fails.
+pub async fn a_dead_relays_keys_come_back_in_one_claim<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let events = events_over_keys(40, 40);
+    enqueue_all(&*store, &events).await;
+    let expected: HashSet<EventId> = events.iter().map(|e| e.event_id).collect();
+    let dead = claim(&*store, &request("r-dead", 40)).await;
+    assert_eq!(dead.len(), 40);
+    clock.advance(LEASE + Duration::from_secs(1));
+    let back = claim(&*store, &request("r-next", 100)).await;
+    assert_eq!(
+        ids(&back).into_iter().collect::<HashSet<_>>(),
+        expected,
+        "the dead relay's 40 keys come back in one claim, not one per claim"
+    );
+    // That relay dies as well: the 40 crashed twice together, and go back
+    // 20 at a time.
+    clock.advance(LEASE + Duration::from_secs(1));
+    let first_half = claim(&*store, &request("r-third", 100)).await;
+    assert_eq!(first_half.len(), 20, "{:?}", ids(&first_half));
+    let second_half = claim(&*store, &request("r-fourth", 100)).await;
+    assert_eq!(second_half.len(), 20, "{:?}", ids(&second_half));
+    let leases: Vec<_> = first_half
+        .iter()
+        .chain(&second_half)
+        .map(|c| c.lease.clone())
+        .collect();
+    assert_eq!(store.ack(&leases).await.unwrap().applied, 40);
+    assert!(store.failed_events(10).await.unwrap().is_empty());
+    for e in &events {
+        assert!(
+            matches!(
+                state(&*store, e.event_id).await,
+                EventState::Published { .. }
+            ),
+            "{} not published",
+            e.event_id
+        );
+    }
+}
+
 /// A relay that lost its lease cannot settle over the newer claim.
 pub async fn stale_settlements_are_fenced<F: StoreFactory>(factory: &F) {
     let clock = ManualClock::at_epoch();

@@ -60,13 +60,19 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     superseded_by     UUID,
     attempts          INTEGER NOT NULL DEFAULT 0,
     -- Crashes blamed on this row alone (crash-loop detection), and whether
-    -- it shared a lease that ended without an outcome (then it is claimed
-    -- as the only suspect of a lease until it settles).
+    -- it shared a lease that ended without an outcome; then, until it
+    -- settles, a lease carries at most `suspect_span` suspects with it
+    -- (outbox_core::store::judge_crash: a dead relay's batch goes back
+    -- together, suspects that crash again go back in halves).
     unfinished_claims INTEGER NOT NULL DEFAULT 0,
     suspect           BOOLEAN NOT NULL DEFAULT FALSE,
+    suspect_span      INTEGER NOT NULL DEFAULT 0,
     published_at      TIMESTAMPTZ,
     CONSTRAINT outbox_events_event_id_key UNIQUE (event_id)
 );
+
+-- Tables made before suspect spans (0 reads as 1: alone).
+ALTER TABLE outbox_events ADD COLUMN IF NOT EXISTS suspect_span INTEGER NOT NULL DEFAULT 0;
 
 -- Ticks find new rows by transaction.
 CREATE INDEX IF NOT EXISTS outbox_events_txid
@@ -391,24 +397,39 @@ CREATE INDEX IF NOT EXISTS outbox_events_tracked_due
 
 -- Rows `p_rows` (at stream positions `p_positions`) of one lease ended
 -- without an outcome after publishing may have started: they leave the
--- stream, and the crash is counted on one row only when it is certain
--- which (the lease's one suspect, or a single row); otherwise they all
--- become suspects. Returns how many rows it wrote.
+-- stream as suspects, judged as outbox_core::store::judge_crash says. The
+-- crash counts on one row only when it is certain which (the lease's one
+-- suspect, or a single row), and that row goes alone from now on; the
+-- lease's other suspects crashed again together and go back in halves;
+-- the rest crashed for the first time and go back together (a dead relay's
+-- batch). `p_suspect` is the lease's one suspect, if it held one. Returns
+-- how many rows it wrote.
 CREATE OR REPLACE FUNCTION outbox_blame(p_rows bigint[], p_positions bigint[], p_suspect bigint)
     RETURNS bigint
     LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_written bigint;
+    v_written   bigint;
+    v_suspects  integer;
+    v_newcomers integer;
+    v_culprit   bigint;
 BEGIN
-    WITH culprit AS (
-        SELECT CASE WHEN p_suspect IS NOT NULL AND p_suspect = ANY(p_rows) THEN p_suspect
-                    WHEN cardinality(p_rows) = 1 THEN p_rows[1] END AS sequence
-    ), written AS (
+    SELECT count(*) FILTER (WHERE e.suspect), count(*) FILTER (WHERE NOT e.suspect)
+    INTO v_suspects, v_newcomers
+    FROM outbox_events e WHERE e.sequence = ANY(p_rows) AND e.status IN (0, 4);
+    v_culprit := CASE
+        WHEN p_suspect IS NOT NULL AND p_suspect = ANY(p_rows) THEN p_suspect
+        WHEN v_suspects = 1 THEN (SELECT e.sequence FROM outbox_events e
+                                  WHERE e.sequence = ANY(p_rows) AND e.suspect LIMIT 1)
+        WHEN cardinality(p_rows) = 1 THEN p_rows[1] END;
+    WITH written AS (
         UPDATE outbox_events e
         SET status = 4, position = coalesce(e.position, u.position), suspect = TRUE,
+            suspect_span = CASE WHEN e.sequence = v_culprit THEN 1
+                                WHEN e.suspect THEN greatest((v_suspects + 1) / 2, 1)
+                                ELSE greatest(v_newcomers, 1) END,
             unfinished_claims = e.unfinished_claims
-                + CASE WHEN e.sequence = (SELECT sequence FROM culprit) THEN 1 ELSE 0 END
+                + CASE WHEN e.sequence = v_culprit THEN 1 ELSE 0 END
         FROM unnest(p_rows, p_positions) AS u(sequence, position)
         WHERE e.sequence = u.sequence AND e.status IN (0, 4)
         RETURNING 1
@@ -575,7 +596,7 @@ BEGIN
     ), tracked AS (
         SELECT x.*, bool_and(x.ok) OVER (PARTITION BY x.partition_key ORDER BY x.position) AS prefix_ok
         FROM tracked_keys t CROSS JOIN LATERAL (
-            SELECT e.sequence, e.partition_key, e.position, e.suspect, e.blocks_key,
+            SELECT e.sequence, e.partition_key, e.position, e.suspect, e.suspect_span, e.blocks_key,
                    (e.status = 4 AND NOT e.blocks_key AND e.available_at <= p_now
                     AND e.sequence NOT IN (SELECT sequence FROM live_rows)) AS ok
             FROM outbox_events e
@@ -587,18 +608,19 @@ BEGIN
         SELECT partition_key, bool_and(ok) AS all_ok, bool_or(blocks_key) AS blocked
         FROM tracked GROUP BY partition_key
     ), candidates AS (
-        SELECT t.sequence, t.partition_key, t.position, t.suspect, FALSE AS from_stream
+        SELECT t.sequence, t.partition_key, t.position, t.suspect, t.suspect_span,
+               FALSE AS from_stream
         FROM tracked t
         WHERE t.prefix_ok AND t.partition_key NOT IN (SELECT key FROM live_keys)
         UNION ALL
-        SELECT x.sequence, x.partition_key, x.position, x.suspect, FALSE
-        FROM (SELECT e.sequence, e.partition_key, e.position, e.suspect
+        SELECT x.sequence, x.partition_key, x.position, x.suspect, x.suspect_span, FALSE
+        FROM (SELECT e.sequence, e.partition_key, e.position, e.suspect, e.suspect_span
               FROM outbox_events e
               WHERE NOT p_ordered AND e.status = 4 AND e.available_at <= p_now
                 AND e.sequence NOT IN (SELECT sequence FROM live_rows)
               ORDER BY e.position LIMIT p_limit) x
         UNION ALL
-        SELECT s.sequence, s.partition_key, s.position, FALSE, TRUE
+        SELECT s.sequence, s.partition_key, s.position, FALSE, 0, TRUE
         FROM stream s
         WHERE (NOT p_ordered AND s.due)
            OR (p_ordered AND s.due
@@ -607,15 +629,19 @@ BEGIN
                AND s.partition_key NOT IN (SELECT key FROM live_keys)
                AND NOT EXISTS (SELECT 1 FROM key_state k
                                WHERE k.partition_key = s.partition_key AND NOT k.all_ok))
-    ), first_suspect AS (
-        SELECT min(position) AS position FROM candidates WHERE suspect
+    ), ranked_suspects AS (
+        -- Crash suspects in claim order: a lease takes the longest run of
+        -- them within the smallest span among them (SuspectAllowance).
+        SELECT c.partition_key, c.position,
+               row_number() OVER (ORDER BY c.position) AS n,
+               min(greatest(c.suspect_span, 1)) OVER (ORDER BY c.position) AS span
+        FROM candidates c WHERE c.suspect
     ), left_out_suspects AS MATERIALIZED (
-        -- At most one crash suspect per lease, and nothing of its key after
-        -- a suspect left out.
-        SELECT c.partition_key, min(c.position) AS position
-        FROM candidates c, first_suspect f
-        WHERE c.suspect AND c.position > f.position
-        GROUP BY c.partition_key
+        -- Nothing of a key after a suspect left out.
+        SELECT r.partition_key, min(r.position) AS position
+        FROM ranked_suspects r
+        WHERE r.position >= (SELECT min(x.position) FROM ranked_suspects x WHERE x.n > x.span)
+        GROUP BY r.partition_key
     ), eligible AS (
         SELECT c.* FROM candidates c
         WHERE NOT EXISTS (SELECT 1 FROM left_out_suspects x
@@ -645,7 +671,8 @@ BEGIN
            (SELECT array_agg(position ORDER BY position) FROM picks),
            (SELECT array_agg(from_stream ORDER BY position) FROM picks),
            (SELECT array_agg(DISTINCT partition_key) FROM picks),
-           (SELECT min(sequence) FROM picks WHERE picks.suspect),
+           -- The lease's one suspect, when it holds exactly one.
+           (SELECT CASE WHEN count(*) = 1 THEN min(sequence) END FROM picks WHERE picks.suspect),
            least((SELECT min(position) FROM left_out WHERE new_status IS NULL),
                  (SELECT min(s.position) FROM stream s, cut
                   WHERE s.position > cut.position AND s.sequence NOT IN (SELECT sequence FROM picks)),

@@ -18,6 +18,11 @@ pub const SCHEMA: &str = include_str!("schema.sql");
 /// The schema version the template creates.
 pub const SCHEMA_VERSION: i32 = 2;
 
+/// Columns of the events table added since schema version 2 was first
+/// released, with their definitions: `migrate()` adds them to older tables
+/// (`CREATE TABLE IF NOT EXISTS` leaves an existing table as it is).
+pub const ADDED_EVENT_COLUMNS: &[(&str, &str)] = &[("suspect_span", "INT NOT NULL DEFAULT 0")];
+
 /// The schema DDL for these table names.
 pub fn schema_sql(tables: &TableNames) -> String {
     tables.render(SCHEMA)

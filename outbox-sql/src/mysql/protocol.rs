@@ -13,8 +13,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use outbox_core::store::{
-    AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FencingToken, Lease,
-    Nack, NackAction, RelayId, Release, SettleReport,
+    AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, CrashVerdict, EnqueueOutcome,
+    FencingToken, Lease, Nack, NackAction, RelayId, Release, SettleReport, SuspectAllowance,
 };
 use outbox_core::{
     EventId, NewEvent, Ordering, PoisonPolicy, RawEvent, StoreError, StoredEvent, UnreadableEvent,
@@ -23,7 +23,7 @@ use serde_json::{Value as Json, json};
 
 use super::driver::{Driver, Exec, Param, Row, from_micros};
 use super::{MAX_LISTED_KEYS, Queries, SCHEMA_VERSION, with_in_list, with_keys_in_flight};
-use crate::blame::{InFlight, blame, new_lease_id, reap};
+use crate::blame::{InFlight, blame, new_lease_id, reap, suspect_span};
 use crate::codes;
 use crate::config::{Migrated, StoreConfig};
 pub(super) use crate::error::during;
@@ -116,7 +116,7 @@ struct Held {
     owner: String,
     attempts: i64,
     lease_id: i64,
-    suspect: bool,
+    suspect_span: Option<u32>,
 }
 
 fn report(asked: impl Iterator<Item = EventId>, settled: &HashSet<EventId>) -> SettleReport {
@@ -182,6 +182,7 @@ impl Statements {
             for statement in super::split_statements(&schema) {
                 conn.execute(&statement, Vec::new()).await?;
             }
+            self.add_columns(&mut *conn).await?;
             self.align_indexes(&mut *conn, &schema).await?;
             Ok(migrated)
         })
@@ -224,6 +225,34 @@ impl Statements {
     /// were (MySQL has no `CREATE INDEX IF NOT EXISTS`). A missing index is
     /// added and one with other columns rebuilt, online (`LOCK = NONE`:
     /// writes go on while it builds); nothing is done when they match.
+    /// Adds [`super::ADDED_EVENT_COLUMNS`] an older table lacks.
+    /// `INSTANT`: metadata only, no rebuild, no lock a producer waits
+    /// behind.
+    async fn add_columns(&self, conn: &mut (impl Exec + ?Sized)) -> Result<(), StoreError> {
+        let events = self.config.tables.events();
+        for (column, definition) in super::ADDED_EVENT_COLUMNS {
+            let mut located = Self::located(&events);
+            located.push((*column).into());
+            let present = Self::count(
+                conn,
+                "SELECT COUNT(*) AS n FROM information_schema.columns
+                 WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = ?",
+                located,
+            )
+            .await?;
+            if present == 0 {
+                conn.execute(
+                    &format!(
+                        "ALTER TABLE {events} ADD COLUMN {column} {definition}, ALGORITHM = INSTANT"
+                    ),
+                    Vec::new(),
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn align_indexes(
         &self,
         conn: &mut (impl Exec + ?Sized),
@@ -462,7 +491,7 @@ impl<D: Driver> Protocol<D> {
                     owner: r.text("lease_owner")?,
                     attempts: r.int("attempts")?,
                     lease_id: r.int("lease_id")?,
-                    suspect: r.bool("suspect")?,
+                    suspect_span: suspect_span(r.bool("suspect")?, r.int("suspect_span")?),
                 });
             }
         }
@@ -504,7 +533,7 @@ impl<D: Driver> Protocol<D> {
                 bound.extend([now.into(), now.into()]);
             }
             bound.push(limit(request.limit));
-            let candidates: Vec<(i64, String, bool)> = tx
+            let candidates: Vec<(i64, String, Option<u32>)> = tx
                 .fetch(&query, bound)
                 .await?
                 .iter()
@@ -512,22 +541,23 @@ impl<D: Driver> Protocol<D> {
                     Ok((
                         r.int("sequence")?,
                         r.text("partition_key")?,
-                        r.bool("suspect")?,
+                        suspect_span(r.bool("suspect")?, r.int("suspect_span")?),
                     ))
                 })
                 .collect::<Result<_, StoreError>>()?;
             let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
             let locked = self.lock_claimable(&mut tx, &sequences, now).await?;
-            // A row skipped as locked (a settlement in progress), a second crash
-            // suspect, or a row that does not decode under Block ends its key's
-            // prefix: nothing after it may be leased in this batch.
+            // A row skipped as locked (a settlement in progress), a crash
+            // suspect beyond the lease's allowance, or a row that does not
+            // decode under Block ends its key's prefix: nothing after it may
+            // be leased in this batch.
             let rows = self.read_rows(&mut tx, &locked).await?;
             let mut stopped: HashSet<&str> = keys_in_flight
                 .iter()
                 .skip(listed)
                 .map(String::as_str)
                 .collect();
-            let mut suspect_taken = false;
+            let mut suspects = SuspectAllowance::default();
             let mut chosen = Vec::new();
             let mut unreadable = Vec::new();
             for (sequence, key, suspect) in &candidates {
@@ -538,12 +568,11 @@ impl<D: Driver> Protocol<D> {
                     stopped.insert(key);
                     continue;
                 };
-                if *suspect {
-                    if suspect_taken {
+                if let Some(span) = suspect {
+                    if !suspects.admit(*span) {
                         stopped.insert(key);
                         continue;
                     }
-                    suspect_taken = true;
                 }
                 match decoded {
                     Ok(_) => chosen.push(*sequence),
@@ -709,23 +738,26 @@ impl<D: Driver> Protocol<D> {
                 .map(|r| (r.lease.sequence, r.attempt_started))
                 .collect();
             if !held.is_empty() {
-                // Rows whose publishing had started are blamed as after a crash.
-                let blamed: HashMap<i64, i64> = blame(
+                // Rows whose publishing had started are judged as after a crash.
+                let judged: HashMap<i64, CrashVerdict> = blame(
                     &held
                         .iter()
                         .filter(|h| started[&h.sequence])
-                        .map(|h| (h.sequence, h.lease_id, h.suspect))
+                        .map(|h| (h.sequence, h.lease_id, h.suspect_span))
                         .collect::<Vec<_>>(),
                 )
                 .into_iter()
+                .map(|v| (v.sequence, v))
                 .collect();
                 let batch: Vec<_> = held
                     .iter()
                     .map(|h| {
+                        let verdict = judged.get(&h.sequence);
                         json!([
                             h.sequence,
                             started[&h.sequence],
-                            blamed.get(&h.sequence).copied().unwrap_or(0)
+                            i64::from(verdict.is_some_and(|v| v.blamed)),
+                            verdict.map_or(0, |v| v.suspect_span)
                         ])
                     })
                     .collect();
@@ -778,7 +810,7 @@ impl<D: Driver> Protocol<D> {
                     owner: r.text("lease_owner")?,
                     expires_at: r.opt_int("lease_expires_at")?.unwrap_or(0),
                     unstarted: r.bool("lease_unstarted")?,
-                    suspect: r.bool("suspect")?,
+                    suspect_span: suspect_span(r.bool("suspect")?, r.int("suspect_span")?),
                 };
                 Ok((row, r.text("partition_key")?))
             })
@@ -787,7 +819,7 @@ impl<D: Driver> Protocol<D> {
         let expired: Vec<i64> = reaping
             .blamed
             .iter()
-            .map(|(s, _)| *s)
+            .map(|v| v.sequence)
             .chain(reaping.returned.iter().copied())
             .collect();
         if expired.is_empty() {
@@ -800,16 +832,21 @@ impl<D: Driver> Protocol<D> {
             .iter()
             .map(|r| r.int("sequence"))
             .collect::<Result<_, _>>()?;
-        let blamed: Vec<(i64, i64)> = reaping
+        let blamed: Vec<CrashVerdict> = reaping
             .blamed
             .into_iter()
-            .filter(|(s, _)| locked.contains(s))
+            .filter(|v| locked.contains(&v.sequence))
             .collect();
         if !blamed.is_empty() {
-            let sequences: Vec<i64> = blamed.iter().map(|(s, _)| *s).collect();
+            let sequences: Vec<i64> = blamed.iter().map(|v| v.sequence).collect();
             let update = with_in_list(&self.queries.reap, sequences.len());
-            let batch =
-                Json::Array(blamed.iter().map(|(s, c)| json!([s, c])).collect()).to_string();
+            let batch = Json::Array(
+                blamed
+                    .iter()
+                    .map(|v| json!([v.sequence, i64::from(v.blamed), v.suspect_span]))
+                    .collect(),
+            )
+            .to_string();
             tx.execute(&update, with([batch.into()], &sequences))
                 .await?;
         }

@@ -139,7 +139,8 @@ impl Queries {
                 String::new()
             };
             format!(
-                "SELECT c.sequence, c.partition_key, c.suspect FROM {events} c USE INDEX ({live})
+                "SELECT c.sequence, c.partition_key, c.suspect, c.suspect_span
+                 FROM {events} c USE INDEX ({live})
                  WHERE {CLAIMABLE} {order}
                  ORDER BY c.sequence LIMIT ?"
             )
@@ -178,7 +179,7 @@ impl Queries {
             // primary key, skipping rows a settlement holds right now.
             in_flight: format!(
                 "SELECT sequence, partition_key, lease_id, COALESCE(lease_owner, '') AS lease_owner,
-                        lease_expires_at, lease_unstarted, suspect
+                        lease_expires_at, lease_unstarted, suspect, suspect_span
                  FROM {events} WHERE status = 1"
             ),
             lock_expired: format!(
@@ -188,10 +189,11 @@ impl Queries {
             ),
             reap: format!(
                 "UPDATE {events} e
-                 JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', culprit INT PATH '$[1]')) AS l
+                 JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', culprit INT PATH '$[1]',
+                                                    span INT PATH '$[2]')) AS l
                    ON e.sequence = l.seq
                  SET e.status = 0, e.lease_expires_at = NULL, e.suspect = TRUE, e.lease_unstarted = FALSE,
-                     e.unfinished_claims = e.unfinished_claims + l.culprit
+                     e.suspect_span = l.span, e.unfinished_claims = e.unfinished_claims + l.culprit
                  WHERE e.sequence IN ({{in}})"
             ),
             return_rows: format!(
@@ -240,7 +242,7 @@ impl Queries {
             ),
             lock_leased: format!(
                 "SELECT sequence, event_id, COALESCE(lease_owner, '') AS lease_owner, attempts,
-                        fencing_token, status, lease_id, suspect
+                        fencing_token, status, lease_id, suspect, suspect_span
                  FROM {events} WHERE sequence IN ({{in}})
                  FOR UPDATE"
             ),
@@ -277,10 +279,11 @@ impl Queries {
             release: format!(
                 "UPDATE {events} e
                  JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', started BOOLEAN PATH '$[1]',
-                                                    culprit INT PATH '$[2]')) AS l
+                                                    culprit INT PATH '$[2]', span INT PATH '$[3]')) AS l
                    ON e.sequence = l.seq
                  SET e.status = 0, e.lease_expires_at = NULL,
                      e.suspect = e.suspect OR l.started,
+                     e.suspect_span = CASE WHEN l.started THEN l.span ELSE e.suspect_span END,
                      e.unfinished_claims = e.unfinished_claims + l.culprit
                  WHERE e.sequence IN ({{in}})"
             ),

@@ -99,7 +99,7 @@ impl Queries {
             // Without it every claim read the whole backlog through another
             // index and sorted it (quadratic in the backlog).
             format!(
-                "SELECT c.sequence, c.partition_key, c.suspect FROM {events} c
+                "SELECT c.sequence, c.partition_key, c.suspect, c.suspect_span FROM {events} c
                  WHERE c.status IN (0, 1) AND {CLAIMABLE} {key_order}
                  ORDER BY COALESCE(c.ord, c.sequence), c.sequence
                  LIMIT ?2"
@@ -129,7 +129,7 @@ impl Queries {
             ),
             in_flight: format!(
                 "SELECT sequence, lease_id, COALESCE(lease_owner, '') AS lease_owner,
-                        lease_expires_at, lease_unstarted, suspect
+                        lease_expires_at, lease_unstarted, suspect, suspect_span
                  FROM {events} WHERE status = 1"
             ),
             return_rows: format!(
@@ -143,8 +143,9 @@ impl Queries {
             reap: format!(
                 "UPDATE {events} AS e
                  SET status = 0, lease_expires_at = NULL, suspect = 1, lease_unstarted = 0,
-                     unfinished_claims = e.unfinished_claims + l.culprit
-                 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS culprit
+                     suspect_span = l.span, unfinished_claims = e.unfinished_claims + l.culprit
+                 FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS culprit,
+                              json_extract(value, '$[2]') AS span
                        FROM json_each(?1)) AS l
                  WHERE e.sequence = l.seq"
             ),
@@ -163,7 +164,7 @@ impl Queries {
                  WHERE sequence IN (SELECT value FROM json_each(?1))"
             ),
             held: format!(
-                "SELECT sequence, lease_id, suspect FROM {events}
+                "SELECT sequence, lease_id, suspect, suspect_span FROM {events}
                  WHERE status = 1 AND sequence IN (SELECT value FROM json_each(?1))"
             ),
             crash_loops: format!(
@@ -206,9 +207,11 @@ impl Queries {
                 "UPDATE {events} AS e
                  SET status = 0, lease_expires_at = NULL,
                      suspect = e.suspect OR l.started,
+                     suspect_span = CASE WHEN l.started THEN l.span ELSE e.suspect_span END,
                      unfinished_claims = e.unfinished_claims + l.culprit
                  FROM (SELECT json_extract(value, '$[0]') AS seq, json_extract(value, '$[1]') AS token,
-                              json_extract(value, '$[2]') AS started, json_extract(value, '$[3]') AS culprit
+                              json_extract(value, '$[2]') AS started, json_extract(value, '$[3]') AS culprit,
+                              json_extract(value, '$[4]') AS span
                        FROM json_each(?1)) AS l
                  WHERE e.sequence = l.seq AND e.fencing_token = l.token AND e.status = 1
                  RETURNING event_id"

@@ -28,10 +28,11 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     superseded_by     CHAR(36) NULL,
     attempts          INT NOT NULL DEFAULT 0,
     -- Crashes blamed on this row alone, and whether it shared a lease that
-    -- ended without an outcome (then it is claimed as the only suspect of a
-    -- lease until it settles).
+    -- ended without an outcome; then, until it settles, a lease carries at
+    -- most `suspect_span` suspects with it (outbox_core::store::judge_crash).
     unfinished_claims INT NOT NULL DEFAULT 0,
     suspect           BOOLEAN NOT NULL DEFAULT FALSE,
+    suspect_span      INT NOT NULL DEFAULT 0,
     fencing_token     BIGINT NOT NULL DEFAULT 0,
     -- The claim that leased it: rows of one lease share a crash. A lease
     -- claimed while an older one of its owner was in flight (a prefetch)

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::store::{
-    AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FencingToken, Lease,
-    Nack, NackAction, OutboxStore, OutboxWriter, RelayId, Release, SettleReport,
+    AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, CrashVerdict, EnqueueOutcome,
+    FencingToken, Lease, Nack, NackAction, OutboxStore, OutboxWriter, RelayId, Release,
+    SettleReport, SuspectAllowance,
 };
 use outbox_core::{
     EventId, NewEvent, Ordering, PoisonPolicy, StoreError, StoredEvent, UnreadableEvent,
@@ -19,7 +20,7 @@ use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use super::queries::Queries;
 use super::row;
-use crate::blame::{InFlight, blame, new_lease_id, reap};
+use crate::blame::{InFlight, blame, new_lease_id, reap, suspect_span};
 use crate::codes;
 use crate::config::{Migrated, StoreConfig};
 use crate::error::ResultExt;
@@ -135,6 +136,25 @@ impl SqliteStore {
             sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
                 .await
                 .store()?;
+            let events = self.config.tables.events();
+            for (column, definition) in outbox_sql::sqlite::ADDED_EVENT_COLUMNS {
+                let present: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2",
+                )
+                .bind(&events)
+                .bind(column)
+                .fetch_one(&mut *tx)
+                .await
+                .store()?;
+                if present == 0 {
+                    sqlx::query(&format!(
+                        "ALTER TABLE {events} ADD COLUMN {column} {definition}"
+                    ))
+                    .execute(&mut *tx)
+                    .await
+                    .store()?;
+                }
+            }
             tx.commit().await.store()?;
             Ok(migrated)
         })
@@ -387,7 +407,7 @@ impl OutboxStore for SqliteStore {
                     Ordering::PerKey => (&self.queries.claim_per_key, true),
                     Ordering::Unordered => (&self.queries.claim_unordered, false),
                 };
-                let candidates: Vec<(i64, String, bool)> = sqlx::query(query)
+                let candidates: Vec<(i64, String, Option<u32>)> = sqlx::query(query)
                     .bind(now)
                     .bind(request.limit.min(i64::MAX as usize) as i64)
                     .fetch_all(&mut *tx)
@@ -398,7 +418,10 @@ impl OutboxStore for SqliteStore {
                         Ok((
                             r.try_get("sequence").store()?,
                             r.try_get("partition_key").store()?,
-                            r.try_get("suspect").store()?,
+                            suspect_span(
+                                r.try_get("suspect").store()?,
+                                r.try_get("suspect_span").store()?,
+                            ),
                         ))
                     })
                     .collect::<Result<_, StoreError>>()?;
@@ -417,22 +440,22 @@ impl OutboxStore for SqliteStore {
                         (r.try_get("fencing_token").store()?, raw.decode()),
                     );
                 }
-                // A second crash suspect, or a row that does not decode under
-                // Block, ends its key's prefix in this batch.
+                // A crash suspect beyond the lease's allowance, or a row that
+                // does not decode under Block, ends its key's prefix in this
+                // batch.
                 let mut stopped: HashSet<&str> = HashSet::new();
-                let mut suspect_taken = false;
+                let mut suspects = SuspectAllowance::default();
                 let mut chosen = Vec::new();
                 let mut unreadable = Vec::new();
                 for (sequence, key, suspect) in &candidates {
                     if ordered && stopped.contains(key.as_str()) {
                         continue;
                     }
-                    if *suspect {
-                        if suspect_taken {
+                    if let Some(span) = suspect {
+                        if !suspects.admit(*span) {
                             stopped.insert(key);
                             continue;
                         }
-                        suspect_taken = true;
                     }
                     match &rows[sequence].1 {
                         Ok(_) => chosen.push(*sequence),
@@ -603,9 +626,9 @@ impl OutboxStore for SqliteStore {
                 .filter(|r| r.attempt_started)
                 .map(|r| r.lease.sequence)
                 .collect();
-            let mut blamed: HashMap<i64, i64> = HashMap::new();
+            let mut judged: HashMap<i64, CrashVerdict> = HashMap::new();
             if !started.is_empty() {
-                let held: Vec<(i64, i64, bool)> = sqlx::query(&self.queries.held)
+                let held: Vec<(i64, i64, Option<u32>)> = sqlx::query(&self.queries.held)
                     .bind(json!(started).to_string())
                     .fetch_all(&mut *tx)
                     .await
@@ -615,20 +638,25 @@ impl OutboxStore for SqliteStore {
                         Ok((
                             r.try_get("sequence").store()?,
                             r.try_get("lease_id").store()?,
-                            r.try_get("suspect").store()?,
+                            suspect_span(
+                                r.try_get("suspect").store()?,
+                                r.try_get("suspect_span").store()?,
+                            ),
                         ))
                     })
                     .collect::<Result<_, StoreError>>()?;
-                blamed = blame(&held).into_iter().collect();
+                judged = blame(&held).into_iter().map(|v| (v.sequence, v)).collect();
             }
             let batch: Vec<_> = releases
                 .iter()
                 .map(|r| {
+                    let verdict = judged.get(&r.lease.sequence);
                     json!([
                         r.lease.sequence,
                         r.lease.fencing_token.0,
                         r.attempt_started,
-                        blamed.get(&r.lease.sequence).copied().unwrap_or(0)
+                        i64::from(verdict.is_some_and(|v| v.blamed)),
+                        verdict.map_or(0, |v| v.suspect_span)
                     ])
                 })
                 .collect();
@@ -696,13 +724,20 @@ impl SqliteStore {
                         .store()?
                         .unwrap_or(0),
                     unstarted: r.try_get("lease_unstarted").store()?,
-                    suspect: r.try_get("suspect").store()?,
+                    suspect_span: suspect_span(
+                        r.try_get("suspect").store()?,
+                        r.try_get("suspect_span").store()?,
+                    ),
                 })
             })
             .collect::<Result<_, StoreError>>()?;
         let reaping = reap(&in_flight, now);
         if !reaping.blamed.is_empty() {
-            let batch: Vec<_> = reaping.blamed.iter().map(|(s, c)| json!([s, c])).collect();
+            let batch: Vec<_> = reaping
+                .blamed
+                .iter()
+                .map(|v| json!([v.sequence, i64::from(v.blamed), v.suspect_span]))
+                .collect();
             sqlx::query(&self.queries.reap)
                 .bind(serde_json::Value::Array(batch).to_string())
                 .execute(&mut **tx)
