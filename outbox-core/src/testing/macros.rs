@@ -13,6 +13,7 @@ macro_rules! store_conformance_tests {
             per_key_claims_are_ordered_prefixes,
             lease_expiry_makes_events_claimable_again,
             a_dead_relays_keys_come_back_in_one_claim,
+            a_hot_keys_backlog_holds_no_other_key,
             stale_settlements_are_fenced,
             backoff_honours_available_at,
             delayed_events_wait,

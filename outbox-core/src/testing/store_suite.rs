@@ -259,6 +259,62 @@ pub async fn a_dead_relays_keys_come_back_in_one_claim<F: StoreFactory>(factory:
     }
 }
 
+/// A hot key's backlog costs only that key: while one relay holds the head
+/// of a key with 1,000 events waiting behind it, another relay's claims
+/// reach the events other keys committed after the burst within a few
+/// claims (never waiting for the burst to drain), and the hot key goes on
+/// in order afterwards.
+pub async fn a_hot_keys_backlog_holds_no_other_key<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let hot: Vec<_> = (0..1000).map(|n| event("hot", n)).collect();
+    for burst in hot.chunks(250) {
+        enqueue_all(&*store, burst).await;
+    }
+    let head = claim(&*store, &request("r-hot", 100)).await;
+    assert_eq!(
+        ids(&head),
+        ids_of(&hot[..100]),
+        "the hot key's head, in order"
+    );
+    // Other keys commit after the burst: behind it in commit order.
+    let cold: Vec<_> = (0..5).map(|k| event(&format!("cold-{k}"), 0)).collect();
+    enqueue_all(&*store, &cold).await;
+
+    let mut reached = HashSet::new();
+    for _ in 0..4 {
+        let batch = claim(&*store, &request("r-other", 100)).await;
+        assert!(
+            batch.iter().all(|c| c.event.partition_key != "hot"),
+            "the hot key is in flight"
+        );
+        reached.extend(ids(&batch));
+        if reached.len() == cold.len() {
+            break;
+        }
+    }
+    assert_eq!(
+        reached,
+        cold.iter().map(|e| e.event_id).collect::<HashSet<_>>(),
+        "the other keys' events within four claims, behind a 900-event backlog of one key"
+    );
+
+    store
+        .ack(&head.iter().map(|c| c.lease.clone()).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let next = claim(&*store, &request("r-hot", 100)).await;
+    assert_eq!(
+        ids(&next),
+        ids_of(&hot[100..200]),
+        "the hot key goes on in order"
+    );
+}
+
+fn ids_of(events: &[crate::event::NewEvent]) -> Vec<EventId> {
+    events.iter().map(|e| e.event_id).collect()
+}
+
 /// A relay that lost its lease cannot settle over the newer claim.
 pub async fn stale_settlements_are_fenced<F: StoreFactory>(factory: &F) {
     let clock = ManualClock::at_epoch();

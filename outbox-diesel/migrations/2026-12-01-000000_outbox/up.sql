@@ -540,13 +540,17 @@ $$;
 -- most one crash suspect, at most p_limit rows. Stream rows before the cut
 -- that cannot go now leave the stream (status 4, or 5 behind a blocking
 -- row), except those of a key whose batch in flight is younger than a
--- second: the cursor stops at the first of those. Returns the picks in
--- claim order and where the cursor may move.
--- Functions whose result type changes between versions are dropped first:
--- CREATE OR REPLACE cannot change it (nothing depends on them).
+-- second: the cursor stops at the first of those (the key's relay takes
+-- its next prefix from the stream, writing nothing), unless
+-- `p_defer_young` (other keys' events wait behind them: see outbox_claim).
+-- Returns the picks in claim order and where the cursor may move.
+-- Functions whose result type or arguments change between versions are
+-- dropped first: CREATE OR REPLACE cannot change them (nothing depends on
+-- them).
 DROP FUNCTION IF EXISTS outbox_pick(timestamptz, bigint, bigint, integer, boolean);
 CREATE OR REPLACE FUNCTION outbox_pick(
     p_now timestamptz, p_from bigint, p_to bigint, p_limit integer, p_ordered boolean,
+    p_defer_young boolean,
     OUT sequences bigint[], OUT positions bigint[], OUT from_stream boolean[],
     OUT keys text[], OUT suspect bigint, OUT stop bigint, OUT deferred_positions bigint[])
     LANGUAGE plpgsql AS $$
@@ -655,7 +659,7 @@ BEGIN
         SELECT s.sequence, s.position,
                CASE WHEN NOT p_ordered THEN CASE WHEN NOT s.due THEN 4 END
                     WHEN k.blocked THEN 5
-                    WHEN s.partition_key IN (SELECT key FROM young_keys) THEN NULL
+                    WHEN NOT p_defer_young AND s.partition_key IN (SELECT key FROM young_keys) THEN NULL
                     ELSE 4 END AS new_status
         FROM stream s
         LEFT JOIN key_state k ON k.partition_key = s.partition_key
@@ -714,8 +718,10 @@ DECLARE
     -- flight are skipped without making the claim come back short.
     v_window   bigint := greatest(p_limit + p_limit / 4, 64);
     v_round    integer;
+    v_rounds   integer := 4;
     v_to       bigint;
     v_taken    bigint[];
+    v_defer    boolean := FALSE;
 BEGIN
     PERFORM pg_advisory_xact_lock(7107296361856136764);
     PERFORM set_config('synchronous_commit', 'off', true);
@@ -742,18 +748,43 @@ BEGIN
     -- after the first are read only while every earlier one was dealt with
     -- entirely and gave nothing (a claim never scans the whole backlog: at
     -- most four windows).
+    --
+    -- A window that gives nothing because every row in it belongs to keys
+    -- whose young batches are in flight (one hot key's burst) holds the
+    -- cursor; if events of keys not in flight wait at the end of the stream
+    -- (committed after the burst), this claim moves the busy keys' rows out
+    -- of the stream instead (tracked, in claim order: their relays go on
+    -- from there) and reads on, up to sixteen windows, so other keys wait
+    -- about one claim per sixteen windows of the burst, not for its drain.
+    -- One key alone (nothing else waiting) is never moved: its relay reads
+    -- its next prefix from the stream, writing nothing.
     v_from := v_cursor;
     v_stop := v_cursor;
-    FOR v_round IN 1..4 LOOP
+    v_round := 0;
+    LOOP
+        v_round := v_round + 1;
         v_to := least(v_end, v_from + v_window
             + (SELECT count(*) FROM outbox_leases l CROSS JOIN LATERAL unnest(l.positions) AS p
                WHERE l.max_position >= v_from AND p >= v_from));
         SELECT * INTO v_pick
-        FROM outbox_pick(v_now, v_from, v_to, p_limit, p_ordered);
+        FROM outbox_pick(v_now, v_from, v_to, p_limit, p_ordered, v_defer);
+        IF p_ordered AND NOT v_defer AND v_pick.sequences IS NULL AND v_pick.stop < v_to
+           AND EXISTS (
+               SELECT 1 FROM (SELECT o.keys FROM outbox_order o
+                              ORDER BY o.first_position DESC LIMIT 4) o
+               CROSS JOIN LATERAL unnest(o.keys) AS k(key)
+               WHERE k.key NOT IN (SELECT unnest(l.keys) FROM outbox_leases l
+                                   WHERE cardinality(l.held) > 0)) THEN
+            v_defer := TRUE;
+            v_rounds := 16;
+            SELECT * INTO v_pick
+            FROM outbox_pick(v_now, v_from, v_to, p_limit, p_ordered, TRUE);
+        END IF;
         IF v_stop = v_from THEN
             v_stop := v_pick.stop;
         END IF;
-        EXIT WHEN v_pick.sequences IS NOT NULL OR v_to >= v_end OR v_pick.stop < v_to;
+        EXIT WHEN v_pick.sequences IS NOT NULL OR v_to >= v_end OR v_pick.stop < v_to
+               OR v_round >= v_rounds;
         v_from := v_to;
     END LOOP;
     IF v_stop > v_cursor THEN
