@@ -21,6 +21,13 @@ pub(crate) fn store_error(error: DieselError) -> StoreError {
         // errors it has no kind for (the number is gone): a deadlock or a
         // lock wait timeout asks to restart the transaction; mysql_async's
         // own I/O and driver errors mean the connection is gone.
+        DieselError::DatabaseError(_, info) if not_migrated(info.message()) => {
+            StoreError::Config(format!(
+                "the outbox tables are missing or older than this version ({}): \
+                 run migrate() (or `outbox migrate`) on this database and schema",
+                info.message()
+            ))
+        }
         DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
             if info.message().contains("try restarting transaction") =>
         {
@@ -35,6 +42,18 @@ pub(crate) fn store_error(error: DieselError) -> StoreError {
         }
         _ => StoreError::fatal(error),
     }
+}
+
+/// A table, function or schema of the outbox missing. Diesel keeps no
+/// SQLSTATE, only the server's message: PostgreSQL's undefined relation,
+/// function or schema, MySQL's "Table … doesn't exist".
+fn not_migrated(message: &str) -> bool {
+    let missing_in_postgres = message.ends_with("does not exist")
+        && ["relation ", "function ", "schema "]
+            .iter()
+            .any(|what| message.starts_with(what));
+    let missing_in_mysql = message.starts_with("Table ") && message.ends_with("doesn't exist");
+    missing_in_postgres || missing_in_mysql
 }
 
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]

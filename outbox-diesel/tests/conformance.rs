@@ -211,3 +211,30 @@ async fn apply_once_runs_the_effect_once_and_a_failure_leaves_no_claim() {
         vec![first, second]
     );
 }
+
+/// A relay over a schema whose tables were never migrated stops at once
+/// with an error that says what to do (run migrate), not "function …
+/// does not exist".
+#[tokio::test]
+async fn a_relay_over_tables_never_migrated_stops_saying_run_migrate() {
+    let pool = pool();
+    let schema = format!(
+        "dsl_{}",
+        &EventId::random().as_uuid().simple().to_string()[..12]
+    );
+    pool.get()
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", url()))
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let store = PgStore::new(
+        pool,
+        StoreConfig::with_tables(TableNames::default().in_schema(&schema).unwrap()),
+    );
+    outbox_core::testing::relay_suite::stops_on_a_store_that_cannot_work(
+        Arc::new(store),
+        "run migrate()",
+    )
+    .await;
+}

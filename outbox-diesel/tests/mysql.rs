@@ -260,3 +260,29 @@ async fn operations_cut_off_anywhere_leave_no_transaction_open() {
     };
     cut_store_operations(&store, 10, in_transaction).await;
 }
+
+/// A relay over a database whose tables were never migrated stops at once
+/// with an error that says what to do (run migrate).
+#[tokio::test]
+async fn a_relay_over_tables_never_migrated_stops_saying_run_migrate() {
+    let pool = pool();
+    let database = format!(
+        "outbox_t_dsl_{}",
+        &EventId::random().as_uuid().simple().to_string()[..12]
+    );
+    pool.get()
+        .await
+        .unwrap_or_else(|e| panic!("MariaDB unreachable at {}: {e}", url()))
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await
+        .unwrap();
+    let store = MysqlStore::new(
+        pool,
+        StoreConfig::with_tables(TableNames::default().in_schema(&database).unwrap()),
+    );
+    outbox_core::testing::relay_suite::stops_on_a_store_that_cannot_work(
+        Arc::new(store),
+        "run migrate()",
+    )
+    .await;
+}

@@ -15,6 +15,12 @@ pub(crate) fn store_error(error: sqlx::Error) -> StoreError {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
             if is_conflict(&code) {
                 StoreError::Conflict(db.message().to_owned())
+            } else if is_not_migrated(&code, db.message()) {
+                StoreError::Config(format!(
+                    "the outbox tables are missing or older than this version ({}): \
+                     run migrate() (or `outbox migrate`) on this database and schema",
+                    db.message()
+                ))
             } else if is_unavailable(&code) {
                 StoreError::Unavailable(Box::new(error))
             } else {
@@ -31,6 +37,15 @@ fn is_conflict(code: &str) -> bool {
         code,
         "40001" | "40P01" | "1213" | "1205" | "5" | "6" | "517" | "261" | "262"
     )
+}
+
+/// A table, function or schema of the outbox missing: PostgreSQL's
+/// undefined table, function or schema; MySQL's no such table (1146,
+/// SQLSTATE 42S02); SQLite's
+/// "no such table" (its code is the generic 1).
+fn is_not_migrated(code: &str, message: &str) -> bool {
+    matches!(code, "42P01" | "42883" | "3F000" | "1146" | "42S02")
+        || (code == "1" && message.starts_with("no such table"))
 }
 
 /// PostgreSQL admin shutdown / cannot connect now; MySQL server gone.

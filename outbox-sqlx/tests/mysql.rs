@@ -458,7 +458,7 @@ mod fails_fast {
             .unwrap();
         let tables = TableNames::default().in_schema(&database).unwrap();
         let store = MySqlStore::new(pool, StoreConfig::with_tables(tables));
-        stops_on_a_store_that_cannot_work(Arc::new(store), "doesn't exist").await;
+        stops_on_a_store_that_cannot_work(Arc::new(store), "run migrate()").await;
     }
 
     #[tokio::test]

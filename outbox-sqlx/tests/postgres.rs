@@ -367,7 +367,7 @@ mod fails_fast {
             .unwrap();
         let tables = TableNames::default().in_schema(&schema).unwrap();
         let store = PgStore::new(pool, StoreConfig::with_tables(tables));
-        stops_on_a_store_that_cannot_work(Arc::new(store), "does not exist").await;
+        stops_on_a_store_that_cannot_work(Arc::new(store), "run migrate()").await;
     }
 
     #[tokio::test]

@@ -540,6 +540,15 @@ async fn another_language_enqueues_with_sql() {
             call(EventId::random(), "x", headers, ", p_delay => '-1 hour'"),
             "negative",
         ),
+        // A header named like the envelope, as Rust's enqueue refuses it.
+        (
+            call(EventId::random(), "x", r#"{"event_id": "forged"}"#, ""),
+            "reserved",
+        ),
+        (
+            call(EventId::random(), "x", r#"{"outbox_headers": "{}"}"#, ""),
+            "reserved",
+        ),
     ] {
         let (ok, _, err) = psql(&bad);
         assert!(!ok, "{bad} was accepted");

@@ -360,7 +360,7 @@ async fn a_relay_over_tables_never_migrated_stops_with_the_error() {
         .unwrap();
     outbox_core::testing::relay_suite::stops_on_a_store_that_cannot_work(
         Arc::new(store),
-        "no such table",
+        "run migrate()",
     )
     .await;
 }

@@ -43,3 +43,34 @@ pub fn schema_sql(config: &StoreConfig, queries: &Queries) -> String {
         )
         .replace("{{max_header_bytes}}", &limits.max_header_bytes.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    /// `outbox_enqueue` refuses the header names the Rust enqueue refuses:
+    /// the template lists every reserved name, and no other.
+    #[test]
+    fn sql_enqueue_reserves_the_envelopes_names() {
+        let clause = super::SCHEMA
+            .split("WHERE k IN (")
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .expect("the reserved-header clause");
+        let mut listed: Vec<&str> = clause
+            .split(',')
+            .map(|n| n.trim().trim_matches('\''))
+            .collect();
+        listed.sort_unstable();
+        let mut reserved: Vec<&str> = outbox_core::event::wire::IDENTITY.to_vec();
+        reserved.extend([
+            outbox_core::event::wire::names::PAYLOAD,
+            outbox_core::event::wire::names::PACKED_HEADERS,
+        ]);
+        reserved.sort_unstable();
+        assert_eq!(listed, reserved);
+        assert!(
+            reserved
+                .iter()
+                .all(|n| outbox_core::event::wire::is_reserved(n))
+        );
+    }
+}

@@ -222,6 +222,9 @@ CREATE TRIGGER outbox_events_notify
 -- Enqueue from any language, with the same checks, ordering and delay
 -- semantics as the Rust `enqueue` (README, "Enqueue from SQL"). Returns the
 -- new row's sequence, or NULL when an event with this id exists (a no-op).
+-- `p_partition_key` NULL (or left out) is the aggregate id, as a Rust
+-- event built without `.partition_key(..)`: SQL cannot tell an explicit
+-- NULL from a missing argument.
 CREATE OR REPLACE FUNCTION outbox_enqueue(
     p_event_id        uuid,
     p_event_type      text,
@@ -268,6 +271,15 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM jsonb_each(p_headers) WHERE jsonb_typeof(value) <> 'string') THEN
         RAISE EXCEPTION 'outbox: every header value must be a JSON string' USING ERRCODE = '22023';
+    END IF;
+    -- The envelope's names (outbox_core::event::wire::is_reserved).
+    SELECT k INTO v_field FROM jsonb_object_keys(p_headers) AS k
+    WHERE k IN ('event_id', 'event_type', 'partition_key', 'aggregate_type', 'aggregate_id',
+                'payload_version', 'occurred_at', 'payload', 'outbox_headers')
+    LIMIT 1;
+    IF v_field IS NOT NULL THEN
+        RAISE EXCEPTION 'outbox: header `%` is reserved for the event''s envelope on every broker; rename it',
+            v_field USING ERRCODE = '22023';
     END IF;
     IF (SELECT coalesce(sum(octet_length(key) + octet_length(value #>> '{}')), 0)
         FROM jsonb_each(p_headers)) > 16384 THEN
