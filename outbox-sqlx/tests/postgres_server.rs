@@ -142,11 +142,14 @@ async fn a_restore_into_a_cluster_ahead_publishes_every_pending_event() {
     restore_case(0, 6000).await;
 }
 
-/// A logical replica promoted after cutover: the data came by replication
-/// (sequences did not), its transaction ids are its own. After the
-/// documented step (migrate() on the new primary, which also brings the
-/// sequences past the rows), every pending event is published once and new
-/// events flow.
+/// A logical replica promoted after cutover, set up as the README says: its
+/// tables made by migrate() (which writes no row a subscription's initial
+/// copy would collide with), the data by subscription (sequences did not
+/// come), its transaction ids its own. Its relay publishes every pending
+/// event once, then, after migrate() on the new primary (sequences past the
+/// rows, for producers), new events flow. Before, the initial copy of
+/// outbox_control and outbox_cursor retried forever on duplicate keys and
+/// the relay stopped on a duplicate lease token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_logical_replica_after_cutover_publishes_every_pending_event() {
     let primary = PrivatePg::start(&["wal_level = logical"]);
@@ -166,10 +169,6 @@ async fn a_logical_replica_after_cutover_publishes_every_pending_event() {
     replica.psql("postgres", "CREATE DATABASE app");
     let replica_schema = PgStore::new(connect(&replica.url("app")).await, StoreConfig::default());
     replica_schema.migrate().await.unwrap();
-    replica.psql(
-        "app",
-        "TRUNCATE outbox_control, outbox_cursor, outbox_schema_version",
-    );
     primary.psql("app", "CREATE PUBLICATION outbox_all FOR ALL TABLES");
     replica.psql(
         "app",
@@ -207,14 +206,18 @@ async fn a_logical_replica_after_cutover_publishes_every_pending_event() {
     );
     replica.psql("app", "DROP SUBSCRIPTION outbox_all");
 
+    // A relay on the new primary works before anyone runs migrate() (its
+    // first claim notices the other cluster and moves the lease sequence
+    // past the copied leases), then migrate() readies it for producers.
     let promoted = PgStore::new(connect(&replica.url("app")).await, StoreConfig::default());
-    promoted.migrate().await.unwrap();
     assert_eq!(pending(&promoted).await, 5);
+    let relayed: HashSet<EventId> = drain(&promoted).await.into_iter().collect();
+    assert_eq!(relayed, ids(&waiting));
+    promoted.migrate().await.unwrap();
     let fresh = events_over_keys(20, 5);
     OutboxWriter::enqueue(&promoted, &fresh).await.unwrap();
     let after: HashSet<EventId> = drain(&promoted).await.into_iter().collect();
-    let expected: HashSet<EventId> = ids(&waiting).union(&ids(&fresh)).copied().collect();
-    assert_eq!(after, expected);
+    assert_eq!(after, ids(&fresh));
 }
 
 /// A write transaction left open in another database of the server (a
@@ -702,4 +705,84 @@ async fn commit_order_holds_under_concurrent_producers() {
         violations.len(),
         &violations[..violations.len().min(3)]
     );
+}
+
+/// Two-phase commit (README, "Two-phase commit"): while a relay waits for
+/// NOTIFY, an insert would notify and PREPARE TRANSACTION fails; a producer
+/// that sets `outbox.notify = 'off'` for its transaction prepares, commits
+/// later, and the relay publishes its event by polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_phase_producers_prepare_with_notify_off() {
+    use outbox_core::memory::RecordingPublisher;
+    use outbox_core::{CancellationToken, Relay, RelayConfig};
+    use sqlx::Connection;
+
+    let cluster = PrivatePg::start(&["max_prepared_transactions = 4"]);
+    let url = cluster.url("postgres");
+    let pool = PgPoolOptions::new()
+        .max_connections(6)
+        .connect(&url)
+        .await
+        .unwrap();
+    let store = PgStore::new(pool.clone(), StoreConfig::default());
+    store.migrate().await.unwrap();
+    let broker = Arc::new(RecordingPublisher::new());
+    let shutdown = CancellationToken::new();
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(200),
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(Arc::new(store.clone()), broker.clone(), config)
+        .unwrap()
+        .with_wake_up(store.wake_up().await.unwrap())
+        .spawn(shutdown.clone());
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !sqlx::query_scalar::<_, bool>(
+            "SELECT coalesce((SELECT relay_waiting FROM outbox_control), false)",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the idle relay asks for NOTIFY");
+
+    let enqueue = |id: EventId| {
+        format!("SELECT outbox_enqueue('{id}', 'invoice.paid', 'invoice', 'inv-1', '{{}}'::jsonb)")
+    };
+    let mut producer = sqlx::PgConnection::connect(&url).await.unwrap();
+    let refused = sqlx::raw_sql(&format!(
+        "BEGIN; {}; PREPARE TRANSACTION 'without_setting'",
+        enqueue(EventId::random())
+    ))
+    .execute(&mut producer)
+    .await
+    .expect_err("a transaction that notified cannot be prepared");
+    assert!(refused.to_string().contains("NOTIFY"), "{refused}");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut producer)
+        .await
+        .unwrap();
+
+    let prepared = EventId::random();
+    sqlx::raw_sql(&format!(
+        "BEGIN; SET LOCAL outbox.notify = 'off'; {}; PREPARE TRANSACTION 'with_setting'",
+        enqueue(prepared)
+    ))
+    .execute(&mut producer)
+    .await
+    .expect("prepared");
+    sqlx::raw_sql("COMMIT PREPARED 'with_setting'")
+        .execute(&mut producer)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), broker.wait_for_deliveries(1))
+        .await
+        .expect("published by polling after COMMIT PREPARED");
+    assert_eq!(broker.delivered_ids(), vec![prepared]);
+    shutdown.cancel();
+    relay.await.unwrap().unwrap();
 }

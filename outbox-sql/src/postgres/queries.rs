@@ -103,8 +103,9 @@ impl Queries {
                  RETURNING event_id, sequence"
             ),
             sync_clock: format!(
-                "UPDATE {control} SET clock_shift = $1 * interval '1 microsecond'
-                 WHERE clock_shift <> $1 * interval '1 microsecond'"
+                "INSERT INTO {control} AS c (id, clock_shift) VALUES (TRUE, $1 * interval '1 microsecond')
+                 ON CONFLICT (id) DO UPDATE SET clock_shift = EXCLUDED.clock_shift
+                 WHERE c.clock_shift <> EXCLUDED.clock_shift"
             ),
             // The idle relay's one statement per poll: anything to claim?
             // With a wake-up attached it also (re)sets relay_waiting, and
@@ -214,7 +215,7 @@ impl Queries {
                                             ORDER BY g.position LIMIT 1), c.moved_at)
                              ELSE e.published_at END AS published_at,
                         e.blocks_key, e.superseded_by
-                 FROM e CROSS JOIN c
+                 FROM e LEFT JOIN c ON TRUE
                  LEFT JOIN lease ON TRUE LEFT JOIN passed ON TRUE"
             ),
             failed_events: format!(

@@ -20,11 +20,14 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_control (
     clock_shift   INTERVAL NOT NULL DEFAULT '0',
     relay_waiting BOOLEAN NOT NULL DEFAULT FALSE
 );
-INSERT INTO {{schema}}outbox_control (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING;
+-- Its one row is written by the first claim (outbox_tick), not here: a
+-- logical replica's tables made by migrate() stay empty until the
+-- subscription's initial copy brings the primary's row (a row made here
+-- would collide with it, and the copy would retry forever).
 
 CREATE OR REPLACE FUNCTION {{schema}}outbox_now() RETURNS timestamptz
     LANGUAGE sql STABLE AS
-$$ SELECT now() + clock_shift FROM {{schema}}outbox_control $$;
+$$ SELECT now() + coalesce((SELECT clock_shift FROM {{schema}}outbox_control), interval '0') $$;
 
 CREATE TABLE IF NOT EXISTS {{schema}}outbox_events (
     sequence          BIGINT PRIMARY KEY DEFAULT nextval('{{schema}}outbox_events_seq'),
@@ -123,7 +126,8 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_cursor (
     moved_at          TIMESTAMPTZ NOT NULL DEFAULT now(),
     rebased_at        TIMESTAMPTZ
 );
-INSERT INTO {{schema}}outbox_cursor (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING;
+-- Its one row is written by the first claim (outbox_tick), as
+-- outbox_control's.
 
 -- Where the cursor was when, at most one entry per second: when a stream
 -- row was published (to the second), and what purge may delete.
@@ -204,11 +208,17 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_relays (
 -- lock (it never waits: producers share it and no relay ever asks for it);
 -- a relay that has just set the flag sees the holders in pg_locks and
 -- watches them until they end (outbox_watch_producers).
+--
+-- A transaction that will be prepared (two-phase commit) may not NOTIFY:
+-- PREPARE TRANSACTION would fail. Such a producer says so with
+-- `SET LOCAL outbox.notify = 'off'` before its insert; relays then find
+-- its events by polling (README, "Two-phase commit").
 CREATE OR REPLACE FUNCTION {{schema}}outbox_events_notify() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared({{producer_lock}});
-    IF (SELECT relay_waiting FROM {{schema}}outbox_control) THEN
+    IF (SELECT relay_waiting FROM {{schema}}outbox_control)
+       AND current_setting('outbox.notify', true) IS DISTINCT FROM 'off' THEN
         PERFORM pg_notify('{{channel}}', '');
     END IF;
     RETURN NULL;
@@ -317,6 +327,12 @@ DECLARE
     v_count    bigint;
 BEGIN
     SELECT * INTO v_cursor FROM {{schema}}outbox_cursor;
+    IF NOT FOUND THEN
+        -- The first claim on these tables (see outbox_control).
+        INSERT INTO {{schema}}outbox_control (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING;
+        INSERT INTO {{schema}}outbox_cursor (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING;
+        SELECT * INTO v_cursor FROM {{schema}}outbox_cursor;
+    END IF;
     IF v_cursor.tick_snapshot IS NULL
        OR v_cursor.system_identifier IS DISTINCT FROM v_system
        OR pg_snapshot_xmax(v_snapshot) < pg_snapshot_xmax(v_cursor.tick_snapshot) THEN
@@ -399,6 +415,11 @@ BEGIN
         RAISE LOG 'outbox: {{schema}}outbox_events is on another cluster (system identifier %): % events appended to claim order',
             p_system, v_count;
     END IF;
+    -- Sequences travel neither with logical replication nor with every
+    -- copy: past the rows that came with the data, so this claim's lease
+    -- (and the history it writes) cannot collide with theirs. Producers
+    -- need migrate() for theirs before they write (README).
+    PERFORM {{schema}}outbox_sequences_past_rows();
     RETURN v_count;
 END
 $$;
@@ -1231,17 +1252,21 @@ $$;
 -- Sequences travel neither with logical replication nor with every copy
 -- of a database: bring each past the rows it numbered, so producers and
 -- claims on a new primary never collide with rows that came with the data.
-SELECT setval('{{schema}}outbox_events_seq', x.m)
-FROM (SELECT max(sequence) AS m FROM {{schema}}outbox_events) x, {{schema}}outbox_events_seq s
-WHERE x.m > s.last_value;
 -- Each sequence is read by name alone: scanning pg_sequences would look up
 -- every sequence of the database, and fail ("schema … does not exist")
 -- when another session drops one of them meanwhile.
-SELECT setval(pg_get_serial_sequence('{{schema}}outbox_leases', 'token'), x.m)
-FROM (SELECT max(token) AS m FROM {{schema}}outbox_leases) x
-WHERE x.m > coalesce(pg_sequence_last_value(
-                 pg_get_serial_sequence('{{schema}}outbox_leases', 'token')::regclass), 0);
-SELECT setval(pg_get_serial_sequence('{{schema}}outbox_attempts', 'id'), x.m)
-FROM (SELECT max(id) AS m FROM {{schema}}outbox_attempts) x
-WHERE x.m > coalesce(pg_sequence_last_value(
-                 pg_get_serial_sequence('{{schema}}outbox_attempts', 'id')::regclass), 0);
+CREATE OR REPLACE FUNCTION {{schema}}outbox_sequences_past_rows() RETURNS void
+    LANGUAGE sql AS $$
+    SELECT setval('{{schema}}outbox_events_seq', x.m)
+    FROM (SELECT max(sequence) AS m FROM {{schema}}outbox_events) x, {{schema}}outbox_events_seq s
+    WHERE x.m > s.last_value;
+    SELECT setval(pg_get_serial_sequence('{{schema}}outbox_leases', 'token'), x.m)
+    FROM (SELECT max(token) AS m FROM {{schema}}outbox_leases) x
+    WHERE x.m > coalesce(pg_sequence_last_value(
+                     pg_get_serial_sequence('{{schema}}outbox_leases', 'token')::regclass), 0);
+    SELECT setval(pg_get_serial_sequence('{{schema}}outbox_attempts', 'id'), x.m)
+    FROM (SELECT max(id) AS m FROM {{schema}}outbox_attempts) x
+    WHERE x.m > coalesce(pg_sequence_last_value(
+                     pg_get_serial_sequence('{{schema}}outbox_attempts', 'id')::regclass), 0);
+$$;
+SELECT {{schema}}outbox_sequences_past_rows();
