@@ -51,9 +51,13 @@ async fn main() -> Result<(), Error> {
     sqlx::query("SELECT explain_claim.outbox_tick()")
         .execute(&pool)
         .await?;
-    sqlx::query("UPDATE explain_claim.outbox_cursor SET position = end_position, moved_at = now()")
-        .execute(&pool)
-        .await?;
+    sqlx::query(
+        "SELECT explain_claim.outbox_cursor_write(end_position, end_position, tick_snapshot,
+             system_identifier, now(), rebased_at, live_from, kept_from)
+             FROM explain_claim.outbox_cursor_now",
+    )
+    .execute(&pool)
+    .await?;
     sqlx::query(fill).bind(pending).execute(&pool).await?;
     sqlx::query("ANALYZE explain_claim.outbox_events")
         .execute(&pool)

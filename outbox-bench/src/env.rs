@@ -134,10 +134,8 @@ pub fn pg_store_unmigrated(pool: &PgPool) -> Result<PgStore, Error> {
 pub async fn pg_reset(pool: &PgPool) -> Result<(), Error> {
     pool.execute(
         "TRUNCATE bench_events, bench_attempts, bench_inbox, bench_relays, bench_leases, bench_cursor_log,
-             bench_order;
+             bench_order, bench_cursor_states;
          ALTER SEQUENCE bench_events_seq RESTART;
-         UPDATE bench_cursor SET position = 0, end_position = 0, tick_snapshot = NULL,
-             system_identifier = NULL;
          UPDATE bench_control SET relay_waiting = FALSE",
     )
     .await?;

@@ -186,7 +186,7 @@ async fn a_logical_replica_after_cutover_publishes_every_pending_event() {
             let rows = replica.psql(
                 "app",
                 "SELECT (SELECT count(*) FROM outbox_events) || ',' || \
-                 (SELECT count(*) FROM outbox_cursor WHERE position > 0) || ',' || \
+                 (SELECT count(*) FROM outbox_cursor_now WHERE position > 0) || ',' || \
                  (SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r')",
             );
             if rows == "25,1,0" {
@@ -442,7 +442,7 @@ async fn parked_keys_and_hung_leases_never_hold_the_cursor() {
     }
     assert_eq!(published.len(), 300, "every other key drained");
     let (position, end): (i64, i64) = sqlx::query_as(&format!(
-        "SELECT position, end_position FROM {schema}.outbox_cursor"
+        "SELECT position, end_position FROM {schema}.outbox_cursor_now"
     ))
     .fetch_one(store.pool())
     .await

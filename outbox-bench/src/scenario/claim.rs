@@ -112,7 +112,9 @@ async fn prepare(pool: &PgPool, name: &str, retained: i64) -> Result<(PgStore, S
         // cursor passed them (no row written after its insert).
         pool.execute(&*format!(
             "SELECT {schema}.outbox_tick();
-             UPDATE {schema}.outbox_cursor SET position = end_position, moved_at = now();"
+             SELECT {schema}.outbox_cursor_write(end_position, end_position, tick_snapshot,
+                 system_identifier, now(), rebased_at, live_from, kept_from)
+                 FROM {schema}.outbox_cursor_now;"
         ))
         .await?;
     }
@@ -145,7 +147,7 @@ async fn claim_and_undo(
     let mut latencies = Vec::with_capacity(count);
     for _ in 0..count {
         let position: i64 =
-            sqlx::query_scalar(&format!("SELECT position FROM {schema}.outbox_cursor"))
+            sqlx::query_scalar(&format!("SELECT position FROM {schema}.outbox_cursor_now"))
                 .fetch_one(pool)
                 .await?;
         let started = Instant::now();
@@ -157,10 +159,14 @@ async fn claim_and_undo(
         sqlx::query(&format!("DELETE FROM {schema}.outbox_leases"))
             .execute(pool)
             .await?;
-        sqlx::query(&format!("UPDATE {schema}.outbox_cursor SET position = $1"))
-            .bind(position)
-            .execute(pool)
-            .await?;
+        sqlx::query(&format!(
+            "SELECT {schema}.outbox_cursor_write($1, end_position, tick_snapshot,
+                 system_identifier, moved_at, rebased_at, live_from, kept_from)
+                 FROM {schema}.outbox_cursor_now"
+        ))
+        .bind(position)
+        .execute(pool)
+        .await?;
     }
     Ok(latencies)
 }

@@ -110,27 +110,75 @@ CREATE TABLE IF NOT EXISTS outbox_order (
 CREATE INDEX IF NOT EXISTS outbox_order_sequences
     ON outbox_order USING gist (int8range(lo_sequence, hi_sequence, '[]'));
 
--- The claim cursor and the last tick. Every stream position below
+-- The claim cursor and the last tick, as the newest row of
+-- outbox_cursor_states (outbox_cursor_now). Every stream position below
 -- `position` has been dealt with by a claim (leased, parked as tracked, or
 -- published); `end_position` is the next position a tick hands out.
--- `tick_snapshot` is the snapshot of the last tick, valid on the cluster
--- `system_identifier` names: on any other cluster (a restored dump, a
--- logical replica after cutover) the next tick rebases (README, "After a
--- restore").
-CREATE TABLE IF NOT EXISTS outbox_cursor (
-    id                BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
+-- `tick_snapshot` is the snapshot of the last tick that ordered rows,
+-- valid on the cluster `system_identifier` names: on any other cluster (a
+-- restored dump, a logical replica after cutover) the next tick rebases
+-- (README, "After a restore").
+--
+-- Each change is a new row, never an update: a transaction held open
+-- anywhere on the server keeps every dead version of a row, and one row
+-- rewritten by every claim piled up versions that each later claim read
+-- (a claim 10 times the pages after 1,500 claims). Readers take the newest
+-- row by its key; claims delete old states in batches. Its first row is
+-- written by the first claim (outbox_tick), as outbox_control's.
+CREATE TABLE IF NOT EXISTS outbox_cursor_states (
+    id                BIGSERIAL PRIMARY KEY,
     position          BIGINT NOT NULL DEFAULT 0,
     end_position      BIGINT NOT NULL DEFAULT 0,
     tick_snapshot     pg_snapshot,
     system_identifier BIGINT,
     moved_at          TIMESTAMPTZ NOT NULL DEFAULT now(),
-    rebased_at        TIMESTAMPTZ
+    rebased_at        TIMESTAMPTZ,
+    -- Lease watermarks: every lease with a smaller token holds no row
+    -- (`live_from`), or is gone (`kept_from`). Leases come and go with every
+    -- batch and an open transaction keeps their dead versions in every
+    -- index; reads of the live ones start at the watermark, by key, and
+    -- never meet those versions.
+    live_from         BIGINT NOT NULL DEFAULT 0,
+    kept_from         BIGINT NOT NULL DEFAULT 0
 );
--- Its one row is written by the first claim (outbox_tick), as
--- outbox_control's.
+CREATE OR REPLACE VIEW outbox_cursor_now AS
+    SELECT * FROM outbox_cursor_states ORDER BY id DESC LIMIT 1;
 
--- Where the cursor was when, at most one entry per second: when a stream
--- row was published (to the second), and what purge may delete.
+-- The lease watermarks (see outbox_cursor_states).
+CREATE OR REPLACE FUNCTION outbox_live_from() RETURNS bigint
+    LANGUAGE sql STABLE AS
+$$ SELECT coalesce((SELECT live_from FROM outbox_cursor_now), 0) $$;
+CREATE OR REPLACE FUNCTION outbox_kept_from() RETURNS bigint
+    LANGUAGE sql STABLE AS
+$$ SELECT coalesce((SELECT kept_from FROM outbox_cursor_now), 0) $$;
+
+-- Writes the cursor's new state (see outbox_cursor_states).
+CREATE OR REPLACE FUNCTION outbox_cursor_write(
+    p_position bigint, p_end_position bigint, p_tick_snapshot pg_snapshot,
+    p_system_identifier bigint, p_moved_at timestamptz, p_rebased_at timestamptz,
+    p_live_from bigint, p_kept_from bigint)
+    RETURNS void
+    LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    INSERT INTO outbox_cursor_states
+        (position, end_position, tick_snapshot, system_identifier, moved_at, rebased_at,
+         live_from, kept_from)
+    VALUES (p_position, p_end_position, p_tick_snapshot, p_system_identifier, p_moved_at,
+            p_rebased_at, p_live_from, p_kept_from)
+    RETURNING id INTO v_id;
+    -- Older states have no use (a reader's snapshot still sees the ones it
+    -- needs): delete them in batches, by key range.
+    IF v_id % 256 = 0 THEN
+        DELETE FROM outbox_cursor_states WHERE id < v_id - 64;
+    END IF;
+END
+$$;
+
+-- Where the cursor was when, at most one entry per second (inserted, never
+-- updated: see outbox_cursor_states): when a stream row was published (to
+-- the second), and what purge may delete.
 CREATE TABLE IF NOT EXISTS outbox_cursor_log (
     position BIGINT PRIMARY KEY,
     at       TIMESTAMPTZ NOT NULL
@@ -326,12 +374,22 @@ DECLARE
     v_cursor   record;
     v_count    bigint;
 BEGIN
-    SELECT * INTO v_cursor FROM outbox_cursor;
+    SELECT * INTO v_cursor FROM outbox_cursor_now;
     IF NOT FOUND THEN
         -- The first claim on these tables (see outbox_control).
         INSERT INTO outbox_control (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING;
-        INSERT INTO outbox_cursor (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING;
-        SELECT * INTO v_cursor FROM outbox_cursor;
+        -- Tables of an earlier release kept the cursor in one row of
+        -- outbox_cursor: go on from it.
+        IF to_regclass('outbox_cursor') IS NOT NULL THEN
+            INSERT INTO outbox_cursor_states
+                (position, end_position, tick_snapshot, system_identifier, moved_at, rebased_at)
+            SELECT position, end_position, tick_snapshot, system_identifier, moved_at, rebased_at
+            FROM outbox_cursor;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM outbox_cursor_states) THEN
+            INSERT INTO outbox_cursor_states DEFAULT VALUES;
+        END IF;
+        SELECT * INTO v_cursor FROM outbox_cursor_now;
     END IF;
     IF v_cursor.tick_snapshot IS NULL
        OR v_cursor.system_identifier IS DISTINCT FROM v_system
@@ -365,8 +423,14 @@ BEGIN
         RETURNING cardinality(sequences) AS appended
     )
     SELECT coalesce(sum(appended), 0) INTO v_count FROM appended;
-    UPDATE outbox_cursor
-    SET end_position = end_position + v_count, tick_snapshot = v_snapshot;
+    -- A tick that ordered nothing keeps the last snapshot: the next one
+    -- finds the same rows from it (none committed in between), and nothing
+    -- is written.
+    IF v_count > 0 THEN
+        PERFORM outbox_cursor_write(v_cursor.position, v_cursor.end_position + v_count,
+            v_snapshot, v_cursor.system_identifier, v_cursor.moved_at, v_cursor.rebased_at,
+            v_cursor.live_from, v_cursor.kept_from);
+    END IF;
     RETURN v_count;
 END
 $$;
@@ -382,10 +446,15 @@ CREATE OR REPLACE FUNCTION outbox_rebase(p_snapshot pg_snapshot, p_system bigint
     RETURNS bigint
     LANGUAGE plpgsql AS $$
 DECLARE
-    v_end   bigint := (SELECT end_position FROM outbox_cursor);
-    v_first boolean := (SELECT tick_snapshot IS NULL FROM outbox_cursor);
-    v_count bigint;
+    v_cursor record;
+    v_count  bigint;
 BEGIN
+    -- Sequences travel neither with logical replication nor with every
+    -- copy: past the rows that came with the data first, so this claim's
+    -- cursor state, lease and history cannot collide with theirs.
+    -- Producers need migrate() for theirs before they write (README).
+    PERFORM outbox_sequences_past_rows();
+    SELECT * INTO v_cursor FROM outbox_cursor_now;
     WITH ordered AS (
         SELECT unnest(sequences) AS sequence FROM outbox_order
     ), new_rows AS (
@@ -397,7 +466,7 @@ BEGIN
     ), appended AS (
         INSERT INTO outbox_order (first_position, lo_sequence, hi_sequence, ticked_at,
                                             sequences, keys, available_at)
-        SELECT v_end + min(n), min(sequence), max(sequence), outbox_now(),
+        SELECT v_cursor.end_position + min(n), min(sequence), max(sequence), outbox_now(),
                array_agg(sequence ORDER BY sequence), array_agg(partition_key ORDER BY sequence),
                array_agg(available_at ORDER BY sequence)
         FROM numbered GROUP BY n / 64
@@ -407,19 +476,15 @@ BEGIN
         WHERE txid >= pg_snapshot_xmin(p_snapshot) AND NOT pg_visible_in_snapshot(txid, p_snapshot)
     )
     SELECT coalesce(sum(appended), 0) INTO v_count FROM appended;
-    UPDATE outbox_cursor
-    SET end_position = end_position + v_count, tick_snapshot = p_snapshot,
-        system_identifier = p_system,
-        rebased_at = CASE WHEN v_first THEN rebased_at ELSE outbox_now() END;
-    IF NOT v_first THEN
+    PERFORM outbox_cursor_write(v_cursor.position, v_cursor.end_position + v_count,
+        p_snapshot, p_system, v_cursor.moved_at,
+        CASE WHEN v_cursor.tick_snapshot IS NULL THEN v_cursor.rebased_at
+             ELSE outbox_now() END,
+        v_cursor.live_from, v_cursor.kept_from);
+    IF v_cursor.tick_snapshot IS NOT NULL THEN
         RAISE LOG 'outbox: outbox_events is on another cluster (system identifier %): % events appended to claim order',
             p_system, v_count;
     END IF;
-    -- Sequences travel neither with logical replication nor with every
-    -- copy: past the rows that came with the data, so this claim's lease
-    -- (and the history it writes) cannot collide with theirs. Producers
-    -- need migrate() for theirs before they write (README).
-    PERFORM outbox_sequences_past_rows();
     RETURN v_count;
 END
 $$;
@@ -509,15 +574,18 @@ BEGIN
         SELECT l.token, l.owner, l.held, l.held_positions, l.suspect,
                l.unstarted OR EXISTS (
                    SELECT 1 FROM outbox_leases o
-                   WHERE o.owner = l.owner AND o.token < l.token AND cardinality(o.held) > 0
+                   WHERE o.token >= outbox_live_from()
+                     AND o.owner = l.owner AND o.token < l.token AND cardinality(o.held) > 0
                ) AS unstarted
         FROM outbox_leases l
-        WHERE l.expires_at <= p_now AND cardinality(l.held) > 0
+        WHERE l.token >= outbox_live_from()
+          AND l.expires_at <= p_now AND cardinality(l.held) > 0
         FOR UPDATE OF l
     ), marked AS (
         UPDATE outbox_leases y SET unstarted = TRUE
         FROM old
-        WHERE y.owner = old.owner AND y.token > old.token AND y.expires_at > p_now
+        WHERE y.token >= outbox_live_from()
+          AND y.owner = old.owner AND y.token > old.token AND y.expires_at > p_now
           AND cardinality(y.held) > 0
     ), emptied AS (
         UPDATE outbox_leases l
@@ -548,7 +616,8 @@ BEGIN
         UPDATE outbox_events c
         SET status = 3, blocks_key = p_block, suspect = FALSE
         WHERE c.status = 4 AND c.unfinished_claims > 0 AND c.unfinished_claims >= p_limit
-          AND c.sequence NOT IN (SELECT unnest(held) FROM outbox_leases)
+          AND c.sequence NOT IN (SELECT unnest(held) FROM outbox_leases
+                                 WHERE token >= outbox_live_from() AND cardinality(held) > 0)
           AND NOT EXISTS (
               SELECT 1 FROM outbox_events p
               WHERE p.partition_key = c.partition_key AND (p.status IN (4, 5) OR p.blocks_key)
@@ -598,16 +667,19 @@ BEGIN
                 WHERE (e.status IN (4, 5) OR e.blocks_key) AND e.partition_key > t.key
                 ORDER BY e.partition_key LIMIT 1)
         FROM tracked_keys t WHERE t.key IS NOT NULL
+    ), live_leases AS MATERIALIZED (
+        SELECT l.held, l.keys, l.claimed_at FROM outbox_leases l
+        WHERE l.token >= outbox_live_from() AND cardinality(l.held) > 0
     ), live_rows AS (
-        SELECT unnest(held) AS sequence FROM outbox_leases WHERE cardinality(held) > 0
+        SELECT unnest(held) AS sequence FROM live_leases
     ), live_keys AS (
-        SELECT DISTINCT unnest(keys) AS key FROM outbox_leases
-        WHERE p_ordered AND cardinality(held) > 0
+        SELECT DISTINCT unnest(keys) AS key FROM live_leases WHERE p_ordered
     ), young_keys AS (
-        SELECT DISTINCT unnest(keys) AS key FROM outbox_leases
-        WHERE p_ordered AND cardinality(held) > 0 AND claimed_at > p_now - interval '1 second'
+        SELECT DISTINCT unnest(keys) AS key FROM live_leases
+        WHERE p_ordered AND claimed_at > p_now - interval '1 second'
     ), taken AS (
-        SELECT unnest(positions) AS position FROM outbox_leases WHERE max_position >= p_from
+        SELECT unnest(positions) AS position FROM outbox_leases
+        WHERE token >= outbox_kept_from() AND max_position >= p_from
     ), window_rows AS (
         -- Decided on the runs alone: every stream position a claim dealt
         -- with beyond the cursor (picked, or deferred) is in a lease's
@@ -740,6 +812,9 @@ CREATE OR REPLACE FUNCTION outbox_claim(
 #variable_conflict use_column
 DECLARE
     v_now      timestamptz;
+    v_state    record;
+    v_live_from bigint;
+    v_kept_from bigint;
     v_cursor   bigint;
     v_end      bigint;
     v_from     bigint;
@@ -774,8 +849,22 @@ BEGIN
         FROM outbox_fail_crash_loops(v_now, p_crash_loop_limit, p_block, p_owner) AS f(s)
         CROSS JOIN LATERAL (SELECT * FROM outbox_events x WHERE x.sequence = f.s LIMIT 1) e;
     PERFORM outbox_tick();
-    SELECT position, end_position INTO v_cursor, v_end FROM outbox_cursor;
-    DELETE FROM outbox_leases WHERE cardinality(held) = 0 AND max_position < v_cursor;
+    SELECT * INTO v_state FROM outbox_cursor_now;
+    v_cursor := v_state.position;
+    v_end := v_state.end_position;
+    -- Leases below the live watermark hold no row: those whose positions
+    -- the cursor has passed are deleted. Then both watermarks move up to
+    -- the first lease still live (or the next one) and the first left.
+    DELETE FROM outbox_leases
+    WHERE token >= v_state.kept_from AND token < v_state.live_from AND max_position < v_cursor;
+    v_live_from := coalesce(
+        (SELECT min(token) FROM outbox_leases
+         WHERE token >= v_state.live_from AND cardinality(held) > 0),
+        (SELECT max(token) + 1 FROM outbox_leases),
+        v_state.live_from);
+    v_kept_from := least(v_live_from, coalesce(
+        (SELECT min(token) FROM outbox_leases WHERE token >= v_state.kept_from),
+        v_live_from));
     -- A window holds `v_window` positions no claim has dealt with yet (the
     -- ones claims took beyond the cursor are skipped, not counted). Windows
     -- after the first are read only while every earlier one was dealt with
@@ -798,7 +887,7 @@ BEGIN
         v_round := v_round + 1;
         v_to := least(v_end, v_from + v_window
             + (SELECT count(*) FROM outbox_leases l CROSS JOIN LATERAL unnest(l.positions) AS p
-               WHERE l.max_position >= v_from AND p >= v_from));
+               WHERE l.token >= v_kept_from AND l.max_position >= v_from AND p >= v_from));
         SELECT * INTO v_pick
         FROM outbox_pick(v_now, v_from, v_to, p_limit, p_ordered, v_defer);
         IF p_ordered AND NOT v_defer AND v_pick.sequences IS NULL AND v_pick.stop < v_to
@@ -807,7 +896,7 @@ BEGIN
                               ORDER BY o.first_position DESC LIMIT 4) o
                CROSS JOIN LATERAL unnest(o.keys) AS k(key)
                WHERE k.key NOT IN (SELECT unnest(l.keys) FROM outbox_leases l
-                                   WHERE cardinality(l.held) > 0)) THEN
+                                   WHERE l.token >= v_live_from AND cardinality(l.held) > 0)) THEN
             v_defer := TRUE;
             v_rounds := 16;
             SELECT * INTO v_pick
@@ -820,16 +909,17 @@ BEGIN
                OR v_round >= v_rounds;
         v_from := v_to;
     END LOOP;
+    IF v_stop > v_cursor OR v_live_from <> v_state.live_from OR v_kept_from <> v_state.kept_from THEN
+        PERFORM outbox_cursor_write(greatest(v_stop, v_cursor), v_state.end_position,
+            v_state.tick_snapshot, v_state.system_identifier,
+            CASE WHEN v_stop > v_cursor THEN v_now ELSE v_state.moved_at END,
+            v_state.rebased_at, v_live_from, v_kept_from);
+    END IF;
     IF v_stop > v_cursor THEN
-        UPDATE outbox_cursor SET position = v_stop, moved_at = v_now;
-        IF NOT EXISTS (SELECT 1 FROM outbox_cursor_log
-                       WHERE at > v_now - interval '1 second') THEN
+        IF coalesce((SELECT g.at FROM outbox_cursor_log g ORDER BY g.position DESC LIMIT 1),
+                    '-infinity') <= v_now - interval '1 second' THEN
             INSERT INTO outbox_cursor_log (position, at) VALUES (v_stop, v_now)
             ON CONFLICT DO NOTHING;
-        ELSE
-            UPDATE outbox_cursor_log SET position = v_stop
-            WHERE position = (SELECT max(position) FROM outbox_cursor_log)
-              AND NOT EXISTS (SELECT 1 FROM outbox_cursor_log WHERE position = v_stop);
         END IF;
     END IF;
     IF v_pick.sequences IS NULL AND v_pick.deferred_positions IS NULL THEN
@@ -1041,7 +1131,7 @@ CREATE OR REPLACE FUNCTION outbox_anything_to_do() RETURNS boolean
 DECLARE
     c record;
 BEGIN
-    SELECT * INTO c FROM outbox_cursor;
+    SELECT * INTO c FROM outbox_cursor_now;
     -- Each probe is an index probe (ORDER BY ... LIMIT 1), whatever the
     -- planner guesses of a bound it cannot see.
     RETURN c.end_position > c.position
@@ -1059,7 +1149,8 @@ BEGIN
                    WHERE status = 4 AND available_at <= outbox_now()
                    ORDER BY position LIMIT 1)
         OR EXISTS (SELECT 1 FROM outbox_leases
-                   WHERE expires_at <= outbox_now() AND cardinality(held) > 0);
+                   WHERE token >= c.live_from
+                     AND expires_at <= outbox_now() AND cardinality(held) > 0);
 END
 $$;
 
@@ -1098,13 +1189,14 @@ CREATE OR REPLACE FUNCTION outbox_stream_pending() RETURNS SETOF bigint
 DECLARE
     c record;
 BEGIN
-    SELECT * INTO c FROM outbox_cursor;
+    SELECT * INTO c FROM outbox_cursor_now;
     RETURN QUERY
         WITH taken AS (
             SELECT unnest(l.positions) AS position FROM outbox_leases l
-            WHERE l.max_position >= c.position
+            WHERE l.token >= c.kept_from AND l.max_position >= c.position
         ), held AS (
-            SELECT unnest(held) AS sequence FROM outbox_leases WHERE cardinality(held) > 0
+            SELECT unnest(held) AS sequence FROM outbox_leases
+            WHERE token >= c.live_from AND cardinality(held) > 0
         )
         SELECT u.sequence
         FROM outbox_order o
@@ -1149,7 +1241,8 @@ CREATE OR REPLACE FUNCTION outbox_stats()
     LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off
     SET max_parallel_workers_per_gather = 0 AS $$
     WITH held AS (
-        SELECT unnest(held) AS sequence FROM outbox_leases WHERE cardinality(held) > 0
+        SELECT unnest(held) AS sequence FROM outbox_leases
+        WHERE token >= outbox_live_from() AND cardinality(held) > 0
     ), open AS (
         SELECT e.event_type, e.status, e.available_at, FALSE AS in_flight
         FROM outbox_stream_pending() AS p(sequence)
@@ -1226,10 +1319,11 @@ CREATE OR REPLACE FUNCTION outbox_held_back()
         WHERE e.status = 4 AND e.available_at > now.at
     ), expired AS (
         SELECT l.* FROM outbox_leases l, now
-        WHERE l.expires_at <= now.at AND cardinality(l.held) > 0
+        WHERE l.token >= outbox_live_from()
+          AND l.expires_at <= now.at AND cardinality(l.held) > 0
     ), long AS (
         SELECT l.* FROM outbox_leases l, now
-        WHERE l.expires_at > now.at AND l.claimed_at < now.at - interval '5 seconds'
+        WHERE l.token >= outbox_live_from() AND l.expires_at > now.at AND l.claimed_at < now.at - interval '5 seconds'
           AND cardinality(l.held) > 0
     )
     SELECT
@@ -1268,5 +1362,9 @@ CREATE OR REPLACE FUNCTION outbox_sequences_past_rows() RETURNS void
     FROM (SELECT max(id) AS m FROM outbox_attempts) x
     WHERE x.m > coalesce(pg_sequence_last_value(
                      pg_get_serial_sequence('outbox_attempts', 'id')::regclass), 0);
+    SELECT setval(pg_get_serial_sequence('outbox_cursor_states', 'id'), x.m)
+    FROM (SELECT max(id) AS m FROM outbox_cursor_states) x
+    WHERE x.m > coalesce(pg_sequence_last_value(
+                     pg_get_serial_sequence('outbox_cursor_states', 'id')::regclass), 0);
 $$;
 SELECT outbox_sequences_past_rows();

@@ -68,12 +68,15 @@ impl Queries {
         let attempts = names.attempts();
         let inbox = names.inbox();
         let relays = names.relays();
-        let cursor = names.table("cursor");
+        let cursor = names.table("cursor_now");
+        let cursor_states = names.table("cursor_states");
         let cursor_log = names.table("cursor_log");
         let leases = names.table("leases");
         let order = names.table("order");
         let control = names.table("control");
         let function = |name: &str| names.table(name);
+        let live_from = function("live_from");
+        let kept_from = function("kept_from");
         let now = format!("{}()", function("now"));
         let seq = format!("{}{}_events_seq", names.qualifier(), names.prefix());
         Self {
@@ -191,7 +194,8 @@ impl Queries {
                  c AS (SELECT * FROM {cursor}),
                  lease AS (
                      SELECT l.owner, l.expires_at FROM {leases} l, e
-                     WHERE cardinality(l.held) > 0 AND e.sequence = ANY(l.held) LIMIT 1
+                     WHERE l.token >= {live_from}() AND cardinality(l.held) > 0
+                       AND e.sequence = ANY(l.held) LIMIT 1
                  ), stream AS (
                      SELECT o.first_position + array_position(o.sequences, e.sequence) - 1 AS position
                      FROM {order} o, e
@@ -201,7 +205,8 @@ impl Queries {
                  ), passed AS (
                      SELECT s.position FROM stream s, c
                      WHERE s.position < c.position
-                        OR EXISTS (SELECT 1 FROM {leases} l WHERE s.position = ANY(l.positions))
+                        OR EXISTS (SELECT 1 FROM {leases} l
+                                   WHERE l.token >= {kept_from}() AND s.position = ANY(l.positions))
                  )
                  SELECT CASE WHEN lease.owner IS NOT NULL THEN 1
                              WHEN passed.position IS NOT NULL THEN 2
@@ -287,11 +292,18 @@ impl Queries {
             purge: format!(
                 "WITH cutoff AS (SELECT {now} - $1 * interval '1 millisecond' AS at),
                  bound AS (
-                     SELECT g.position FROM {cursor_log} g, cutoff
-                     WHERE g.at <= cutoff.at - interval '1 second'
-                     ORDER BY g.position DESC LIMIT 1
+                     -- The log has an entry a second at most; the cursor's
+                     -- recent states say where it was since.
+                     SELECT greatest(
+                         (SELECT g.position FROM {cursor_log} g, cutoff
+                          WHERE g.at <= cutoff.at - interval '1 second'
+                          ORDER BY g.position DESC LIMIT 1),
+                         (SELECT c.position FROM {cursor_states} c, cutoff
+                          WHERE c.moved_at <= cutoff.at - interval '1 second'
+                          ORDER BY c.id DESC LIMIT 1)) AS position
                  ), held AS (
-                     SELECT unnest(held) AS sequence FROM {leases} WHERE cardinality(held) > 0
+                     SELECT unnest(held) AS sequence FROM {leases}
+                     WHERE token >= {live_from}() AND cardinality(held) > 0
                  ), written AS (
                      SELECT e.sequence FROM {events} e, cutoff
                      WHERE e.status = 2 AND e.published_at <= cutoff.at
