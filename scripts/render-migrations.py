@@ -9,11 +9,16 @@ root = workspace / "outbox-sqlx"
 templates = workspace / "outbox-sql/src"
 
 
-def lock_key(name: str) -> int:
+def fnv1a(data: bytes) -> int:
     h = 0xCBF29CE484222325
-    for b in name.encode():
+    for b in data:
         h ^= b
         h = (h * 0x100000001B3) % (1 << 64)
+    return h
+
+
+def lock_key(name: str) -> int:
+    h = fnv1a(name.encode())
     return h - (1 << 64) if h >= (1 << 63) else h
 
 
@@ -32,6 +37,8 @@ rendered = (
     .replace("{{max_payload_bytes}}", "262144")
     .replace("{{max_header_bytes}}", "16384")
 )
+# The fingerprint of the text before it is filled in (outbox_sql::postgres::schema_fingerprint).
+rendered = rendered.replace("{{fingerprint}}", f"{fnv1a(rendered.encode()):016x}")
 (root / "migrations/postgres/0001_outbox.sql").write_text(rendered)
 # Diesel's PostgreSQL migration is the same rendering.
 (workspace / "outbox-diesel/migrations/2026-12-01-000000_outbox/up.sql").write_text(rendered)

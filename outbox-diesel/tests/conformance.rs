@@ -238,3 +238,45 @@ async fn a_relay_over_tables_never_migrated_stops_saying_run_migrate() {
     )
     .await;
 }
+
+/// migrate() on current tables takes no lock a producer can queue behind:
+/// while a report holds the events table open, it returns at once and an
+/// enqueue beside it goes through (Diesel's migrate re-ran its DDL too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_on_current_tables_takes_no_lock_producers_queue_behind() {
+    use diesel_async::AsyncConnection;
+    let (store, schema) = store_in_schema(ManualClock::at_epoch()).await;
+    let mut report = pool().get().await.unwrap();
+    report.batch_execute("BEGIN").await.unwrap();
+    report
+        .batch_execute(&format!("SELECT count(*) FROM {schema}.outbox_events"))
+        .await
+        .unwrap();
+    let deploy = tokio::spawn({
+        let store = store.clone();
+        async move { store.migrate().await }
+    });
+    let enqueued = tokio::time::timeout(std::time::Duration::from_secs(3), async {
+        let mut conn = store.pool().get().await.unwrap();
+        conn.transaction::<_, outbox_diesel::Error, _>(async |conn| {
+            store
+                .outbox()
+                .enqueue(conn, &[outbox_core::testing::event("a", 1)])
+                .await?;
+            Ok(())
+        })
+        .await
+    })
+    .await;
+    let migrated = tokio::time::timeout(std::time::Duration::from_secs(3), deploy).await;
+    report.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        matches!(enqueued, Ok(Ok(_))),
+        "a producer queued behind migrate(): {enqueued:?}"
+    );
+    let migrated = migrated
+        .expect("migrate() returned while the report was open")
+        .unwrap()
+        .unwrap();
+    assert_eq!(migrated.found, Some(2));
+}

@@ -553,3 +553,100 @@ async fn operations_cut_off_anywhere_leave_no_transaction_open() {
         "each was cut before a run completed: {enqueue_cuts}, {inbox_cuts}, {claim_cuts}, {ack_cuts}"
     );
 }
+
+/// migrate() on current tables (every deploy calls it at start-up) takes no
+/// lock a producer can queue behind: while a report holds the events table
+/// open, migrate() returns at once and an enqueue beside it goes through.
+/// Before, migrate() re-ran its DDL (DROP/CREATE TRIGGER, ALTER TABLE)
+/// with no lock timeout: it queued for ACCESS EXCLUSIVE behind the report
+/// and every producer queued behind it (12.3 s in the run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_on_current_tables_takes_no_lock_producers_queue_behind() {
+    use outbox_core::OutboxWriter;
+    let (store, schema) = store_in_schema(ManualClock::at_epoch()).await;
+    let mut report = store.pool().begin().await.unwrap();
+    sqlx::query(&format!("SELECT count(*) FROM {schema}.outbox_events"))
+        .fetch_one(&mut *report)
+        .await
+        .unwrap();
+    let deploy = tokio::spawn({
+        let store = store.clone();
+        async move { store.migrate().await }
+    });
+    let enqueued = tokio::time::timeout(
+        std::time::Duration::from_secs(3),
+        OutboxWriter::enqueue(&store, &[event("a", 1)]),
+    )
+    .await;
+    let migrated = tokio::time::timeout(std::time::Duration::from_secs(3), deploy).await;
+    report.rollback().await.unwrap();
+    assert!(
+        matches!(enqueued, Ok(Ok(_))),
+        "a producer queued behind migrate(): {enqueued:?}"
+    );
+    let migrated = migrated
+        .expect("migrate() returned while the report was open")
+        .unwrap()
+        .unwrap();
+    assert_eq!(migrated.found, Some(2));
+}
+
+/// migrate() with DDL to run (another release's schema) while a report
+/// holds the table: it waits at most a second per lock and retries, so a
+/// producer meanwhile waits at most that second, and it completes once the
+/// report ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_with_ddl_to_run_never_holds_producers_long() {
+    use outbox_core::OutboxWriter;
+    let (store, schema) = store_in_schema(ManualClock::at_epoch()).await;
+    sqlx::query(&format!(
+        "UPDATE {schema}.outbox_schema_applied SET fingerprint = 'an earlier release'"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let mut report = store.pool().begin().await.unwrap();
+    sqlx::query(&format!("SELECT count(*) FROM {schema}.outbox_events"))
+        .fetch_one(&mut *report)
+        .await
+        .unwrap();
+    let deploy = tokio::spawn({
+        let store = store.clone();
+        async move { store.migrate().await }
+    });
+    // Until migrate()'s DDL waits for its lock behind the report.
+    let waiting = format!(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{schema}.outbox_events'::regclass"
+    );
+    while sqlx::query_scalar::<_, i64>(&waiting)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+        == 0
+    {
+        tokio::task::yield_now().await;
+    }
+    let started = std::time::Instant::now();
+    OutboxWriter::enqueue(&store, &[event("a", 1)])
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_millis(1_800),
+        "a producer waited {waited:?} behind migrate()"
+    );
+    report.rollback().await.unwrap();
+    let migrated = tokio::time::timeout(std::time::Duration::from_secs(30), deploy)
+        .await
+        .expect("migrate() completes once the report ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(migrated.found, Some(2));
+    let applied: String = sqlx::query_scalar(&format!(
+        "SELECT fingerprint FROM {schema}.outbox_schema_applied"
+    ))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_ne!(applied, "an earlier release");
+}

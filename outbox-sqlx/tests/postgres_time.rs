@@ -185,12 +185,16 @@ async fn claim_pages_after(cycles: usize, hold_xmin: bool) -> i64 {
         .unwrap();
     }
     for n in 0..cycles {
-        OutboxWriter::enqueue(&store, &[event("k", n)]).await.unwrap();
+        OutboxWriter::enqueue(&store, &[event("k", n)])
+            .await
+            .unwrap();
         let claimed = store.claim_batch(&request("relay", 16)).await.unwrap();
         let leases: Vec<_> = claimed.events.iter().map(|c| c.lease.clone()).collect();
         store.ack(&leases).await.unwrap();
     }
-    OutboxWriter::enqueue(&store, &[event("k", cycles)]).await.unwrap();
+    OutboxWriter::enqueue(&store, &[event("k", cycles)])
+        .await
+        .unwrap();
     let pages = claim_pages(&pool, &schema).await;
     holder.rollback().await.unwrap();
     sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE"))

@@ -27,7 +27,14 @@ use outbox_sql::postgres::Queries;
 use outbox_sql::{Migrated, StoreConfig};
 
 use crate::error::ResultExt;
-use statements::{Inserted, Installed, InstalledVersion};
+use statements::{Applied, AppliedTable, Inserted, Installed, InstalledVersion};
+
+/// A statement cancelled by `lock_timeout` (Diesel keeps the server's
+/// message, not its SQLSTATE 55P03).
+fn is_lock_timeout(error: &diesel::result::Error) -> bool {
+    matches!(error, diesel::result::Error::DatabaseError(_, info)
+        if info.message().contains("lock timeout"))
+}
 
 pub use outbox_sql::postgres::SCHEMA_VERSION;
 
@@ -106,10 +113,30 @@ impl PgOutbox {
 
     /// Creates or updates the tables, indexes, trigger and functions, in
     /// one transaction. Idempotent and quiet; concurrent callers take
-    /// turns. Tables of another schema version are refused before anything
-    /// changes, naming the upgrade notes.
+    /// turns. On tables this version already made it does nothing (no DDL,
+    /// no lock a producer could queue behind); DDL it has to run waits for
+    /// each lock at most a second and is retried, so producers never queue
+    /// behind it long. Tables of another schema version are refused before
+    /// anything changes, naming the upgrade notes.
     pub async fn migrate(&self, conn: &mut AsyncPgConnection) -> Result<Migrated, StoreError> {
+        use outbox_sql::postgres::{MIGRATE_ATTEMPTS, migrate_locks_unavailable, migrate_pause};
+        for attempt in 1..=MIGRATE_ATTEMPTS {
+            if let Some(migrated) = self.migrate_once(conn).await? {
+                return Ok(migrated);
+            }
+            tokio::time::sleep(migrate_pause(attempt)).await;
+        }
+        Err(migrate_locks_unavailable().during("migrate", self.config.tables.events()))
+    }
+
+    /// One attempt of [`PgOutbox::migrate`]; `None` when a lock was not
+    /// granted in time (rolled back).
+    async fn migrate_once(
+        &self,
+        conn: &mut AsyncPgConnection,
+    ) -> Result<Option<Migrated>, StoreError> {
         let schema = self.schema_sql();
+        let fingerprint = outbox_sql::postgres::schema_fingerprint(&self.config, &self.queries);
         let migrated = conn
             .transaction::<_, crate::Error, _>(async |conn| {
                 diesel_async::RunQueryDsl::execute(
@@ -133,14 +160,38 @@ impl PgOutbox {
                     None
                 };
                 let migrated = self.check(&installed, version)?;
+                let present = diesel_async::RunQueryDsl::get_result::<AppliedTable>(
+                    diesel::sql_query(self.queries.applied_table.as_str()),
+                    &mut *conn,
+                )
+                .await?
+                .present;
+                if present {
+                    let applied = diesel_async::RunQueryDsl::get_result::<Applied>(
+                        diesel::sql_query(self.queries.applied_fingerprint.as_str()),
+                        &mut *conn,
+                    )
+                    .await?;
+                    if applied.fingerprint.as_deref() == Some(fingerprint.as_str()) {
+                        return Ok(Some(migrated));
+                    }
+                }
+                diesel_async::RunQueryDsl::execute(
+                    diesel::sql_query(outbox_sql::postgres::migrate_lock_timeout()),
+                    &mut *conn,
+                )
+                .await?;
                 conn.batch_execute(&schema).await?;
-                Ok(migrated)
+                Ok(Some(migrated))
             })
             .await;
-        migrated.map_err(|e| {
-            e.into_store_error()
-                .during("migrate", self.config.tables.events())
-        })
+        match migrated {
+            Err(crate::Error::Diesel(e)) if is_lock_timeout(&e) => Ok(None),
+            other => other.map_err(|e| {
+                e.into_store_error()
+                    .during("migrate", self.config.tables.events())
+            }),
+        }
     }
 
     fn check(&self, installed: &Installed, version: Option<i32>) -> Result<Migrated, StoreError> {

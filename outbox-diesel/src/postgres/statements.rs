@@ -55,6 +55,20 @@ impl Installed {
     }
 }
 
+/// Whether `outbox_schema_applied` exists.
+#[derive(diesel::QueryableByName)]
+pub(super) struct AppliedTable {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub(super) present: bool,
+}
+
+/// The schema fingerprint `migrate()` last applied.
+#[derive(diesel::QueryableByName)]
+pub(super) struct Applied {
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(super) fingerprint: Option<String>,
+}
+
 /// The schema-version record's version.
 #[derive(diesel::QueryableByName)]
 pub(super) struct InstalledVersion {

@@ -24,7 +24,7 @@ use outbox_sql::Migrated;
 use outbox_sql::enqueue::{EnqueueColumns, outcomes};
 
 use super::PgOutbox;
-use super::statements::{self, Inserted, Installed, InstalledVersion};
+use super::statements::{self, Applied, AppliedTable, Inserted, Installed, InstalledVersion};
 use crate::error::ResultExt;
 
 impl PgOutbox {
@@ -47,12 +47,28 @@ impl PgOutbox {
         Ok(outcomes(events, rows.into_iter().map(Inserted::pair)))
     }
 
-    /// [`PgOutbox::migrate`] on a synchronous connection.
+    /// [`PgOutbox::migrate`] on a synchronous connection (it sleeps the
+    /// thread between attempts).
     pub fn migrate_sync(
         &self,
         conn: &mut impl LoadConnection<Backend = Pg>,
     ) -> Result<Migrated, StoreError> {
+        use outbox_sql::postgres::{MIGRATE_ATTEMPTS, migrate_locks_unavailable, migrate_pause};
+        for attempt in 1..=MIGRATE_ATTEMPTS {
+            if let Some(migrated) = self.migrate_sync_once(conn)? {
+                return Ok(migrated);
+            }
+            std::thread::sleep(migrate_pause(attempt));
+        }
+        Err(migrate_locks_unavailable().during("migrate", self.config.tables.events()))
+    }
+
+    fn migrate_sync_once(
+        &self,
+        conn: &mut impl LoadConnection<Backend = Pg>,
+    ) -> Result<Option<Migrated>, StoreError> {
         let schema = self.schema_sql();
+        let fingerprint = outbox_sql::postgres::schema_fingerprint(&self.config, &self.queries);
         let migrated = conn.transaction::<_, crate::Error, _>(|conn| {
             diesel::sql_query(self.queries.migrate_lock.as_str()).execute(conn)?;
             let installed: Installed =
@@ -65,13 +81,27 @@ impl PgOutbox {
                 None
             };
             let migrated = self.check(&installed, version)?;
+            let present = diesel::sql_query(self.queries.applied_table.as_str())
+                .get_result::<AppliedTable>(conn)?
+                .present;
+            if present {
+                let applied = diesel::sql_query(self.queries.applied_fingerprint.as_str())
+                    .get_result::<Applied>(conn)?;
+                if applied.fingerprint.as_deref() == Some(fingerprint.as_str()) {
+                    return Ok(Some(migrated));
+                }
+            }
+            diesel::sql_query(outbox_sql::postgres::migrate_lock_timeout()).execute(conn)?;
             conn.batch_execute(&schema)?;
-            Ok(migrated)
+            Ok(Some(migrated))
         });
-        migrated.map_err(|e| {
-            e.into_store_error()
-                .during("migrate", self.config.tables.events())
-        })
+        match migrated {
+            Err(crate::Error::Diesel(e)) if super::is_lock_timeout(&e) => Ok(None),
+            other => other.map_err(|e| {
+                e.into_store_error()
+                    .during("migrate", self.config.tables.events())
+            }),
+        }
     }
 
     /// Claims `(consumer, event_id)` in the inbox on `conn`, inside your

@@ -15,7 +15,68 @@ pub const SCHEMA: &str = include_str!("schema.sql");
 pub const SCHEMA_VERSION: i32 = 2;
 
 /// The schema DDL and functions for `config`'s table names and limits.
+/// Its last statements record [`schema_fingerprint`] in
+/// `outbox_schema_applied`.
 pub fn schema_sql(config: &StoreConfig, queries: &Queries) -> String {
+    let rendered = render(config, queries);
+    let fingerprint = fingerprint_of(&rendered);
+    rendered.replace("{{fingerprint}}", &fingerprint)
+}
+
+/// A fingerprint of the schema [`schema_sql`] applies: `migrate()` on
+/// tables that recorded the same one has nothing to do, and does nothing
+/// (no DDL, so no lock a producer could queue behind).
+pub fn schema_fingerprint(config: &StoreConfig, queries: &Queries) -> String {
+    fingerprint_of(&render(config, queries))
+}
+
+/// FNV-1a (64 bits) of the text, as 16 hex digits (scripts/render-migrations.py
+/// computes the same for the shipped migration).
+fn fingerprint_of(rendered: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in rendered.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// How long `migrate()` waits for one of its locks when it has DDL to run
+/// (an upgrade); past it the attempt is rolled back and retried, so
+/// producers never queue behind a migration stuck behind a long reader.
+pub const MIGRATE_LOCK_TIMEOUT_MS: u64 = 1_000;
+
+/// Attempts `migrate()` makes before it reports that it could not take its
+/// locks.
+pub const MIGRATE_ATTEMPTS: u32 = 5;
+
+/// The SQLSTATE of a lock not taken within `lock_timeout`.
+pub const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// The statement that bounds each lock wait of `migrate()`'s DDL.
+pub fn migrate_lock_timeout() -> String {
+    format!("SET LOCAL lock_timeout = {MIGRATE_LOCK_TIMEOUT_MS}")
+}
+
+/// The pause before `migrate()`'s attempt `attempt + 1`.
+pub fn migrate_pause(attempt: u32) -> std::time::Duration {
+    std::time::Duration::from_millis(MIGRATE_LOCK_TIMEOUT_MS * u64::from(attempt))
+}
+
+/// What `migrate()` says when every attempt found its locks taken
+/// (retryable: the transaction holding them will end).
+pub fn migrate_locks_unavailable() -> outbox_core::StoreError {
+    outbox_core::StoreError::Unavailable(
+        format!(
+            "migrate() could not take the locks its DDL needs in {MIGRATE_ATTEMPTS} attempts of \
+             {MIGRATE_LOCK_TIMEOUT_MS} ms: a transaction holds the outbox tables (see pg_locks); \
+             retry when it has ended"
+        )
+        .into(),
+    )
+}
+
+fn render(config: &StoreConfig, queries: &Queries) -> String {
     let limits = &config.limits;
     config
         .tables

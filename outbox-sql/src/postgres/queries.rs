@@ -59,6 +59,11 @@ pub struct Queries {
     pub installed_tables: String,
     /// `version`: the schema-version record's (when the table exists).
     pub installed_version: String,
+    /// `present`: whether `outbox_schema_applied` exists.
+    pub applied_table: String,
+    /// `fingerprint`: the schema text `migrate()` last applied (when the
+    /// table exists).
+    pub applied_fingerprint: String,
 }
 
 impl Queries {
@@ -374,6 +379,14 @@ impl Queries {
                 "SELECT to_regclass('{events}')::text AS events, \
                  to_regclass('{record}')::text AS record",
                 record = names.table("schema_version")
+            ),
+            applied_table: format!(
+                "SELECT to_regclass('{}') IS NOT NULL AS present",
+                names.table("schema_applied")
+            ),
+            applied_fingerprint: format!(
+                "SELECT max(fingerprint) AS fingerprint FROM {}",
+                names.table("schema_applied")
             ),
             installed_version: format!(
                 "SELECT MAX(version) AS version FROM {}",

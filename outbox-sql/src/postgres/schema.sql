@@ -9,6 +9,12 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_schema_version (version INTEGER NOT 
 INSERT INTO {{schema}}outbox_schema_version (version)
     SELECT {{schema_version}} WHERE NOT EXISTS (SELECT 1 FROM {{schema}}outbox_schema_version);
 
+-- What migrate() last applied: a fingerprint of this rendered text (the
+-- last statements below write it). A migrate() that finds its own
+-- fingerprint runs none of this DDL, so it takes no lock a producer could
+-- queue behind; deploys call it at every start.
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_schema_applied (fingerprint TEXT NOT NULL);
+
 CREATE SEQUENCE IF NOT EXISTS {{schema}}outbox_events_seq;
 
 -- Store time: the database clock (every lease, delay, backoff and age is
@@ -1368,3 +1374,7 @@ CREATE OR REPLACE FUNCTION {{schema}}outbox_sequences_past_rows() RETURNS void
                      pg_get_serial_sequence('{{schema}}outbox_cursor_states', 'id')::regclass), 0);
 $$;
 SELECT {{schema}}outbox_sequences_past_rows();
+
+-- Applied: what the next migrate() compares against.
+DELETE FROM {{schema}}outbox_schema_applied;
+INSERT INTO {{schema}}outbox_schema_applied (fingerprint) VALUES ('{{fingerprint}}');

@@ -122,26 +122,67 @@ impl PgStore {
     /// refused with [`StoreError::Config`] naming the upgrade notes, before
     /// anything is changed.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
+        use outbox_sql::postgres::{MIGRATE_ATTEMPTS, migrate_locks_unavailable, migrate_pause};
         crate::error::during("migrate", || self.config().tables.events(), async move {
-            let mut tx = crate::pool::begin(&self.pool).await?;
-            sqlx::query(&self.queries.migrate_lock)
-                .execute(&mut *tx)
-                .await
-                .store()?;
-            let found = self.installed_version(&mut tx).await?;
-            let migrated = crate::config::check_schema_version(
-                &self.config.tables.events(),
-                found,
-                SCHEMA_VERSION,
-            )?;
-            let schema = self.schema_sql();
-            sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
-                .await
-                .store()?;
-            tx.commit().await.store()?;
-            Ok(migrated)
+            for attempt in 1..=MIGRATE_ATTEMPTS {
+                if let Some(migrated) = self.migrate_once().await? {
+                    return Ok(migrated);
+                }
+                tokio::time::sleep(migrate_pause(attempt)).await;
+            }
+            Err(migrate_locks_unavailable())
         })
         .await
+    }
+
+    /// One attempt: nothing to do on tables that recorded this schema's
+    /// fingerprint (no DDL, no lock but the migrations' own advisory one);
+    /// otherwise the DDL, each lock waited for at most
+    /// `MIGRATE_LOCK_TIMEOUT_MS` so producers never queue behind it long.
+    /// `None` when a lock was not granted in time (rolled back).
+    async fn migrate_once(&self) -> Result<Option<Migrated>, StoreError> {
+        let mut tx = crate::pool::begin(&self.pool).await?;
+        sqlx::query(&self.queries.migrate_lock)
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        let found = self.installed_version(&mut tx).await?;
+        let migrated = crate::config::check_schema_version(
+            &self.config.tables.events(),
+            found,
+            SCHEMA_VERSION,
+        )?;
+        let fingerprint = outbox_sql::postgres::schema_fingerprint(&self.config, &self.queries);
+        let present: bool = sqlx::query_scalar(&self.queries.applied_table)
+            .fetch_one(&mut *tx)
+            .await
+            .store()?;
+        if present {
+            let applied: Option<String> = sqlx::query_scalar(&self.queries.applied_fingerprint)
+                .fetch_one(&mut *tx)
+                .await
+                .store()?;
+            if applied.as_deref() == Some(fingerprint.as_str()) {
+                tx.commit().await.store()?;
+                return Ok(Some(migrated));
+            }
+        }
+        sqlx::query(&outbox_sql::postgres::migrate_lock_timeout())
+            .execute(&mut *tx)
+            .await
+            .store()?;
+        match sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&self.schema_sql())).await {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(db))
+                if db.code().as_deref() == Some(outbox_sql::postgres::LOCK_NOT_AVAILABLE) =>
+            {
+                tx.rollback().await.store()?;
+                return Ok(None);
+            }
+            Err(error) => return Err(error).store(),
+        }
+        tx.commit().await.store()?;
+        Ok(Some(migrated))
     }
 
     /// The schema version of the outbox tables: `None` if there are none,
