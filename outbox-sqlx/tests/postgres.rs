@@ -569,26 +569,40 @@ async fn migrate_on_current_tables_takes_no_lock_producers_queue_behind() {
         .fetch_one(&mut *report)
         .await
         .unwrap();
-    let deploy = tokio::spawn({
-        let store = store.clone();
-        async move { store.migrate().await }
-    });
+    // Three instances of the application start at once.
+    let deploys: Vec<_> = (0..3)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.migrate().await })
+        })
+        .collect();
+    let started = std::time::Instant::now();
     let enqueued = tokio::time::timeout(
         std::time::Duration::from_secs(3),
         OutboxWriter::enqueue(&store, &[event("a", 1)]),
     )
     .await;
-    let migrated = tokio::time::timeout(std::time::Duration::from_secs(3), deploy).await;
+    let waited = started.elapsed();
+    let mut migrated = Vec::new();
+    for deploy in deploys {
+        migrated.push(tokio::time::timeout(std::time::Duration::from_secs(3), deploy).await);
+    }
     report.rollback().await.unwrap();
     assert!(
         matches!(enqueued, Ok(Ok(_))),
         "a producer queued behind migrate(): {enqueued:?}"
     );
-    let migrated = migrated
-        .expect("migrate() returned while the report was open")
-        .unwrap()
-        .unwrap();
-    assert_eq!(migrated.found, Some(2));
+    assert!(
+        waited < std::time::Duration::from_millis(500),
+        "the enqueue took {waited:?}"
+    );
+    for m in migrated {
+        let m = m
+            .expect("migrate() returned while the report was open")
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.found, Some(2));
+    }
 }
 
 /// migrate() with DDL to run (another release's schema) while a report
