@@ -62,6 +62,11 @@ pub struct RelaySection {
     pub retry_initial_backoff: Option<String>,
     /// Longest delay between an event's attempts (`5m`).
     pub retry_max_backoff: Option<String>,
+    /// First pause after a publisher outage (`500ms`); pauses double.
+    pub outage_initial_pause: Option<String>,
+    /// Longest pause while the outage lasts (`30s`): how long recovery can
+    /// take once the cause is removed.
+    pub outage_max_pause: Option<String>,
 }
 
 /// `[broker]`.
@@ -162,6 +167,12 @@ impl DaemonConfig {
         }
         if let Some(d) = duration("relay.drain_timeout", &r.drain_timeout)? {
             config.drain_timeout = d;
+        }
+        if let Some(d) = duration("relay.outage_initial_pause", &r.outage_initial_pause)? {
+            config.outage.initial_pause = d;
+        }
+        if let Some(d) = duration("relay.outage_max_pause", &r.outage_max_pause)? {
+            config.outage.max_pause = d;
         }
         config.ordering = match r.ordering.as_deref() {
             None | Some("per_key") => Ordering::PerKey,

@@ -28,12 +28,16 @@ pub async fn run(
     let config = DaemonConfig::load(path, std::env::vars())?;
     let relay_config = config.relay_config()?;
     let purge = config.purge_schedule()?;
-    let url = config.url.as_deref().or(url).ok_or_else(|| {
-        CliError::usage("no store URL: set url in the file, pass --url or set OUTBOX_URL")
+    // One precedence for every setting: flag > environment > file >
+    // default (clap has already put a flag before OUTBOX_URL,
+    // OUTBOX_SCHEMA and OUTBOX_PREFIX; the [relay], [broker], [http] and
+    // [purge] keys take OUTBOX_<SECTION>_<KEY> over the file).
+    let url = url.or(config.url.as_deref()).ok_or_else(|| {
+        CliError::usage("no store URL: pass --url, set OUTBOX_URL or set url in the file")
     })?;
     let tables = Tables {
-        schema: config.schema.clone().or_else(|| tables.schema.clone()),
-        prefix: config.prefix.clone().or_else(|| tables.prefix.clone()),
+        schema: tables.schema.clone().or_else(|| config.schema.clone()),
+        prefix: tables.prefix.clone().or_else(|| config.prefix.clone()),
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -72,7 +76,22 @@ pub async fn run(
     }
     tokio::spawn(stop_on_signal(shutdown.clone()));
 
-    tracing::info!(relay = %relay_config.relay_id, store = store.kind(), "relay starting");
+    tracing::info!(
+        relay = %relay_config.relay_id,
+        store = store.kind(),
+        url = %redacted(url),
+        schema = tables.schema.as_deref().unwrap_or("(the connection's default)"),
+        prefix = tables.prefix.as_deref().unwrap_or("outbox"),
+        destination = %destination(&config.broker),
+        batch_size = relay_config.batch_size,
+        lease = ?relay_config.lease_duration,
+        publish_timeout = ?relay_config.publish_timeout,
+        poll_interval = ?relay_config.poll_interval,
+        ordering = ?relay_config.ordering,
+        poison = ?relay_config.poison,
+        outage = ?relay_config.outage,
+        "relay starting"
+    );
     let result = run_relay(&store, publisher, relay_config, shutdown).await;
     running.store(false, AtomicOrdering::SeqCst);
     match result {
@@ -87,6 +106,63 @@ pub async fn run(
             Ok(())
         }
         Err(error) => Err(CliError::failure(error)),
+    }
+}
+
+/// `url` with any password replaced by `***` (start-up logs and pages).
+pub(crate) fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// Where the daemon publishes, for the start-up log.
+fn destination(broker: &BrokerSection) -> String {
+    match broker {
+        BrokerSection::Redis { url, stream_prefix } => format!(
+            "redis {} streams {}<event type>",
+            redacted(url),
+            stream_prefix.as_deref().unwrap_or("outbox:")
+        ),
+        BrokerSection::Kafka {
+            bootstrap,
+            topic_prefix,
+            ..
+        } => format!(
+            "kafka {bootstrap} topics {}<event type>",
+            topic_prefix.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_never_reach_the_log() {
+        assert_eq!(
+            redacted("postgres://app:s3cret@db.internal:5432/billing?sslmode=require"),
+            "postgres://app:***@db.internal:5432/billing?sslmode=require"
+        );
+        assert_eq!(
+            redacted("redis://:p%40ss@cache:6379/0"),
+            "redis://:***@cache:6379/0"
+        );
+        assert_eq!(redacted("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(
+            redacted("sqlite:/var/lib/outbox.db"),
+            "sqlite:/var/lib/outbox.db"
+        );
     }
 }
 
