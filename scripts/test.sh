@@ -83,6 +83,14 @@ CARGO_TARGET_DIR=target/docsrs RUSTC_BOOTSTRAP=1 \
 step "every publishable crate packages and builds alone (cargo package, dependency order)"
 scripts/check-packages.sh
 
+# The soak run at its small size: two minutes of production compressed
+# (Zipf producers, hot-key bursts, relays killed, paused and redeployed,
+# Redis restarted, xmin held, purge on a short schedule), failing on a
+# loss, a burned attempt, a history that outgrows retention, a slow status,
+# a claim that costs more over time, or other keys held by a hot key.
+step "soak (outbox-chaos soak: 2 minutes of traffic, private PostgreSQL and Redis)"
+target/debug/outbox-chaos soak
+
 # Doc tests before nextest: the run then closes on nextest's summary.
 step "doc tests"
 cargo test --workspace --all-features --doc

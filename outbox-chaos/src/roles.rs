@@ -72,6 +72,14 @@ fn on_sigterm() -> Result<CancellationToken, Error> {
 /// One relay until SIGTERM (or SIGKILL, which is the point).
 pub(crate) async fn relay(pg: &str, broker: &str, name: &str) -> Result<(), Error> {
     let store = Arc::new(PgStore::new(pool(pg)?, StoreConfig::default()));
+    // As a service does at every start (a deploy): on current tables it
+    // changes nothing and takes no lock; through a database outage, again.
+    while let Err(error) = store.migrate().await {
+        if !error.is_retryable() {
+            return Err(error.into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // Short leases so a killed relay's events come back within the run.
     let mut config = RelayConfig {
         relay_id: RelayId::new(name),

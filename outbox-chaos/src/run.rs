@@ -74,13 +74,13 @@ impl Settings {
 }
 
 /// A child process of this binary in one role, restartable.
-struct Role {
+pub(crate) struct Role {
     args: Vec<String>,
     child: Option<Child>,
 }
 
 impl Role {
-    fn start(args: Vec<String>) -> Self {
+    pub(crate) fn start(args: Vec<String>) -> Self {
         let mut role = Self { args, child: None };
         role.spawn();
         role
@@ -97,17 +97,48 @@ impl Role {
     }
 
     /// SIGKILL, then a new process in the same role (same name).
-    fn kill_and_restart(&mut self) {
+    pub(crate) fn kill_and_restart(&mut self) {
         self.kill();
         self.spawn();
     }
 
-    fn kill(&mut self) {
+    /// A deploy: SIGTERM (the process drains its batch and exits; SIGKILL
+    /// after `grace`), then a new process in the same role.
+    pub(crate) fn terminate_and_restart(&mut self, grace: Duration) {
+        if let Some(mut child) = self.child.take() {
+            signal(&child, "-TERM");
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn();
+    }
+
+    /// SIGSTOP (a process paused: a long GC, a frozen VM) or SIGCONT.
+    pub(crate) fn pause(&self, paused: bool) {
+        if let Some(child) = &self.child {
+            signal(child, if paused { "-STOP" } else { "-CONT" });
+        }
+    }
+
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
+}
+
+fn signal(child: &Child, signal: &str) {
+    let _ = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status();
 }
 
 impl Drop for Role {
@@ -119,7 +150,7 @@ impl Drop for Role {
 /// The run's broker: a private redis-server (stopped = killed, its AOF
 /// keeps what it acknowledged) or a private tansu behind a cuttable proxy
 /// (stopped = every connection cut and refused).
-enum Broker {
+pub(crate) enum Broker {
     Redis(PrivateRedis),
     Kafka(PrivateKafka),
 }
@@ -167,14 +198,14 @@ impl Broker {
         }
     }
 
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         match self {
             Self::Redis(redis) => redis.kill(),
             Self::Kafka(kafka) => kafka.cut(),
         }
     }
 
-    fn resume(&mut self) {
+    pub(crate) fn resume(&mut self) {
         match self {
             Self::Redis(redis) => redis.spawn(),
             Self::Kafka(kafka) => kafka.restore(),
@@ -182,7 +213,7 @@ impl Broker {
     }
 
     /// Every message the broker holds: (distinct event ids, messages).
-    async fn census(&mut self) -> Result<(usize, usize), Error> {
+    pub(crate) async fn census(&mut self) -> Result<(usize, usize), Error> {
         match self {
             Self::Redis(redis) => redis_census(redis).await,
             Self::Kafka(kafka) => kafka_census(kafka).await,
@@ -192,9 +223,9 @@ impl Broker {
 
 /// What the producer committed, per key in order.
 #[derive(Default)]
-struct Committed {
-    by_key: HashMap<String, Vec<EventId>>,
-    total: usize,
+pub(crate) struct Committed {
+    pub(crate) by_key: HashMap<String, Vec<EventId>>,
+    pub(crate) total: usize,
 }
 
 pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
@@ -428,17 +459,17 @@ async fn kill_relays(relays: Arc<Mutex<Vec<Role>>>, done: outbox_core::Cancellat
     }
 }
 
-struct Accounting {
-    published_distinct: usize,
-    broker_duplicates: usize,
-    applied_distinct: usize,
-    applied_twice: usize,
-    lost: usize,
-    order_violations: usize,
-    failed_or_parked: u64,
+pub(crate) struct Accounting {
+    pub(crate) published_distinct: usize,
+    pub(crate) broker_duplicates: usize,
+    pub(crate) applied_distinct: usize,
+    pub(crate) applied_twice: usize,
+    pub(crate) lost: usize,
+    pub(crate) order_violations: usize,
+    pub(crate) failed_or_parked: u64,
 }
 
-async fn account(
+pub(crate) async fn account(
     pool: &sqlx::PgPool,
     store: &PgStore,
     broker: &mut Broker,
