@@ -96,6 +96,10 @@ async fn prepare(pool: &PgPool, name: &str, retained: i64) -> Result<(PgStore, S
     let tables = TableNames::default().in_schema(&schema)?;
     let store = PgStore::new(pool.clone(), StoreConfig::with_tables(tables));
     store.migrate().await?;
+    // The control and cursor rows are written by the first tick (a claim's),
+    // not by migrate(): write them now so the cursor can be read and put back.
+    pool.execute(&*format!("SELECT {schema}.outbox_tick()"))
+        .await?;
     if retained > 0 {
         sqlx::query(&format!(
             "INSERT INTO {schema}.outbox_events (event_id, aggregate_type, aggregate_id,
