@@ -144,28 +144,6 @@ fn destination(broker: &BrokerSection) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::redacted;
-
-    #[test]
-    fn passwords_never_reach_the_log() {
-        assert_eq!(
-            redacted("postgres://app:s3cret@db.internal:5432/billing?sslmode=require"),
-            "postgres://app:***@db.internal:5432/billing?sslmode=require"
-        );
-        assert_eq!(
-            redacted("redis://:p%40ss@cache:6379/0"),
-            "redis://:***@cache:6379/0"
-        );
-        assert_eq!(redacted("postgres://app@db/x"), "postgres://app@db/x");
-        assert_eq!(
-            redacted("sqlite:/var/lib/outbox.db"),
-            "sqlite:/var/lib/outbox.db"
-        );
-    }
-}
-
 fn publisher(broker: &BrokerSection) -> Result<Arc<dyn Publisher>, CliError> {
     match broker {
         BrokerSection::Redis { url, stream_prefix } => {
@@ -283,5 +261,27 @@ async fn purge_loop(
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.cancelled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_never_reach_the_log() {
+        assert_eq!(
+            redacted("postgres://app:s3cret@db.internal:5432/billing?sslmode=require"),
+            "postgres://app:***@db.internal:5432/billing?sslmode=require"
+        );
+        assert_eq!(
+            redacted("redis://:p%40ss@cache:6379/0"),
+            "redis://:***@cache:6379/0"
+        );
+        assert_eq!(redacted("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(
+            redacted("sqlite:/var/lib/outbox.db"),
+            "sqlite:/var/lib/outbox.db"
+        );
     }
 }
