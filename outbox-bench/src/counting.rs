@@ -93,6 +93,10 @@ impl<P: Publisher> Publisher for CountingPublisher<P> {
         }
     }
 
+    fn destination(&self) -> String {
+        self.inner.destination()
+    }
+
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
         let outcomes = self.inner.publish(batch).await;
         let now = Instant::now();

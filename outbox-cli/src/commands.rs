@@ -116,10 +116,14 @@ async fn status(store: &Store, output: Output) -> Result<(), CliError> {
     let blocked = admin.blocked_keys().await?;
     let relays = admin.relays().await?;
     let now = chrono::Utc::now();
+    // A broker outage holds back everything its relays would publish: said
+    // first, as what to fix first.
+    let mut held_back_lines = render::outages(&relays, now, LIVE_RELAY_WITHIN.as_secs_f64());
+    held_back_lines.extend(held_back.iter().map(render::held_back));
     let document = json!({
         "schema_version": schema_version,
         "event_types": stats.iter().map(render::stats).collect::<Vec<_>>(),
-        "held_back": held_back.iter().map(render::held_back).collect::<Vec<_>>(),
+        "held_back": held_back_lines,
         "blocked_keys": blocked.iter().map(render::blocked_key).collect::<Vec<_>>(),
         "relays": relays.iter().map(|r| render::relay(r, now)).collect::<Vec<_>>(),
     });
@@ -146,7 +150,7 @@ async fn status(store: &Store, output: Output) -> Result<(), CliError> {
         println!("(no events)");
     }
     println!();
-    if held_back.is_empty() {
+    if held_back_lines.is_empty() {
         println!("held back: nothing");
     }
     for cause in &document["held_back"]
@@ -169,8 +173,20 @@ async fn status(store: &Store, output: Output) -> Result<(), CliError> {
         println!("relays: none has reported");
     }
     for relay in &relays {
+        let paused = relay
+            .outage
+            .as_ref()
+            .map(|o| {
+                format!(
+                    "; PAUSED since {}: publishing to {}: {}",
+                    o.since.format("%Y-%m-%d %H:%M:%S UTC"),
+                    o.destination,
+                    o.reason
+                )
+            })
+            .unwrap_or_default();
         println!(
-            "relay {}: last seen {} ({:.1} s ago; clock skew {} ms)",
+            "relay {}: last seen {} ({:.1} s ago; clock skew {} ms){paused}",
             relay.relay,
             relay.last_seen,
             render::silent_for(relay, now),
@@ -179,6 +195,11 @@ async fn status(store: &Store, output: Output) -> Result<(), CliError> {
     }
     Ok(())
 }
+
+/// A relay that reported within this long speaks for the broker now
+/// (`status` lists the outages of such relays as holding publication back;
+/// `health --relay-timeout` defaults to the same).
+const LIVE_RELAY_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 
 async fn failed(store: &Store, action: FailedAction, output: Output) -> Result<(), CliError> {
     match action {
@@ -354,19 +375,35 @@ async fn health(
             blocked[0].blocking_event_id
         ));
     }
+    // A paused relay is working as designed (events are safe and wait, no
+    // attempt is burned): degraded, with an exit status of its own, unless
+    // something else also needs an operator.
+    let degraded: Vec<String> = render::outages(&relays, now, relay_timeout.as_secs_f64())
+        .iter()
+        .map(|o| o["detail"].as_str().unwrap_or_default().to_owned())
+        .collect();
     if output == Output::Json {
         println!(
             "{}",
-            json!({ "healthy": problems.is_empty(), "problems": problems })
+            json!({
+                "healthy": problems.is_empty() && degraded.is_empty(),
+                "degraded": !degraded.is_empty(),
+                "problems": problems,
+                "outages": degraded,
+            })
         );
     }
-    match problems.first() {
-        None => {
+    match (problems.first(), degraded.first()) {
+        (None, None) => {
             if output == Output::Text {
                 println!("healthy");
             }
             Ok(())
         }
-        Some(first) => Err(CliError::failure(format!("unhealthy: {first}"))),
+        (None, Some(outage)) => Err(CliError::degraded(format!("degraded: {outage}"))),
+        (Some(first), None) => Err(CliError::failure(format!("unhealthy: {first}"))),
+        (Some(first), Some(outage)) => Err(CliError::failure(format!(
+            "unhealthy: {first}; degraded: {outage}"
+        ))),
     }
 }

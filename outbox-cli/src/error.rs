@@ -37,14 +37,25 @@ impl CliError {
         }
     }
 
+    /// Working, but a relay is paused because its broker is down: events
+    /// are safe in the store and wait (exit status 4).
+    pub fn degraded(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            status: 4,
+        }
+    }
+
     /// The process's exit status.
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(self.status)
     }
 }
 
+// The store's error already says what it is ("store unavailable: …",
+// "store error: claim_batch on …: …"): no prefix of ours.
 impl From<outbox_core::StoreError> for CliError {
     fn from(error: outbox_core::StoreError) -> Self {
-        Self::failure(format!("store error: {error}"))
+        Self::failure(error)
     }
 }

@@ -3,7 +3,7 @@
 
 use outbox_core::chrono::{DateTime, Utc};
 use outbox_core::store::{
-    BlockedKey, EventTypeStats, FailedEvent, HeldBack, OpenTransaction, RelayStatus,
+    BlockedKey, EventTypeStats, FailedEvent, HeldBack, OpenTransaction, RelayOutage, RelayStatus,
 };
 use serde_json::{Value, json};
 
@@ -69,7 +69,9 @@ pub fn held_back(cause: &HeldBack) -> Value {
         ),
         HeldBack::CrashSuspects { events } => (
             "crash_suspects",
-            format!("{events} events suspected of crashing relays (drained one per claim)"),
+            format!(
+                "{events} events were in flight when a relay crashed or its lease expired (retried in shrinking groups until the crash is pinned on one)"
+            ),
             json!({ "events": events }),
         ),
         HeldBack::OpenTransactions { transactions } => (
@@ -112,20 +114,77 @@ pub fn blocked_key(key: &BlockedKey) -> Value {
     })
 }
 
-/// A relay's last heartbeat, and how long ago it was at `now`.
+/// A relay's last heartbeat, and how long ago it was at `now`; its
+/// publisher outage, if it is paused by one.
 pub fn relay(relay: &RelayStatus, now: DateTime<Utc>) -> Value {
     json!({
         "relay": relay.relay,
         "last_seen": relay.last_seen,
         "silent_s": silent_for(relay, now),
         "clock_skew_ms": relay.clock_skew.num_milliseconds(),
+        "outage": relay.outage.as_ref().map(|o| json!({
+            "destination": o.destination,
+            "reason": o.reason,
+            "since": o.since,
+            "for_s": seconds_since(o.since, now),
+        })),
     })
+}
+
+/// Publishing paused by broker outages, one entry per destination, from
+/// the relays that reported within `live_within` seconds (a relay that
+/// stopped reporting says nothing about the broker now).
+pub fn outages(relays: &[RelayStatus], now: DateTime<Utc>, live_within: f64) -> Vec<Value> {
+    let mut by_destination: Vec<(&RelayOutage, Vec<&str>)> = Vec::new();
+    for relay in relays.iter().filter(|r| silent_for(r, now) <= live_within) {
+        let Some(outage) = &relay.outage else {
+            continue;
+        };
+        match by_destination
+            .iter_mut()
+            .find(|(o, _)| o.destination == outage.destination)
+        {
+            Some((first, names)) => {
+                if outage.since < first.since {
+                    *first = outage;
+                }
+                names.push(&relay.relay);
+            }
+            None => by_destination.push((outage, vec![&relay.relay])),
+        }
+    }
+    by_destination
+        .into_iter()
+        .map(|(outage, relays)| {
+            json!({
+                "kind": "publisher_outage",
+                "detail": format!(
+                    "publishing to {} paused since {} ({:.0} s): {} (relays: {})",
+                    outage.destination,
+                    outage.since.format("%Y-%m-%d %H:%M:%S UTC"),
+                    seconds_since(outage.since, now),
+                    outage.reason,
+                    relays.join(", ")
+                ),
+                "fields": {
+                    "destination": outage.destination,
+                    "reason": outage.reason,
+                    "since": outage.since,
+                    "relays": relays,
+                },
+            })
+        })
+        .collect()
+}
+
+fn seconds_since(at: DateTime<Utc>, now: DateTime<Utc>) -> f64 {
+    ((now - at).num_milliseconds().max(0) as f64) / 1000.0
 }
 
 /// Seconds since the relay's last heartbeat, on this host's clock (as
 /// `health --relay-timeout` measures it); never negative.
 pub fn silent_for(relay: &RelayStatus, now: DateTime<Utc>) -> f64 {
-    ((now - relay.last_seen).num_milliseconds().max(0) as f64) / 1000.0
+    seconds_since(relay.last_seen, now)
 }
 
 /// A failed event; its history only when `with_history`.

@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::memory::{MemoryStore, MockPublisher, RecordingPublisher};
 use outbox_core::store::{
-    ClaimRequest, ClaimedBatch, EventState, Lease, Nack, OutboxAdmin, OutboxStore, OutboxWriter,
-    RelayId, Release, SettleReport,
+    ClaimRequest, ClaimedBatch, EventState, Heartbeat, Lease, Nack, OutboxAdmin, OutboxStore,
+    OutboxWriter, Release, SettleReport,
 };
 use outbox_core::testing::{event, relay_suite};
 use outbox_core::{
@@ -264,8 +264,8 @@ impl OutboxStore for InstrumentedStore {
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
         self.inner.release(releases).await
     }
-    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        self.inner.heartbeat(relay).await
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+        self.inner.heartbeat(beat).await
     }
 }
 

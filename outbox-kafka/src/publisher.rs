@@ -113,6 +113,15 @@ impl Publisher for KafkaPublisher {
         }
     }
 
+    /// `kafka <bootstrap servers> topics <prefix>…`.
+    fn destination(&self) -> String {
+        format!(
+            "kafka {} topics {}",
+            self.config.bootstrap_servers,
+            self.router.describe()
+        )
+    }
+
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
         let producer = self.current();
         let topics: Vec<String> = batch

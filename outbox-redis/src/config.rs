@@ -34,6 +34,14 @@ impl StreamRouter {
             .cloned()
             .unwrap_or_else(|| format!("{}{event_type}", self.prefix))
     }
+
+    /// The routing in a few words, for operators: `outbox:<event type>`.
+    pub(crate) fn describe(&self) -> String {
+        match self.overrides.len() {
+            0 => format!("{}<event type>", self.prefix),
+            n => format!("{}<event type> ({n} routed elsewhere)", self.prefix),
+        }
+    }
 }
 
 impl Default for StreamRouter {

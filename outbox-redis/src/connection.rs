@@ -91,6 +91,14 @@ impl LazyConnection {
         }
     }
 
+    /// The server's address (`host:port` or a socket path), when this was
+    /// built from a URL: no credentials.
+    pub fn address(&self) -> Option<String> {
+        self.client
+            .as_ref()
+            .map(|client| client.get_connection_info().addr.to_string())
+    }
+
     /// The connection, connecting now if there is none yet (bounded by the
     /// connect timeout).
     pub async fn get(&self) -> Result<ConnectionManager, RedisError> {

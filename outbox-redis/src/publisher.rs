@@ -118,6 +118,16 @@ impl Publisher for RedisPublisher {
         }
     }
 
+    /// `redis <host:port> streams <prefix>…` (the address when built from
+    /// a URL).
+    fn destination(&self) -> String {
+        let address = self
+            .connection
+            .address()
+            .unwrap_or_else(|| "(connection)".into());
+        format!("redis {address} streams {}", self.router.describe())
+    }
+
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
         if batch.is_empty() {
             return Vec::new();

@@ -36,6 +36,14 @@ impl TopicRouter {
             .map(String::as_str)
             .unwrap_or(&self.default_topic)
     }
+
+    /// The routing in a few words, for operators: the default topic.
+    pub(crate) fn describe(&self) -> String {
+        match self.overrides.len() {
+            0 => self.default_topic.clone(),
+            n => format!("{} ({n} event types routed elsewhere)", self.default_topic),
+        }
+    }
 }
 
 /// True for a FIFO topic's (or queue's) ARN or URL.

@@ -236,6 +236,11 @@ impl Publisher for SnsPublisher {
         }
     }
 
+    /// `sns <topic ARN>`.
+    fn destination(&self) -> String {
+        format!("sns {}", self.router.describe())
+    }
+
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
         let mut outcomes: Outcomes = Vec::with_capacity(batch.len());
         let chunks = self.chunks(batch, &mut outcomes);

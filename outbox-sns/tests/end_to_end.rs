@@ -326,6 +326,16 @@ async fn the_emulator_stopped_mid_run_is_an_outage_and_nothing_is_lost() {
         publisher.inner.wait_for_outages(outages_before + 2),
     )
     .await;
+    // Where status and health read it: the relay, paused, names the topic
+    // and the SDK's error.
+    let paused = OutboxAdmin::relays(&*setup.store).await.unwrap();
+    let outage = paused
+        .iter()
+        .find_map(|r| r.outage.clone())
+        .unwrap_or_else(|| panic!("no outage recorded: {paused:?}"));
+    assert_eq!(outage.destination, format!("sns {topic}"));
+    assert_eq!(outage.destination, publisher.destination());
+    assert!(!outage.reason.is_empty());
     {
         let _held = publisher.close().await;
         emulator.restart().await;
@@ -334,6 +344,17 @@ async fn the_emulator_stopped_mid_run_is_an_outage_and_nothing_is_lost() {
     }
     let rest = aws.drain(&queue, events.len() - seen.len()).await;
     seen.extend(rest.iter().map(|m| SqsEvent::decode(m).unwrap().event_id));
+    within("the outage cleared once publishing works", async {
+        while OutboxAdmin::relays(&*setup.store)
+            .await
+            .unwrap()
+            .iter()
+            .any(|r| r.outage.is_some())
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     let report = relays.stop(DEADLINE).await;
     let unique_seen: HashSet<EventId> = seen.iter().copied().collect();
     assert_eq!(unique_seen.len(), seen.len(), "nothing published twice");

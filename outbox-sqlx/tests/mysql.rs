@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use outbox_core::store::{ClaimedBatch, EnqueueOutcome, OutboxAdmin, OutboxStore};
+use outbox_core::store::{
+    ClaimedBatch, EnqueueOutcome, Heartbeat, OutboxAdmin, OutboxStore, PublisherOutage, RelayId,
+};
 use outbox_core::testing::{InboxHarness, event, store_suite};
 use outbox_core::{EventId, ManualClock, OutboxWriter, StoreError};
 use outbox_sqlx::mysql::{MySqlInbox, MySqlStore};
@@ -287,6 +289,14 @@ async fn migrate_brings_older_tables_to_the_current_indexes_and_columns() {
     .execute(store.pool())
     .await
     .unwrap();
+    let relays = store.config().tables.relays();
+    sqlx::query(&format!(
+        "ALTER TABLE {relays} DROP COLUMN outage_since, DROP COLUMN outage_destination,
+             DROP COLUMN outage_reason"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
     let older = index_columns(store.pool(), &events).await;
     assert_ne!(older, current);
     assert!(
@@ -308,6 +318,19 @@ async fn migrate_brings_older_tables_to_the_current_indexes_and_columns() {
     .await
     .unwrap();
     assert_eq!(span_columns, 1, "migrate() adds the suspect_span column");
+    let outage_columns: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.columns
+         WHERE table_schema = ? AND table_name = ? AND column_name LIKE 'outage\\_%'",
+    )
+    .bind(database)
+    .bind(relays.split_once('.').unwrap().1)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        outage_columns, 3,
+        "migrate() adds the relays' outage columns"
+    );
     assert!(current.contains(&(
         "outbox_events_published".to_string(),
         "published_at".to_string()
@@ -327,6 +350,13 @@ async fn migrate_brings_older_tables_to_the_current_indexes_and_columns() {
         .await
         .expect("claim after migrate");
     assert_eq!(batch.events.len(), 1);
+    store
+        .heartbeat(&Heartbeat::in_outage(
+            RelayId::new("relay"),
+            PublisherOutage::new("kafka", "down"),
+        ))
+        .await
+        .expect("heartbeat after migrate");
 }
 
 /// A per-key claim leaves out every key with a row in flight (the keys the

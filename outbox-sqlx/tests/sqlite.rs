@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use outbox_core::store::{EnqueueOutcome, EventState, OutboxAdmin};
+use outbox_core::store::{
+    EnqueueOutcome, EventState, Heartbeat, OutboxAdmin, PublisherOutage, RelayId,
+};
 use outbox_core::testing::{InboxHarness, event, event_with_payload, store_suite};
 use outbox_core::{EventId, ManualClock, OutboxWriter, StoreError};
 use outbox_sqlx::sqlite::{SqliteInbox, SqliteStore};
@@ -255,6 +257,16 @@ async fn migrate_adds_the_columns_older_tables_lack() {
         .execute(store.pool())
         .await
         .unwrap();
+    // The relays table as releases before the outage columns made it.
+    let relays = store.config().tables.relays();
+    sqlx::raw_sql(&format!(
+        "DROP TABLE {relays};
+         CREATE TABLE {relays} (relay TEXT PRIMARY KEY, last_seen INTEGER NOT NULL,
+             clock_skew_ms INTEGER NOT NULL DEFAULT 0);"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
     assert!(
         !columns(store.pool().clone(), events.clone())
             .await
@@ -275,6 +287,22 @@ async fn migrate_adds_the_columns_older_tables_lack() {
         .await
         .unwrap();
     assert_eq!(batch.events.len(), 1);
+    let outage_columns = columns(store.pool().clone(), relays)
+        .await
+        .into_iter()
+        .filter(|c| c.starts_with("outage_"))
+        .count();
+    assert_eq!(
+        outage_columns, 3,
+        "migrate() adds the relays' outage columns"
+    );
+    store
+        .heartbeat(&Heartbeat::in_outage(
+            RelayId::new("relay"),
+            PublisherOutage::new("kafka", "down"),
+        ))
+        .await
+        .expect("heartbeat after migrate");
 }
 
 /// Two stores with pools of their own on one file behave like two processes:

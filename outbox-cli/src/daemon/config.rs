@@ -101,7 +101,25 @@ pub enum BrokerSection {
 pub struct HttpSection {
     /// `127.0.0.1:9464`.
     pub listen: String,
+    /// How long the relay may be paused by a broker outage before `/health`
+    /// answers 503 (`5m` by default; `0s` at once). Until then it answers
+    /// 200 with the outage in the body.
+    pub outage_unhealthy_after: Option<String>,
 }
+
+impl HttpSection {
+    /// [`Self::outage_unhealthy_after`], parsed.
+    pub fn outage_unhealthy_after(&self) -> Result<Duration, CliError> {
+        Ok(
+            duration("http.outage_unhealthy_after", &self.outage_unhealthy_after)?
+                .unwrap_or(DEFAULT_OUTAGE_UNHEALTHY_AFTER),
+        )
+    }
+}
+
+/// `/health` turns 503 after this long in a broker outage, unless
+/// `[http] outage_unhealthy_after` says otherwise.
+pub const DEFAULT_OUTAGE_UNHEALTHY_AFTER: Duration = Duration::from_secs(300);
 
 /// `[purge]`.
 #[derive(Debug, Deserialize)]

@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use outbox_core::relay::RelayHealth;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -60,20 +62,56 @@ async fn refresh_gauges(store: &Store) {
     }
 }
 
-/// Serves until the process ends. `/health` is 200 while the relay runs,
-/// 503 once it stopped.
+/// What `/health` answers from.
+#[derive(Clone)]
+pub struct Liveness {
+    /// False once the relay stopped.
+    pub running: Arc<AtomicBool>,
+    /// The relay's own view: is it paused by a broker outage.
+    pub relay: RelayHealth,
+    /// How long an outage may last before `/health` answers 503.
+    pub outage_unhealthy_after: Duration,
+}
+
+impl Liveness {
+    /// The status line and body of `/health` now.
+    fn answer(&self) -> (&'static str, String) {
+        if !self.running.load(Ordering::SeqCst) {
+            return ("503 Service Unavailable", "relay stopped\n".into());
+        }
+        let Some(ongoing) = self.relay.outage() else {
+            return ("200 OK", "ok\n".into());
+        };
+        let lasted = ongoing.duration();
+        let body = format!(
+            "degraded: publishing to {} paused for {} s: {}\n",
+            ongoing.outage.destination,
+            lasted.as_secs(),
+            ongoing.outage.reason
+        );
+        if lasted >= self.outage_unhealthy_after {
+            ("503 Service Unavailable", body)
+        } else {
+            ("200 OK", body)
+        }
+    }
+}
+
+/// Serves until the process ends. `/health` is 200 while the relay runs
+/// (saying "degraded: …" during a broker outage), 503 once it stopped or
+/// an outage outlasted `outage_unhealthy_after`.
 pub async fn serve(
     listener: TcpListener,
     metrics: PrometheusHandle,
     store: Store,
-    running: Arc<AtomicBool>,
+    liveness: Liveness,
 ) {
     loop {
         let Ok((mut socket, _)) = listener.accept().await else {
             continue;
         };
         let metrics = metrics.clone();
-        let running = running.clone();
+        let liveness = liveness.clone();
         let store = store.clone();
         tokio::spawn(async move {
             let mut request = vec![0u8; 4096];
@@ -87,14 +125,10 @@ pub async fn serve(
             }
             let (status, content_type, body) = match path {
                 "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
-                "/health" if running.load(Ordering::SeqCst) => {
-                    ("200 OK", "text/plain", "ok\n".to_string())
+                "/health" => {
+                    let (status, body) = liveness.answer();
+                    (status, "text/plain", body)
                 }
-                "/health" => (
-                    "503 Service Unavailable",
-                    "text/plain",
-                    "relay stopped\n".to_string(),
-                ),
                 _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
             };
             let response = format!(

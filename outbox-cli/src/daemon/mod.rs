@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use outbox_core::{CancellationToken, Publisher, Relay, RelayConfig, RelayError, RelayReport};
+use outbox_core::{CancellationToken, OutboxStore, Publisher, Relay, RelayConfig};
 
 use crate::error::CliError;
 use crate::store::{Store, Tables};
@@ -48,13 +48,26 @@ pub async fn run(
         .try_init();
 
     let publisher = publisher(&config.broker)?;
+    let destination = publisher.destination();
     let store = Store::open(url, &tables, false, RELAY_CONNECTIONS).await?;
     let shutdown = CancellationToken::new();
     let running = Arc::new(AtomicBool::new(true));
-    if let Some(section) = &config.http {
-        let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .install_recorder()
-            .map_err(|e| CliError::failure(format!("metrics recorder: {e}")))?;
+    let outage_unhealthy_after = config
+        .http
+        .as_ref()
+        .map(|h| h.outage_unhealthy_after())
+        .transpose()?;
+    // The recorder before the relay, so its gauges exist from the start.
+    let recorder = match &config.http {
+        Some(_) => Some(
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .map_err(|e| CliError::failure(format!("metrics recorder: {e}")))?,
+        ),
+        None => None,
+    };
+    let relay = build_relay(&store, publisher, relay_config.clone()).await?;
+    if let (Some(section), Some(handle)) = (&config.http, recorder) {
         let listener = tokio::net::TcpListener::bind(&section.listen)
             .await
             .map_err(|e| CliError::usage(format!("http.listen {}: {e}", section.listen)))?;
@@ -63,7 +76,12 @@ pub async fn run(
             listener,
             handle,
             store.clone(),
-            running.clone(),
+            http::Liveness {
+                running: running.clone(),
+                relay: relay.health(),
+                outage_unhealthy_after: outage_unhealthy_after
+                    .unwrap_or(config::DEFAULT_OUTAGE_UNHEALTHY_AFTER),
+            },
         ));
     }
     if let Some((older_than, every)) = purge {
@@ -82,7 +100,7 @@ pub async fn run(
         url = %redacted(url),
         schema = tables.schema.as_deref().unwrap_or("(the connection's default)"),
         prefix = tables.prefix.as_deref().unwrap_or("outbox"),
-        destination = %destination(&config.broker),
+        destination = %destination,
         batch_size = relay_config.batch_size,
         lease = ?relay_config.lease_duration,
         publish_timeout = ?relay_config.publish_timeout,
@@ -92,7 +110,7 @@ pub async fn run(
         outage = ?relay_config.outage,
         "relay starting"
     );
-    let result = run_relay(&store, publisher, relay_config, shutdown).await;
+    let result = relay.run(shutdown).await;
     running.store(false, AtomicOrdering::SeqCst);
     match result {
         Ok(report) => {
@@ -122,25 +140,6 @@ pub(crate) fn redacted(url: &str) -> String {
             None => url.to_owned(),
         },
         None => url.to_owned(),
-    }
-}
-
-/// Where the daemon publishes, for the start-up log.
-fn destination(broker: &BrokerSection) -> String {
-    match broker {
-        BrokerSection::Redis { url, stream_prefix } => format!(
-            "redis {} streams {}<event type>",
-            redacted(url),
-            stream_prefix.as_deref().unwrap_or("outbox:")
-        ),
-        BrokerSection::Kafka {
-            bootstrap,
-            topic_prefix,
-            ..
-        } => format!(
-            "kafka {bootstrap} topics {}<event type>",
-            topic_prefix.as_deref().unwrap_or("")
-        ),
     }
 }
 
@@ -177,45 +176,36 @@ fn publisher(broker: &BrokerSection) -> Result<Arc<dyn Publisher>, CliError> {
     }
 }
 
-async fn run_relay(
+/// The relay over `store`, waking on LISTEN/NOTIFY where the store has it.
+async fn build_relay(
     store: &Store,
     publisher: Arc<dyn Publisher>,
     config: RelayConfig,
-    shutdown: CancellationToken,
-) -> Result<RelayReport, RelayError> {
-    match store {
+) -> Result<Relay<dyn OutboxStore, dyn Publisher>, CliError> {
+    let (relay_store, wake_up): (
+        Arc<dyn OutboxStore>,
+        Option<outbox_sqlx::postgres::PgWakeUp>,
+    ) = match store {
         Store::Postgres(pg) => {
-            let relay = Relay::new(Arc::new(pg.clone()), publisher, config)
-                .map_err(|e| config_error(&e.0))?;
             // LISTEN/NOTIFY ends idle waits at once; polling stays the backstop.
-            match pg.wake_up().await {
-                Ok(wake_up) => relay.with_wake_up(wake_up).run(shutdown).await,
+            let wake_up = match pg.wake_up().await {
+                Ok(wake_up) => Some(wake_up),
                 Err(error) => {
                     tracing::warn!(%error, "no LISTEN connection; polling only");
-                    relay.run(shutdown).await
+                    None
                 }
-            }
+            };
+            (Arc::new(pg.clone()), wake_up)
         }
-        Store::MySql(my) => {
-            Relay::new(Arc::new(my.clone()), publisher, config)
-                .map_err(|e| config_error(&e.0))?
-                .run(shutdown)
-                .await
-        }
-        Store::Sqlite(lite) => {
-            Relay::new(Arc::new(lite.clone()), publisher, config)
-                .map_err(|e| config_error(&e.0))?
-                .run(shutdown)
-                .await
-        }
-    }
-}
-
-fn config_error(message: &str) -> RelayError {
-    RelayError {
-        error: outbox_core::StoreError::Config(message.to_owned()),
-        report: RelayReport::default(),
-    }
+        Store::MySql(my) => (Arc::new(my.clone()), None),
+        Store::Sqlite(lite) => (Arc::new(lite.clone()), None),
+    };
+    let relay = Relay::new(relay_store, publisher, config)
+        .map_err(|e| CliError::usage(format!("relay: {}", e.0)))?;
+    Ok(match wake_up {
+        Some(wake_up) => relay.with_wake_up(wake_up),
+        None => relay,
+    })
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

@@ -10,7 +10,7 @@ use crate::policy::{Ordering, PoisonPolicy};
 use crate::publisher::ErrorClass;
 use crate::store::{
     AttemptKind, AttemptRecord, ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome,
-    FailReason, FencingToken, Lease, NackAction, RelayId, SuspectAllowance,
+    FailReason, FencingToken, Lease, NackAction, RelayId, RelayStatus, SuspectAllowance,
 };
 
 #[derive(Clone, Debug)]
@@ -100,7 +100,8 @@ pub(super) struct State {
     /// row above the lowest of them is claimed, since a lower sequence of the
     /// same key may still commit.
     pub(super) open_writes: BTreeSet<i64>,
-    pub(super) relays: BTreeMap<RelayId, (DateTime<Utc>, i64)>,
+    /// Each relay's last heartbeat: store time, skew in ms, outage.
+    pub(super) relays: BTreeMap<RelayId, RelayStatus>,
     /// Leases younger than one of their owner's that expired: prefetched,
     /// never published (see `reap`).
     pub(super) unstarted_leases: std::collections::HashSet<u64>,

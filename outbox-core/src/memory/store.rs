@@ -11,10 +11,11 @@ use crate::clock::{Clock, SystemClock, elapsed_between};
 use crate::error::StoreError;
 use crate::event::{EventId, EventLimits, NewEvent};
 use crate::relay::WakeUp;
+use crate::store::Heartbeat;
 use crate::store::{
     AttemptKind, AttemptRecord, BlockedKey, ClaimRequest, ClaimedBatch, EnqueueOutcome, EventState,
     EventTypeStats, FailedEvent, HeldBack, Lease, Nack, OperatorAction, OutboxAdmin, OutboxStore,
-    OutboxWriter, RelayId, RelayStatus, Release, SettleReport,
+    OutboxWriter, RelayOutage, RelayStatus, Release, SettleReport,
 };
 
 /// An outbox held in memory, with the same semantics as the SQL stores.
@@ -336,10 +337,26 @@ impl OutboxStore for MemoryStore {
         Ok(report)
     }
 
-    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
         let now = self.clock.now();
         let skew = (self.host_clock.now() - now).num_milliseconds();
-        self.lock().relays.insert(relay.clone(), (now, skew));
+        let mut state = self.lock();
+        let since = state
+            .relays
+            .get(&beat.relay)
+            .and_then(|r| r.outage.as_ref())
+            .map_or(now, |o| o.since);
+        let status = RelayStatus {
+            relay: beat.relay.to_string(),
+            last_seen: now,
+            clock_skew: chrono::Duration::milliseconds(skew),
+            outage: beat.outage.as_ref().map(|o| RelayOutage {
+                destination: o.destination.clone(),
+                reason: o.reason.clone(),
+                since,
+            }),
+        };
+        state.relays.insert(beat.relay.clone(), status);
         Ok(())
     }
 }
@@ -646,16 +663,7 @@ impl OutboxAdmin for MemoryStore {
     }
 
     async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
-        Ok(self
-            .lock()
-            .relays
-            .iter()
-            .map(|(relay, (last_seen, skew))| RelayStatus {
-                relay: relay.to_string(),
-                last_seen: *last_seen,
-                clock_skew: chrono::Duration::milliseconds(*skew),
-            })
-            .collect())
+        Ok(self.lock().relays.values().cloned().collect())
     }
 }
 

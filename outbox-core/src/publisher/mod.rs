@@ -92,6 +92,14 @@ pub trait Publisher: Send + Sync {
     /// same order. A publisher must not return before every event's fate is
     /// known; the relay bounds the call with its publish timeout.
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome>;
+
+    /// Where events go, for operators: named in a paused relay's outage
+    /// record (`status`, `health`), its logs and the
+    /// `outbox_publisher_outage` gauge. Never include credentials. The
+    /// default is the publisher's type name.
+    fn destination(&self) -> String {
+        std::any::type_name::<Self>().to_owned()
+    }
 }
 
 #[async_trait]
@@ -102,6 +110,9 @@ impl<P: Publisher + ?Sized> Publisher for Arc<P> {
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
         (**self).publish(batch).await
     }
+    fn destination(&self) -> String {
+        (**self).destination()
+    }
 }
 
 #[async_trait]
@@ -111,5 +122,8 @@ impl<P: Publisher + ?Sized> Publisher for Box<P> {
     }
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
         (**self).publish(batch).await
+    }
+    fn destination(&self) -> String {
+        (**self).destination()
     }
 }

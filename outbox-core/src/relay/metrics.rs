@@ -20,6 +20,10 @@ pub const OUTAGES: &str = "outbox_relay_outages_total";
 pub const STORE_ERRORS: &str = "outbox_relay_store_errors_total";
 /// Gauge: 1 while paused for a broker outage.
 pub const PAUSED: &str = "outbox_relay_paused";
+/// Gauge: 1 while a relay is paused because publishing to `destination`
+/// ([`Publisher::destination`](crate::Publisher::destination)) reports an
+/// outage, 0 otherwise (present from the relay's start).
+pub const PUBLISHER_OUTAGE: &str = "outbox_publisher_outage";
 /// Histogram: seconds per publish call.
 pub const PUBLISH_SECONDS: &str = "outbox_relay_publish_seconds";
 /// Histogram: seconds per claim.
@@ -47,4 +51,12 @@ pub(super) fn batch_size(relay: &RelayId, n: usize) {
 
 pub(super) fn paused(relay: &RelayId, on: bool) {
     metrics::gauge!(PAUSED, "relay" => relay.to_string()).set(if on { 1.0 } else { 0.0 });
+}
+
+pub(super) fn publisher_outage(destination: &str, on: bool) {
+    metrics::gauge!(PUBLISHER_OUTAGE, "destination" => destination.to_owned()).set(if on {
+        1.0
+    } else {
+        0.0
+    });
 }

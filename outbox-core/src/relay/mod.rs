@@ -3,6 +3,7 @@
 mod alert;
 mod batch;
 mod config;
+mod health;
 pub mod metrics;
 mod prefetch;
 mod report;
@@ -13,6 +14,7 @@ mod wake_up;
 pub use crate::store::RelayId;
 pub use alert::{AlertHook, FailedAlert, FailureCause, LogAlert};
 pub use config::{ConfigError, OutagePolicy, RelayConfig};
+pub use health::{OngoingOutage, RelayHealth};
 pub use report::{RelayError, RelayReport};
 pub use runner::Relay;
 pub use wake_up::{PollOnly, WakeUp};

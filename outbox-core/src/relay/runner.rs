@@ -11,6 +11,7 @@ use tracing::Instrument;
 use super::alert::{AlertHook, FailedAlert, FailureCause, LogAlert};
 use super::batch::{BatchEnd, BatchWork};
 use super::config::{ConfigError, RelayConfig};
+use super::health::RelayHealth;
 use super::metrics;
 use super::prefetch::PrefetchGate;
 use super::report::{RelayError, RelayReport};
@@ -18,7 +19,7 @@ use super::wake_up::{PollOnly, WakeUp};
 use crate::error::StoreError;
 use crate::policy::{PoisonPolicy, RandomSource, SplitMix64};
 use crate::publisher::Publisher;
-use crate::store::{ClaimRequest, ClaimedBatch, OutboxStore, Release};
+use crate::store::{ClaimRequest, ClaimedBatch, Heartbeat, OutboxStore, PublisherOutage, Release};
 
 /// What every step of the loop reads.
 pub(super) struct RelayContext<S: ?Sized, P: ?Sized> {
@@ -36,6 +37,7 @@ pub(super) struct RelayContext<S: ?Sized, P: ?Sized> {
 pub struct Relay<S: ?Sized, P: ?Sized> {
     ctx: RelayContext<S, P>,
     wake_up: Box<dyn WakeUp>,
+    health: RelayHealth,
 }
 
 struct Claimed {
@@ -60,7 +62,15 @@ where
                 publisher,
             },
             wake_up: Box::new(PollOnly),
+            health: RelayHealth::default(),
         })
+    }
+
+    /// A handle on this relay's state (is it paused by an outage, since
+    /// when), for a health endpoint in the same process: take it before
+    /// [`Relay::run`].
+    pub fn health(&self) -> RelayHealth {
+        self.health.clone()
     }
 
     /// Ends idle waits early on hints from `wake_up`.
@@ -116,6 +126,11 @@ where
             let mut consecutive_store_errors = 0u32;
             let mut prefetch_gate = PrefetchGate::new(self.ctx.config.prefetch);
             let mut last_heartbeat: Option<Instant> = None;
+            let destination = self.ctx.publisher.destination();
+            // Present at 0 from the start: an alert on the gauge needs a
+            // series before the first outage.
+            metrics::publisher_outage(&destination, false);
+            metrics::paused(&self.ctx.config.relay_id, false);
             loop {
                 if shutdown.is_cancelled() {
                     break;
@@ -197,9 +212,12 @@ where
                 next = prefetched;
                 match end {
                     Some(Ok(BatchEnd::Completed)) => {
-                        if consecutive_outages > 0 {
-                            tracing::info!("broker reachable again; relay resumed");
+                        if self.health.outage_over() {
+                            tracing::info!(%destination, "broker reachable again; relay resumed");
                             metrics::paused(&self.ctx.config.relay_id, false);
+                            metrics::publisher_outage(&destination, false);
+                            // Say so at once: status and health read it.
+                            last_heartbeat = None;
                         }
                         consecutive_outages = 0;
                     }
@@ -208,12 +226,18 @@ where
                         report.outages += 1;
                         metrics::count(metrics::OUTAGES, &self.ctx.config.relay_id, 1);
                         metrics::paused(&self.ctx.config.relay_id, true);
+                        metrics::publisher_outage(&destination, true);
+                        self.health.outage_seen(PublisherOutage::new(destination.clone(), message.clone()));
                         if let Some(prefetched) = next.take() {
                             self.release_unstarted(prefetched, &mut report).await;
                         }
                         let pause = self.ctx.config.outage.pause(consecutive_outages, self.ctx.random.as_ref());
-                        tracing::warn!(error = %message, ?pause, "broker outage; relay paused, no attempts burned");
-                        pause_or_shutdown(pause, &shutdown).await;
+                        tracing::warn!(%destination, error = %message, ?pause, "broker outage; relay paused, no attempts burned");
+                        // Recorded at once (the latest reason each time),
+                        // and beating on through the pause: a paused relay
+                        // is alive.
+                        last_heartbeat = None;
+                        self.pause_beating(pause, &shutdown, &mut last_heartbeat).await;
                     }
                     Some(Err(error)) => {
                         report.store_errors += 1;
@@ -258,9 +282,32 @@ where
         let due = last.is_none_or(|at| at.elapsed() >= self.ctx.config.heartbeat_interval);
         if due {
             *last = Some(Instant::now());
-            if let Err(error) = self.ctx.store.heartbeat(&self.ctx.config.relay_id).await {
+            let beat = Heartbeat {
+                relay: self.ctx.config.relay_id.clone(),
+                outage: self.health.outage().map(|o| o.outage),
+            };
+            if let Err(error) = self.ctx.store.heartbeat(&beat).await {
                 tracing::warn!(%error, "heartbeat failed");
             }
+        }
+    }
+
+    /// Sleeps `pause` (or until shutdown), heartbeating as due meanwhile.
+    async fn pause_beating(
+        &self,
+        pause: Duration,
+        shutdown: &CancellationToken,
+        last_heartbeat: &mut Option<Instant>,
+    ) {
+        let until = Instant::now() + pause;
+        loop {
+            self.heartbeat_if_due(last_heartbeat).await;
+            let now = Instant::now();
+            if now >= until || shutdown.is_cancelled() {
+                return;
+            }
+            let step = (until - now).min(self.ctx.config.heartbeat_interval);
+            pause_or_shutdown(step, shutdown).await;
         }
     }
 

@@ -122,6 +122,35 @@ pub struct RelayStatus {
     /// Its host clock minus store time at that heartbeat: for operators
     /// (leases never use a host clock).
     pub clock_skew: chrono::Duration,
+    /// Set while it is paused because its publisher reports an outage.
+    pub outage: Option<RelayOutage>,
+}
+
+/// A relay paused by a publisher outage, as the store recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayOutage {
+    /// Where it publishes.
+    pub destination: String,
+    /// The publisher's latest error.
+    pub reason: String,
+    /// When the outage was first recorded, on store time.
+    pub since: DateTime<Utc>,
+}
+
+impl RelayOutage {
+    /// The outage a relay row's nullable columns describe: none unless both
+    /// the start and the destination are set (a store writes them together).
+    pub fn from_columns(
+        since: Option<DateTime<Utc>>,
+        destination: Option<String>,
+        reason: Option<String>,
+    ) -> Option<Self> {
+        Some(Self {
+            since: since?,
+            destination: destination?,
+            reason: reason.unwrap_or_default(),
+        })
+    }
 }
 
 /// Something that keeps pending events from being published now ("what
@@ -171,8 +200,10 @@ pub enum HeldBack {
         /// When the first of them expires.
         first_expires_at: DateTime<Utc>,
     },
-    /// Events blamed for relay crashes; each is retried as the only suspect
-    /// of a lease, so a batch of them drains one per claim.
+    /// Events that were in flight when a relay crashed or its lease expired:
+    /// they go back in shrinking groups (halves of the suspects) until the
+    /// crash is pinned on one event or none crashes again
+    /// ([`judge_crash`](crate::store::judge_crash)).
     CrashSuspects {
         /// Suspected events.
         events: u64,

@@ -2,15 +2,19 @@
 
 mod admin;
 mod crash;
+mod heartbeat;
 mod history;
 mod lease;
 mod traits;
 
 pub use admin::{
     BlockedKey, EventState, EventTypeStats, FailedEvent, HeldBack, OpenTransaction, OperatorAction,
-    RelayStatus,
+    RelayOutage, RelayStatus,
 };
 pub use crash::{CrashVerdict, SuspectAllowance, crash_culprit, judge_crash};
+pub use heartbeat::{
+    Heartbeat, OUTAGE_DESTINATION_MAX_CHARS, OUTAGE_REASON_MAX_CHARS, PublisherOutage,
+};
 pub use history::{AttemptKind, AttemptRecord};
 pub use lease::{
     ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FailReason, FencingToken, Lease,

@@ -7,9 +7,10 @@ use async_trait::async_trait;
 use super::admin::{
     BlockedKey, EventState, EventTypeStats, FailedEvent, HeldBack, OperatorAction, RelayStatus,
 };
+use super::heartbeat::Heartbeat;
 use super::history::AttemptRecord;
 use super::lease::{
-    ClaimRequest, ClaimedBatch, EnqueueOutcome, Lease, Nack, RelayId, Release, SettleReport,
+    ClaimRequest, ClaimedBatch, EnqueueOutcome, Lease, Nack, Release, SettleReport,
 };
 use crate::error::StoreError;
 use crate::event::{EventId, NewEvent};
@@ -37,8 +38,10 @@ pub trait OutboxStore: Send + Sync {
     /// Returns leases without an outcome; burns no attempt. Fenced like `ack`.
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError>;
 
-    /// Records that `relay` is alive (see [`OutboxAdmin::relays`]).
-    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError>;
+    /// Records that `beat.relay` is alive and whether it is paused by a
+    /// publisher outage (see [`OutboxAdmin::relays`]). An outage keeps the
+    /// store time it was first recorded at until a beat without one.
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError>;
 }
 
 /// Enqueue in a transaction of the store's own, committed on return.

@@ -18,8 +18,8 @@ use crate::event::EventId;
 use crate::memory::{Fault, RecordingPublisher};
 use crate::policy::PoisonPolicy;
 use crate::store::{
-    AttemptKind, ClaimedEvent, EnqueueOutcome, EventState, OutboxAdmin, OutboxStore, OutboxWriter,
-    RelayId,
+    AttemptKind, ClaimedEvent, EnqueueOutcome, EventState, Heartbeat, OutboxAdmin, OutboxStore,
+    OutboxWriter, RelayId,
 };
 
 /// How much a store on a real clock (the database's, shifted by the test)
@@ -119,9 +119,12 @@ where
     );
 
     // Operators see each relay's skew; nothing else uses it.
-    ahead.heartbeat(&RelayId::new("relay-ahead")).await.unwrap();
+    ahead
+        .heartbeat(&Heartbeat::alive(RelayId::new("relay-ahead")))
+        .await
+        .unwrap();
     store
-        .heartbeat(&RelayId::new("relay-on-time"))
+        .heartbeat(&Heartbeat::alive(RelayId::new("relay-on-time")))
         .await
         .unwrap();
     let relays = store.relays().await.unwrap();

@@ -205,6 +205,10 @@ impl<P: Publisher> Publisher for OutageCounter<P> {
         self.inner.capabilities()
     }
 
+    fn destination(&self) -> String {
+        self.inner.destination()
+    }
+
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
         let outcomes = self.inner.publish(batch).await;
         if outcomes
@@ -242,6 +246,10 @@ impl<P> DieAfterPublishing<P> {
 impl<P: Publisher> Publisher for DieAfterPublishing<P> {
     fn capabilities(&self) -> PublisherCapabilities {
         self.inner.capabilities()
+    }
+
+    fn destination(&self) -> String {
+        self.inner.destination()
     }
 
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
@@ -283,6 +291,10 @@ impl<P> PublishGate<P> {
 impl<P: Publisher> Publisher for PublishGate<P> {
     fn capabilities(&self) -> PublisherCapabilities {
         self.inner.capabilities()
+    }
+
+    fn destination(&self) -> String {
+        self.inner.destination()
     }
 
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {

@@ -19,11 +19,12 @@ use crate::memory::{Fault, MockPublisher, RecordingPublisher};
 use crate::policy::{FixedRandom, PoisonPolicy, RetryPolicy};
 use crate::publisher::{ErrorClass, Publisher, PublisherCapabilities};
 use crate::relay::{
-    FailedAlert, FailureCause, OutagePolicy, Relay, RelayConfig, RelayError, RelayReport,
+    FailedAlert, FailureCause, OutagePolicy, Relay, RelayConfig, RelayError, RelayHealth,
+    RelayReport,
 };
 use crate::store::{
-    AttemptKind, ClaimRequest, ClaimedBatch, EventState, Lease, Nack, OutboxAdmin, OutboxStore,
-    RelayId, Release, SettleReport,
+    AttemptKind, ClaimRequest, ClaimedBatch, EventState, Heartbeat, Lease, Nack, OutboxAdmin,
+    OutboxStore, RelayId, Release, SettleReport,
 };
 
 /// How long any single wait in this suite may take before the test fails.
@@ -87,6 +88,7 @@ impl Alerts {
 pub(crate) struct Running {
     shutdown: CancellationToken,
     handle: tokio::task::JoinHandle<Result<RelayReport, RelayError>>,
+    health: RelayHealth,
 }
 
 impl Running {
@@ -122,8 +124,13 @@ where
         relay = relay.with_alert_hook(alerts.hook());
     }
     let shutdown = CancellationToken::new();
+    let health = relay.health();
     let handle = relay.spawn(shutdown.clone());
-    Running { shutdown, handle }
+    Running {
+        shutdown,
+        handle,
+        health,
+    }
 }
 
 fn by_key(delivered: &[StoredEvent]) -> HashMap<String, Vec<EventId>> {
@@ -295,13 +302,16 @@ impl<S: OutboxStore> OutboxStore for ClaimCounter<S> {
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
         self.inner.release(releases).await
     }
-    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        self.inner.heartbeat(relay).await
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+        self.inner.heartbeat(beat).await
     }
 }
 
 /// A broker outage pauses the relay; no attempt is burned; everything is
-/// delivered in order once the broker is back.
+/// delivered in order once the broker is back. While it lasts the outage is
+/// visible where operators look (the store's relay list, the relay's own
+/// health handle), naming the destination and the broker's error; it clears
+/// once publishing works again.
 pub async fn outage_burns_no_attempts<F: StoreFactory>(factory: &F) {
     let store = factory.create(ManualClock::at_epoch()).await;
     let events = events_over_keys(40, 4);
@@ -316,12 +326,33 @@ pub async fn outage_burns_no_attempts<F: StoreFactory>(factory: &F) {
     );
     within("outage retries", publisher.wait_for_calls(5)).await;
     assert!(publisher.delivered().is_empty());
+    // The first outage batch was recorded before the second call.
+    let recorded = store
+        .relays()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.relay == "relay-outage")
+        .and_then(|r| r.outage)
+        .expect("the store shows the relay in outage");
+    assert_eq!(recorded.destination, publisher.destination());
+    assert_eq!(recorded.reason, "broker unreachable (injected)");
+    let seen = relay.health.outage().expect("the relay knows it is paused");
+    assert_eq!(seen.outage.reason, recorded.reason);
     publisher.set_outage(false);
     within(
         "deliveries after the outage",
         publisher.wait_for_deliveries(40),
     )
     .await;
+    // 40 events take at least three batches; the beat after the first
+    // completed batch cleared the outage before the next was published.
+    assert!(relay.health.outage().is_none());
+    let cleared = store.relays().await.unwrap();
+    assert!(
+        cleared.iter().all(|r| r.outage.is_none()),
+        "outage still recorded after recovery: {cleared:?}"
+    );
     let report = relay.stop().await;
     assert!(report.outages >= 5, "{report:?}");
     assert_eq!((report.retried, report.failed), (0, 0));

@@ -11,8 +11,9 @@ use crate::event::{EventId, InvalidEvent};
 use crate::policy::{Ordering, PoisonPolicy};
 use crate::publisher::ErrorClass;
 use crate::store::{
-    AttemptKind, ClaimRequest, ClaimedEvent, EnqueueOutcome, EventState, FailReason, Nack,
-    NackAction, OperatorAction, OutboxAdmin, OutboxStore, OutboxWriter, RelayId, Release,
+    AttemptKind, ClaimRequest, ClaimedEvent, EnqueueOutcome, EventState, FailReason, Heartbeat,
+    Nack, NackAction, OperatorAction, OutboxAdmin, OutboxStore, OutboxWriter, PublisherOutage,
+    RelayId, RelayStatus, Release,
 };
 
 /// The lease the suite claims with.
@@ -778,9 +779,15 @@ pub async fn stats_report_lag_and_parked_events<F: StoreFactory>(factory: &F) {
 pub async fn heartbeats_report_liveness<F: StoreFactory>(factory: &F) {
     let clock = ManualClock::at_epoch();
     let store = factory.create(clock.clone()).await;
-    store.heartbeat(&RelayId::new("r1")).await.unwrap();
+    store
+        .heartbeat(&Heartbeat::alive(RelayId::new("r1")))
+        .await
+        .unwrap();
     clock.advance(Duration::from_secs(3));
-    store.heartbeat(&RelayId::new("r2")).await.unwrap();
+    store
+        .heartbeat(&Heartbeat::alive(RelayId::new("r2")))
+        .await
+        .unwrap();
     let mut relays = store.relays().await.unwrap();
     relays.sort_by(|a, b| a.relay.cmp(&b.relay));
     assert_eq!(relays.len(), 2);
@@ -791,6 +798,79 @@ pub async fn heartbeats_report_liveness<F: StoreFactory>(factory: &F) {
         between >= Duration::from_secs(3) && between < Duration::from_secs(3) + SLACK,
         "{between:?}"
     );
+    assert!(relays.iter().all(|r| r.outage.is_none()), "{relays:?}");
+}
+
+/// A relay paused by a publisher outage says so in its heartbeat: the
+/// store keeps the destination, the latest reason and when the outage was
+/// first recorded, until a beat without one clears it; other relays are
+/// untouched.
+pub async fn heartbeats_record_publisher_outages<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let relay = RelayId::new("paused");
+    let outage = |reason: &str| {
+        Heartbeat::in_outage(
+            relay.clone(),
+            PublisherOutage::new("redis 127.0.0.1:6379 streams outbox:<event type>", reason),
+        )
+    };
+    store
+        .heartbeat(&Heartbeat::alive(RelayId::new("fine")))
+        .await
+        .unwrap();
+    store
+        .heartbeat(&Heartbeat::alive(relay.clone()))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(10));
+    store.heartbeat(&outage("WRONGTYPE")).await.unwrap();
+    let began = status_of(&*store, "paused")
+        .await
+        .outage
+        .expect("outage recorded");
+    assert_eq!(began.reason, "WRONGTYPE");
+    assert_eq!(
+        began.destination,
+        "redis 127.0.0.1:6379 streams outbox:<event type>"
+    );
+    clock.advance(Duration::from_secs(30));
+    // A quote, a long reason in another script: kept as given, cut where
+    // the type says.
+    let long = format!("it's down: {}", "é".repeat(3000));
+    store.heartbeat(&outage(&long)).await.unwrap();
+    let later = status_of(&*store, "paused").await;
+    let still = later.outage.clone().expect("still in outage");
+    assert_eq!(still.since, began.since, "the outage keeps its start");
+    assert_eq!(still.reason, PublisherOutage::new("", long).reason);
+    assert!(later.last_seen - still.since >= chrono::Duration::seconds(30));
+    assert!(status_of(&*store, "fine").await.outage.is_none());
+    store
+        .heartbeat(&Heartbeat::alive(relay.clone()))
+        .await
+        .unwrap();
+    assert!(
+        status_of(&*store, "paused").await.outage.is_none(),
+        "cleared"
+    );
+    // A new outage starts a new clock.
+    clock.advance(Duration::from_secs(5));
+    store.heartbeat(&outage("refused")).await.unwrap();
+    let again = status_of(&*store, "paused")
+        .await
+        .outage
+        .expect("outage again");
+    assert!(again.since > still.since);
+}
+
+async fn status_of<S: OutboxAdmin + ?Sized>(store: &S, relay: &str) -> RelayStatus {
+    store
+        .relays()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.relay == relay)
+        .unwrap_or_else(|| panic!("relay {relay} listed"))
 }
 
 /// A transaction that commits late is never skipped: its event is

@@ -250,8 +250,17 @@ CREATE TABLE IF NOT EXISTS outbox_relays (
     last_seen TIMESTAMPTZ NOT NULL,
     -- The relay host's clock at that moment minus the database's: shown to
     -- operators, never used for a lease.
-    clock_skew_ms BIGINT NOT NULL DEFAULT 0
+    clock_skew_ms BIGINT NOT NULL DEFAULT 0,
+    -- Set while the relay is paused because its publisher reports an
+    -- outage: since when (database time), where it publishes, the latest
+    -- error. Written by its heartbeats, read by status and health.
+    outage_since       TIMESTAMPTZ,
+    outage_destination TEXT,
+    outage_reason      TEXT
 );
+ALTER TABLE outbox_relays ADD COLUMN IF NOT EXISTS outage_since TIMESTAMPTZ;
+ALTER TABLE outbox_relays ADD COLUMN IF NOT EXISTS outage_destination TEXT;
+ALTER TABLE outbox_relays ADD COLUMN IF NOT EXISTS outage_reason TEXT;
 
 -- Wake idle relays on commit (a hint: polling stays the backstop), only
 -- while a relay waits: a NOTIFY costs every committing transaction a
@@ -1377,4 +1386,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('44837d95cda54b69');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('8ea9de712c1c3b72');

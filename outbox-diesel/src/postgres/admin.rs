@@ -10,7 +10,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_core::clock::elapsed_between;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, HeldBack, OpenTransaction, OperatorAction, OutboxAdmin, RelayStatus,
+    FailedEvent, HeldBack, OpenTransaction, OperatorAction, OutboxAdmin, RelayOutage, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 use outbox_sql::codes;
@@ -424,6 +424,11 @@ impl OutboxAdmin for PgStore {
                     relay: r.relay,
                     last_seen: r.last_seen,
                     clock_skew: chrono::Duration::milliseconds(r.clock_skew_ms),
+                    outage: RelayOutage::from_columns(
+                        r.outage_since,
+                        r.outage_destination,
+                        r.outage_reason,
+                    ),
                 })
                 .collect())
         };

@@ -266,4 +266,10 @@ pub(super) struct RelayRow {
     pub(super) last_seen: DateTime<Utc>,
     #[diesel(sql_type = BigInt)]
     pub(super) clock_skew_ms: i64,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub(super) outage_since: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(super) outage_destination: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(super) outage_reason: Option<String>,
 }

@@ -8,8 +8,8 @@ use diesel_async::AsyncPgConnection;
 use diesel_async::RunQueryDsl;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use outbox_core::store::{
-    ClaimRequest, ClaimedBatch, EnqueueOutcome, FencingToken, Lease, Nack, OutboxStore,
-    OutboxWriter, RelayId, Release, SettleReport,
+    ClaimRequest, ClaimedBatch, EnqueueOutcome, FencingToken, Heartbeat, Lease, Nack, OutboxStore,
+    OutboxWriter, Release, SettleReport,
 };
 use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError, UnreadableEvent};
 use outbox_sql::postgres::Queries;
@@ -314,19 +314,23 @@ impl OutboxStore for PgStore {
         .map_err(|e| e.during("release", self.table()))
     }
 
-    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        let beat = async {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+        let outage = beat.outage.as_ref();
+        let write = async {
             let mut conn = self.conn().await?;
             self.sync_clock(&mut conn).await?;
             diesel::sql_query(self.queries().heartbeat.as_str())
-                .bind::<Text, _>(relay.as_str())
+                .bind::<Text, _>(beat.relay.as_str())
                 .bind::<Timestamptz, _>(self.config().clock.now())
+                .bind::<Nullable<Text>, _>(outage.map(|o| o.destination.as_str()))
+                .bind::<Nullable<Text>, _>(outage.map(|o| o.reason.as_str()))
                 .execute(&mut conn)
                 .await
                 .store()?;
             Ok(())
         };
-        beat.await
+        write
+            .await
             .map_err(|e: StoreError| e.during("heartbeat", self.table()))
     }
 }

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use outbox_core::clock::elapsed_between;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, HeldBack, OperatorAction, OutboxAdmin, RelayStatus,
+    FailedEvent, HeldBack, OperatorAction, OutboxAdmin, RelayOutage, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 
@@ -372,6 +372,11 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
                         relay: r.text("relay")?,
                         last_seen: r.time("last_seen")?,
                         clock_skew: chrono::Duration::milliseconds(r.int("clock_skew_ms")?),
+                        outage: RelayOutage::from_columns(
+                            r.opt_int("outage_since")?.map(from_micros).transpose()?,
+                            r.opt_text("outage_destination")?,
+                            r.opt_text("outage_reason")?,
+                        ),
                     })
                 })
                 .collect()

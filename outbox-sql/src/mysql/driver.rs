@@ -60,6 +60,12 @@ impl From<&str> for Param {
     }
 }
 
+impl From<Option<i64>> for Param {
+    fn from(value: Option<i64>) -> Self {
+        value.map_or(Self::Null, Self::Int)
+    }
+}
+
 impl From<Option<String>> for Param {
     fn from(value: Option<String>) -> Self {
         value.map_or(Self::Null, Self::Text)

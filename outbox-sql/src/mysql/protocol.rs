@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use outbox_core::store::{
     AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, CrashVerdict, EnqueueOutcome,
-    FencingToken, Lease, Nack, NackAction, RelayId, Release, SettleReport, SuspectAllowance,
+    FencingToken, Heartbeat, Lease, Nack, NackAction, Release, SettleReport, SuspectAllowance,
 };
 use outbox_core::{
     EventId, NewEvent, Ordering, PoisonPolicy, RawEvent, StoreError, StoredEvent, UnreadableEvent,
@@ -225,13 +225,12 @@ impl Statements {
     /// were (MySQL has no `CREATE INDEX IF NOT EXISTS`). A missing index is
     /// added and one with other columns rebuilt, online (`LOCK = NONE`:
     /// writes go on while it builds); nothing is done when they match.
-    /// Adds [`super::ADDED_EVENT_COLUMNS`] an older table lacks.
-    /// `INSTANT`: metadata only, no rebuild, no lock a producer waits
-    /// behind.
+    /// Adds [`super::ADDED_COLUMNS`] an older table lacks. `INSTANT`:
+    /// metadata only, no rebuild, no lock a producer waits behind.
     async fn add_columns(&self, conn: &mut (impl Exec + ?Sized)) -> Result<(), StoreError> {
-        let events = self.config.tables.events();
-        for (column, definition) in super::ADDED_EVENT_COLUMNS {
-            let mut located = Self::located(&events);
+        for (suffix, column, definition) in super::ADDED_COLUMNS {
+            let table = self.config.tables.table(suffix);
+            let mut located = Self::located(&table);
             located.push((*column).into());
             let present = Self::count(
                 conn,
@@ -243,7 +242,7 @@ impl Statements {
             if present == 0 {
                 conn.execute(
                     &format!(
-                        "ALTER TABLE {events} ADD COLUMN {column} {definition}, ALGORITHM = INSTANT"
+                        "ALTER TABLE {table} ADD COLUMN {column} {definition}, ALGORITHM = INSTANT"
                     ),
                     Vec::new(),
                 )
@@ -774,16 +773,25 @@ impl<D: Driver> Protocol<D> {
         .await
     }
 
-    /// Records that `relay` is alive, with its clock's skew from the store's.
-    pub async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+    /// Records that the relay is alive, with its clock's skew from the
+    /// store's and the publisher outage it is paused for, if any.
+    pub async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
         during("heartbeat", || self.events(), async move {
             self.sync_clock().await?;
             let mut conn = self.driver.connect().await?;
             let now = self.now(&mut conn).await?;
             let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
+            let outage = beat.outage.as_ref();
             conn.execute(
                 &self.queries.heartbeat,
-                vec![relay.as_str().into(), now.into(), skew_ms.into()],
+                vec![
+                    beat.relay.as_str().into(),
+                    now.into(),
+                    skew_ms.into(),
+                    outage.map(|_| now).into(),
+                    outage.map(|o| o.destination.clone()).into(),
+                    outage.map(|o| o.reason.clone()).into(),
+                ],
             )
             .await?;
             Ok(())

@@ -294,9 +294,14 @@ impl Queries {
                      c VARCHAR(16) PATH '$.c' NULL ON EMPTY, d TEXT PATH '$.d', n INT PATH '$.n')) AS j"
             ),
             heartbeat: format!(
-                "INSERT INTO {relays} (relay, last_seen, clock_skew_ms) VALUES (?, ?, ?)
+                "INSERT INTO {relays} (relay, last_seen, clock_skew_ms, outage_since,
+                     outage_destination, outage_reason) VALUES (?, ?, ?, ?, ?, ?)
                  ON DUPLICATE KEY UPDATE last_seen = VALUES(last_seen),
-                     clock_skew_ms = VALUES(clock_skew_ms)"
+                     clock_skew_ms = VALUES(clock_skew_ms),
+                     outage_since = IF(VALUES(outage_destination) IS NULL, NULL,
+                         COALESCE(outage_since, VALUES(outage_since))),
+                     outage_destination = VALUES(outage_destination),
+                     outage_reason = VALUES(outage_reason)"
             ),
             stats: format!(
                 "SELECT event_type,
@@ -383,7 +388,9 @@ impl Queries {
                 "DELETE FROM {events} WHERE sequence IN ({{in}})"
             ),
             relays: format!(
-                "SELECT relay, last_seen, clock_skew_ms FROM {relays} ORDER BY relay"
+                "SELECT relay, last_seen, clock_skew_ms, outage_since, outage_destination,
+                     outage_reason
+                 FROM {relays} ORDER BY relay"
             ),
             inbox_claim: format!(
                 "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES (?, ?, ?)"

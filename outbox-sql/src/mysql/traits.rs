@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use outbox_core::store::{
-    ClaimRequest, ClaimedBatch, EnqueueOutcome, Lease, Nack, OutboxStore, OutboxWriter, RelayId,
+    ClaimRequest, ClaimedBatch, EnqueueOutcome, Heartbeat, Lease, Nack, OutboxStore, OutboxWriter,
     Release, SettleReport,
 };
 use outbox_core::{NewEvent, StoreError};
@@ -32,8 +32,8 @@ impl<D: Driver> OutboxStore for Protocol<D> {
     async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
         Protocol::release(self, releases).await
     }
-    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
-        Protocol::heartbeat(self, relay).await
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+        Protocol::heartbeat(self, beat).await
     }
 }
 
@@ -82,9 +82,9 @@ macro_rules! delegate_mysql_store {
             }
             async fn heartbeat(
                 &self,
-                relay: &$crate::__private::store::RelayId,
+                beat: &$crate::__private::store::Heartbeat,
             ) -> Result<(), $crate::__private::StoreError> {
-                self.$field.heartbeat(relay).await
+                self.$field.heartbeat(beat).await
             }
         }
 

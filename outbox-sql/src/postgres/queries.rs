@@ -168,11 +168,17 @@ impl Queries {
             ),
             release: format!("SELECT {}($1, $2, $3) AS sequence", function("release")),
             heartbeat: format!(
-                "INSERT INTO {relays} (relay, last_seen, clock_skew_ms)
-                 SELECT $1, n, (extract(epoch FROM ($2::timestamptz - n)) * 1000)::bigint
+                "INSERT INTO {relays} AS r (relay, last_seen, clock_skew_ms,
+                     outage_since, outage_destination, outage_reason)
+                 SELECT $1, n, (extract(epoch FROM ($2::timestamptz - n)) * 1000)::bigint,
+                     CASE WHEN $3::text IS NULL THEN NULL ELSE n END, $3::text, $4::text
                  FROM (SELECT {now} AS n) AS t
                  ON CONFLICT (relay) DO UPDATE
-                 SET last_seen = EXCLUDED.last_seen, clock_skew_ms = EXCLUDED.clock_skew_ms"
+                 SET last_seen = EXCLUDED.last_seen, clock_skew_ms = EXCLUDED.clock_skew_ms,
+                     outage_since = CASE WHEN EXCLUDED.outage_destination IS NULL THEN NULL
+                         ELSE coalesce(r.outage_since, EXCLUDED.outage_since) END,
+                     outage_destination = EXCLUDED.outage_destination,
+                     outage_reason = EXCLUDED.outage_reason"
             ),
             stats: format!(
                 "SELECT event_type, claimable, oldest, parked, in_flight, failed, now FROM {}()",
@@ -360,7 +366,11 @@ impl Queries {
                  WHERE g.position < coalesce((SELECT min(first_position) FROM {order}), 0)
                    AND g.position < (SELECT max(position) FROM {cursor_log})"
             ),
-            relays: format!("SELECT relay, last_seen, clock_skew_ms FROM {relays} ORDER BY relay"),
+            relays: format!(
+                "SELECT relay, last_seen, clock_skew_ms, outage_since, outage_destination,
+                     outage_reason
+                 FROM {relays} ORDER BY relay"
+            ),
             inbox_claim: format!(
                 "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES ($1, $2, {now})
                  ON CONFLICT (consumer, event_id) DO NOTHING"

@@ -12,10 +12,15 @@ pub const SCHEMA: &str = include_str!("schema.sql");
 /// The schema version the template creates.
 pub const SCHEMA_VERSION: i32 = 2;
 
-/// Columns of the events table added since schema version 2 was first
-/// released, with their definitions: `migrate()` adds them to older tables
+/// Columns added since schema version 2 was first released, as (table
+/// suffix, column, definition): `migrate()` adds them to older tables
 /// (`CREATE TABLE IF NOT EXISTS` leaves an existing table as it is).
-pub const ADDED_EVENT_COLUMNS: &[(&str, &str)] = &[("suspect_span", "INTEGER NOT NULL DEFAULT 0")];
+pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    ("events", "suspect_span", "INTEGER NOT NULL DEFAULT 0"),
+    ("relays", "outage_since", "INTEGER"),
+    ("relays", "outage_destination", "TEXT"),
+    ("relays", "outage_reason", "TEXT"),
+];
 
 /// The schema DDL for these table names.
 pub fn schema_sql(tables: &TableNames) -> String {

@@ -224,9 +224,15 @@ impl Queries {
                  FROM json_each(?1)"
             ),
             heartbeat: format!(
-                "INSERT INTO {relays} (relay, last_seen, clock_skew_ms) VALUES (?1, ?2, ?3)
+                "INSERT INTO {relays} (relay, last_seen, clock_skew_ms, outage_since,
+                     outage_destination, outage_reason)
+                 VALUES (?1, ?2, ?3, CASE WHEN ?4 IS NULL THEN NULL ELSE ?2 END, ?4, ?5)
                  ON CONFLICT (relay) DO UPDATE
-                 SET last_seen = excluded.last_seen, clock_skew_ms = excluded.clock_skew_ms"
+                 SET last_seen = excluded.last_seen, clock_skew_ms = excluded.clock_skew_ms,
+                     outage_since = CASE WHEN excluded.outage_destination IS NULL THEN NULL
+                         ELSE COALESCE(outage_since, excluded.outage_since) END,
+                     outage_destination = excluded.outage_destination,
+                     outage_reason = excluded.outage_reason"
             ),
             stats: format!(
                 "SELECT event_type,
@@ -321,7 +327,9 @@ impl Queries {
                      WHERE status = 2 AND published_at <= ?1 ORDER BY published_at LIMIT ?2)"
             ),
             relays: format!(
-                "SELECT relay, last_seen, clock_skew_ms FROM {relays} ORDER BY relay"
+                "SELECT relay, last_seen, clock_skew_ms, outage_since, outage_destination,
+                     outage_reason
+                 FROM {relays} ORDER BY relay"
             ),
             inbox_claim: format!(
                 "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES (?1, ?2, ?3)

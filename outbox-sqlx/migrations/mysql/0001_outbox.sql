@@ -113,5 +113,10 @@ CREATE TABLE IF NOT EXISTS outbox_relays (
     relay         VARCHAR(255) NOT NULL PRIMARY KEY,
     last_seen     BIGINT NOT NULL,
     -- The relay host's clock minus the database's, for operators only.
-    clock_skew_ms BIGINT NOT NULL DEFAULT 0
+    clock_skew_ms BIGINT NOT NULL DEFAULT 0,
+    -- Set while the relay is paused because its publisher reports an
+    -- outage (store time in microseconds, where, the latest error).
+    outage_since       BIGINT NULL,
+    outage_destination VARCHAR(255) NULL,
+    outage_reason      TEXT NULL
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

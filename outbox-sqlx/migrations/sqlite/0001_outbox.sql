@@ -100,5 +100,10 @@ CREATE TABLE IF NOT EXISTS outbox_relays (
     relay         TEXT PRIMARY KEY,
     last_seen     INTEGER NOT NULL,
     -- The relay's configured clock minus store time, for operators only.
-    clock_skew_ms INTEGER NOT NULL DEFAULT 0
+    clock_skew_ms INTEGER NOT NULL DEFAULT 0,
+    -- Set while the relay is paused because its publisher reports an
+    -- outage (store time, where, the latest error).
+    outage_since       INTEGER,
+    outage_destination TEXT,
+    outage_reason      TEXT
 );

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use outbox_core::clock::elapsed_between;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, HeldBack, OpenTransaction, OperatorAction, OutboxAdmin, RelayStatus,
+    FailedEvent, HeldBack, OpenTransaction, OperatorAction, OutboxAdmin, RelayOutage, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 use sqlx::Row;
@@ -447,6 +447,11 @@ impl OutboxAdmin for PgStore {
                         last_seen: r.try_get("last_seen").store()?,
                         clock_skew: chrono::Duration::milliseconds(
                             r.try_get("clock_skew_ms").store()?,
+                        ),
+                        outage: RelayOutage::from_columns(
+                            r.try_get("outage_since").store()?,
+                            r.try_get("outage_destination").store()?,
+                            r.try_get("outage_reason").store()?,
                         ),
                     })
                 })

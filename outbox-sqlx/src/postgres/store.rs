@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 
 use async_trait::async_trait;
 use outbox_core::store::{
-    ClaimRequest, ClaimedBatch, EnqueueOutcome, FencingToken, Lease, Nack, OutboxStore,
-    OutboxWriter, RelayId, Release, SettleReport,
+    ClaimRequest, ClaimedBatch, EnqueueOutcome, FencingToken, Heartbeat, Lease, Nack, OutboxStore,
+    OutboxWriter, Release, SettleReport,
 };
 use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError, UnreadableEvent};
 use sqlx::{PgConnection, PgPool, Row};
@@ -551,12 +551,15 @@ impl OutboxStore for PgStore {
         .await
     }
 
-    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
         crate::error::during("heartbeat", || self.config().tables.events(), async move {
             self.sync_clock().await?;
+            let outage = beat.outage.as_ref();
             sqlx::query(&self.queries.heartbeat)
-                .bind(relay.as_str())
+                .bind(beat.relay.as_str())
                 .bind(self.config.clock.now())
+                .bind(outage.map(|o| o.destination.as_str()))
+                .bind(outage.map(|o| o.reason.as_str()))
                 .execute(&self.pool)
                 .await
                 .store()?;

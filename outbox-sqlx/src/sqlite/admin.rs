@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use outbox_core::clock::elapsed_between;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, HeldBack, OperatorAction, OutboxAdmin, RelayStatus,
+    FailedEvent, HeldBack, OperatorAction, OutboxAdmin, RelayOutage, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 use sqlx::Row;
@@ -381,6 +381,11 @@ impl OutboxAdmin for SqliteStore {
                         last_seen: row::time(r, "last_seen")?,
                         clock_skew: chrono::Duration::milliseconds(
                             r.try_get("clock_skew_ms").store()?,
+                        ),
+                        outage: RelayOutage::from_columns(
+                            row::opt_time(r, "outage_since")?,
+                            r.try_get("outage_destination").store()?,
+                            r.try_get("outage_reason").store()?,
                         ),
                     })
                 })

@@ -19,6 +19,13 @@ pub(super) fn time(row: &SqliteRow, column: &str) -> Result<DateTime<Utc>, Store
     from_micros(row.try_get(column).store()?)
 }
 
+pub(super) fn opt_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+    row.try_get::<Option<i64>, _>(column)
+        .store()?
+        .map(from_micros)
+        .transpose()
+}
+
 pub(super) fn event_id(row: &SqliteRow, column: &str) -> Result<EventId, StoreError> {
     let text: String = row.try_get(column).store()?;
     text.parse()

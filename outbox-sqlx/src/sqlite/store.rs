@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::store::{
     AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, CrashVerdict, EnqueueOutcome,
-    FencingToken, Lease, Nack, NackAction, OutboxStore, OutboxWriter, RelayId, Release,
+    FencingToken, Heartbeat, Lease, Nack, NackAction, OutboxStore, OutboxWriter, Release,
     SettleReport, SuspectAllowance,
 };
 use outbox_core::{
@@ -136,19 +136,19 @@ impl SqliteStore {
             sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&schema))
                 .await
                 .store()?;
-            let events = self.config.tables.events();
-            for (column, definition) in outbox_sql::sqlite::ADDED_EVENT_COLUMNS {
+            for (suffix, column, definition) in outbox_sql::sqlite::ADDED_COLUMNS {
+                let table = self.config.tables.table(suffix);
                 let present: i64 = sqlx::query_scalar(
                     "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2",
                 )
-                .bind(&events)
+                .bind(&table)
                 .bind(column)
                 .fetch_one(&mut *tx)
                 .await
                 .store()?;
                 if present == 0 {
                     sqlx::query(&format!(
-                        "ALTER TABLE {events} ADD COLUMN {column} {definition}"
+                        "ALTER TABLE {table} ADD COLUMN {column} {definition}"
                     ))
                     .execute(&mut *tx)
                     .await
@@ -682,16 +682,19 @@ impl OutboxStore for SqliteStore {
         .await
     }
 
-    async fn heartbeat(&self, relay: &RelayId) -> Result<(), StoreError> {
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
         crate::error::during("heartbeat", || self.config().tables.events(), async move {
             self.sync_clock().await?;
             let mut tx = self.begin_immediate().await?;
             let now = self.now(&mut tx).await?;
             let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
+            let outage = beat.outage.as_ref();
             sqlx::query(&self.queries.heartbeat)
-                .bind(relay.as_str())
+                .bind(beat.relay.as_str())
                 .bind(now)
                 .bind(skew_ms)
+                .bind(outage.map(|o| o.destination.as_str()))
+                .bind(outage.map(|o| o.reason.as_str()))
                 .execute(&mut *tx)
                 .await
                 .store()?;
