@@ -109,10 +109,14 @@ pub enum FailedAction {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
-    /// One failed event with its full history.
+    /// One failed event: its metadata and full history.
     Show {
         /// The event id (UUID).
         id: outbox_core::EventId,
+        /// Also print the payload (it may hold personal data; left out by
+        /// default).
+        #[arg(long)]
+        payload: bool,
     },
 }
 

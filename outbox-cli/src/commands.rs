@@ -133,8 +133,8 @@ async fn status(store: &Store, output: Output) -> Result<(), CliError> {
     }
     println!("{} outbox, schema version {schema_version}\n", store.kind());
     println!(
-        "{:<32} {:>10} {:>12} {:>8} {:>10} {:>8}",
-        "event type", "claimable", "oldest (s)", "parked", "in flight", "failed"
+        "{:<32} {:>10} {:>12} {:>8} {:>8} {:>10} {:>8}",
+        "event type", "claimable", "oldest (s)", "parked", "blocked", "in flight", "failed"
     );
     for s in &stats {
         let oldest = s
@@ -142,8 +142,8 @@ async fn status(store: &Store, output: Output) -> Result<(), CliError> {
             .map(|a| format!("{:.1}", a.as_secs_f64()))
             .unwrap_or_else(|| "-".into());
         println!(
-            "{:<32} {:>10} {:>12} {:>8} {:>10} {:>8}",
-            s.event_type, s.claimable, oldest, s.parked, s.in_flight, s.failed
+            "{:<32} {:>10} {:>12} {:>8} {:>8} {:>10} {:>8}",
+            s.event_type, s.claimable, oldest, s.parked, s.blocked, s.in_flight, s.failed
         );
     }
     if stats.is_empty() {
@@ -206,7 +206,10 @@ async fn failed(store: &Store, action: FailedAction, output: Output) -> Result<(
         FailedAction::List { limit } => {
             let failed = store.admin().failed_events(limit).await?;
             if output == Output::Json {
-                let list: Vec<Value> = failed.iter().map(|f| render::failed(f, false)).collect();
+                let list: Vec<Value> = failed
+                    .iter()
+                    .map(|f| render::failed(f, render::Detail::Summary))
+                    .collect();
                 println!("{}", Value::Array(list));
                 return Ok(());
             }
@@ -226,17 +229,18 @@ async fn failed(store: &Store, action: FailedAction, output: Output) -> Result<(
             }
             Ok(())
         }
-        FailedAction::Show { id } => {
+        FailedAction::Show { id, payload } => {
             let found = find_failed(store, id).await?;
-            let document = render::failed(&found, true);
+            let detail = if payload {
+                render::Detail::WithPayload
+            } else {
+                render::Detail::Metadata
+            };
             if output == Output::Json {
-                println!("{document}");
-                return Ok(());
+                println!("{}", render::failed(&found, detail));
+            } else {
+                print!("{}", render::failed_text(&found, detail));
             }
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&document).unwrap_or_default()
-            );
             Ok(())
         }
     }

@@ -59,3 +59,25 @@ impl From<outbox_core::StoreError> for CliError {
         Self::failure(error)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The store's error already names itself: one prefix, never
+    /// "store error: store error: …".
+    #[test]
+    fn a_store_error_is_said_once() {
+        let backend = outbox_core::StoreError::Backend {
+            retryable: false,
+            error: "permission denied for table outbox_events".into(),
+        }
+        .during("stats", "billing.outbox_events");
+        let message = CliError::from(backend).to_string();
+        assert_eq!(message.matches("store error").count(), 1, "{message}");
+        assert!(
+            message.contains("stats on billing.outbox_events"),
+            "{message}"
+        );
+    }
+}

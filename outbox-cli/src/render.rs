@@ -14,6 +14,7 @@ pub fn stats(stats: &EventTypeStats) -> Value {
         "claimable": stats.claimable,
         "oldest_claimable_age_seconds": stats.oldest_claimable_age.map(|a| a.as_secs_f64()),
         "parked": stats.parked,
+        "blocked": stats.blocked,
         "in_flight": stats.in_flight,
         "failed": stats.failed,
     })
@@ -187,21 +188,109 @@ pub fn silent_for(relay: &RelayStatus, now: DateTime<Utc>) -> f64 {
     seconds_since(relay.last_seen, now)
 }
 
-/// A failed event; its history only when `with_history`.
-pub fn failed(failed: &FailedEvent, with_history: bool) -> Value {
+/// How much of a failed event to print.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detail {
+    /// One line's worth: ids, type, key, attempts, the last error.
+    Summary,
+    /// The event's metadata and its history; the payload's size only.
+    Metadata,
+    /// The metadata, the history and the payload.
+    WithPayload,
+}
+
+/// A failed event, in as much detail as asked.
+pub fn failed(failed: &FailedEvent, detail: Detail) -> Value {
+    let stored = &failed.event;
+    let event = &stored.event;
     let mut value = json!({
-        "event_id": failed.event.event.event_id.to_string(),
-        "event_type": failed.event.event.event_type,
-        "partition_key": failed.event.event.partition_key,
-        "attempts": failed.event.attempts,
-        "created_at": failed.event.created_at,
+        "event_id": event.event_id.to_string(),
+        "event_type": event.event_type,
+        "partition_key": event.partition_key,
+        "attempts": stored.attempts,
+        "created_at": stored.created_at,
         "blocks_key": failed.blocks_key,
         "superseded_by": failed.superseded_by.map(|id| id.to_string()),
         "last_error": failed.history.last().map(|h| h.detail.clone()),
     });
-    if with_history {
-        value["event"] = serde_json::to_value(&failed.event).unwrap_or(Value::Null);
-        value["history"] = serde_json::to_value(&failed.history).unwrap_or(Value::Null);
+    if detail == Detail::Summary {
+        return value;
+    }
+    value["event"] = json!({
+        "sequence": stored.sequence,
+        "aggregate_type": event.aggregate_type,
+        "aggregate_id": event.aggregate_id,
+        "payload_version": event.payload_version,
+        "payload_bytes": event.payload.len(),
+        "headers": event.headers.iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "available_at": stored.available_at,
+    });
+    value["history"] = serde_json::to_value(&failed.history).unwrap_or(Value::Null);
+    if detail == Detail::WithPayload {
+        value["payload"] = serde_json::from_str(event.payload.as_str()).unwrap_or(Value::Null);
     }
     value
+}
+
+/// `failed show` for people: the metadata, then the history one line per
+/// entry, then the payload if asked.
+pub fn failed_text(failed: &FailedEvent, detail: Detail) -> String {
+    use std::fmt::Write;
+    let stored = &failed.event;
+    let event = &stored.event;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "event {}  {}  key {:?}  aggregate {} {}",
+        event.event_id,
+        event.event_type,
+        event.partition_key,
+        event.aggregate_type,
+        event.aggregate_id
+    );
+    let _ = writeln!(
+        out,
+        "  created {}, {} attempts, payload version {}, {} bytes of payload{}",
+        stored.created_at,
+        stored.attempts,
+        event.payload_version,
+        event.payload.len(),
+        if detail == Detail::WithPayload {
+            ""
+        } else {
+            " (--payload prints it)"
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  {}{}",
+        if failed.blocks_key {
+            "blocks its key"
+        } else {
+            "does not block its key"
+        },
+        failed
+            .superseded_by
+            .map(|id| format!("; superseded by {id}"))
+            .unwrap_or_default()
+    );
+    for (name, value) in event.headers.iter() {
+        let _ = writeln!(out, "  header {name} = {value}");
+    }
+    let _ = writeln!(out, "history:");
+    for entry in &failed.history {
+        let class = entry
+            .error_class
+            .map(|c| format!(" ({c:?})"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {}  {:?} by {}{class}, attempts {}: {}",
+            entry.at, entry.kind, entry.actor, entry.attempts, entry.detail
+        );
+    }
+    if detail == Detail::WithPayload {
+        let _ = writeln!(out, "payload:\n{}", event.payload.as_str());
+    }
+    out
 }

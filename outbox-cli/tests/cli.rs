@@ -170,10 +170,48 @@ async fn an_operator_finds_a_blocked_key_repairs_it_and_health_recovers() {
     .await;
     let show = json(&show);
     assert_eq!(show["history"][0]["kind"], "PermanentFailure", "{show}");
-    assert_eq!(
-        show["event"]["event"]["partition_key"],
-        events[0].partition_key
+    assert_eq!(show["partition_key"], events[0].partition_key);
+    // The payload as the store keeps it (PostgreSQL's jsonb spaces it).
+    let stored = store.failed_events(10).await.unwrap()[0]
+        .event
+        .event
+        .payload
+        .clone();
+    assert_eq!(show["event"]["payload_bytes"], stored.len(), "{show}");
+    assert!(
+        show.get("payload").is_none(),
+        "no payload unless asked: {show}"
     );
+    let with_payload = outbox(
+        &url,
+        &[
+            "--schema",
+            &schema,
+            "--output",
+            "json",
+            "failed",
+            "show",
+            &id,
+            "--payload",
+        ],
+    )
+    .await;
+    let expected: Value = serde_json::from_str(events[0].payload.as_str()).unwrap();
+    assert_eq!(json(&with_payload)["payload"], expected);
+    // For people: metadata and history, the payload only when asked.
+    let text = stdout(&outbox(&url, &["--schema", &schema, "failed", "show", &id]).await);
+    assert!(text.contains("history:"), "{text}");
+    assert!(text.contains("PermanentFailure"), "{text}");
+    assert!(text.contains("(--payload prints it)"), "{text}");
+    assert!(!text.contains(stored.as_str()), "{text}");
+    let text = stdout(
+        &outbox(
+            &url,
+            &["--schema", &schema, "failed", "show", &id, "--payload"],
+        )
+        .await,
+    );
+    assert!(text.contains(stored.as_str()), "{text}");
 
     let refused = outbox(
         &url,

@@ -664,3 +664,64 @@ async fn migrate_with_ddl_to_run_never_holds_producers_long() {
     .unwrap();
     assert_ne!(applied, "an earlier release");
 }
+
+/// `held_back` lists the transactions of producers (they hold their events
+/// back), never the store's own: a transaction that writes the events and
+/// leases tables without inserting an event (what a settlement or a purge
+/// does) is no stranger, however long it stays open.
+#[tokio::test]
+async fn open_transactions_are_the_producers_only() {
+    let (store, schema) = store_in_schema(ManualClock::at_epoch()).await;
+    use outbox_core::store::{HeldBack, OutboxStore};
+    // The first claim writes the control row.
+    store
+        .claim_batch(&outbox_core::testing::store_suite::request("relay", 1))
+        .await
+        .unwrap();
+    let mut own = store.pool().begin().await.unwrap();
+    sqlx::raw_sql(&format!(
+        "UPDATE {schema}.outbox_events SET status = status WHERE FALSE;
+         DELETE FROM {schema}.outbox_leases WHERE FALSE"
+    ))
+    .execute(&mut *own)
+    .await
+    .unwrap();
+    let own_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *own)
+        .await
+        .unwrap();
+    let open = |store: PgStore| async move {
+        store
+            .held_back()
+            .await
+            .unwrap()
+            .into_iter()
+            .find_map(|held| match held {
+                HeldBack::OpenTransactions { transactions } => Some(transactions),
+                _ => None,
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| t.pid)
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        !open(store.clone()).await.contains(&i64::from(own_pid)),
+        "the store's own kind of transaction listed as a producer"
+    );
+    let mut producer = store.pool().begin().await.unwrap();
+    store
+        .enqueue(&mut producer, &[event("a", 1)])
+        .await
+        .unwrap();
+    let producer_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *producer)
+        .await
+        .unwrap();
+    let listed = open(store.clone()).await;
+    assert!(listed.contains(&i64::from(producer_pid)), "{listed:?}");
+    assert!(!listed.contains(&i64::from(own_pid)), "{listed:?}");
+    producer.commit().await.unwrap();
+    own.rollback().await.unwrap();
+    assert!(open(store.clone()).await.is_empty());
+}

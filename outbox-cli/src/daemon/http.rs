@@ -12,8 +12,8 @@ use tokio::net::TcpListener;
 
 use crate::store::Store;
 
-/// Gauge: events per type and state (`claimable`, `parked`, `in_flight`,
-/// `failed`), read from the store at each scrape.
+/// Gauge: events per type and state (`claimable`, `parked`, `blocked`,
+/// `in_flight`, `failed`), read from the store at each scrape.
 pub const EVENTS: &str = "outbox_events";
 /// Gauge: how long the oldest claimable event of a type has been due (0
 /// when none is): the relay's lag, read from the store at each scrape.
@@ -45,6 +45,7 @@ async fn refresh_gauges(store: &Store) {
                 for (state, n) in [
                     ("claimable", s.claimable),
                     ("parked", s.parked),
+                    ("blocked", s.blocked),
                     ("in_flight", s.in_flight),
                     ("failed", s.failed),
                 ] {

@@ -396,6 +396,20 @@ impl OutboxAdmin for MemoryStore {
         let now = self.clock.now();
         let state = self.lock();
         let mut by_type: std::collections::BTreeMap<&str, EventTypeStats> = Default::default();
+        // Each blocked key's first blocking failed row, in claim order.
+        let mut blocked_from: std::collections::HashMap<&str, (i64, i64)> = Default::default();
+        for row in state.rows.values() {
+            if let RowStatus::Failed {
+                blocks_key: true, ..
+            } = row.status
+            {
+                let at = (row.position, row.stored.sequence);
+                let first = blocked_from
+                    .entry(row.stored.partition_key.as_str())
+                    .or_insert(at);
+                *first = (*first).min(at);
+            }
+        }
         for row in state.rows.values() {
             let stats = by_type
                 .entry(row.stored.event_type.as_str())
@@ -403,7 +417,11 @@ impl OutboxAdmin for MemoryStore {
                     event_type: row.stored.event_type.clone(),
                     ..EventTypeStats::default()
                 });
+            let behind_a_block = blocked_from
+                .get(row.stored.partition_key.as_str())
+                .is_some_and(|at| (row.position, row.stored.sequence) > *at);
             match row.status {
+                RowStatus::Pending if behind_a_block => stats.blocked += 1,
                 RowStatus::Pending if row.stored.available_at <= now => {
                     stats.claimable += 1;
                     let age = elapsed_between(now, row.stored.available_at);
@@ -432,7 +450,7 @@ impl OutboxAdmin for MemoryStore {
         for row in &rows {
             let key = row.stored.partition_key.as_str();
             if let Some((_, behind)) = heads.get_mut(key) {
-                if matches!(row.status, RowStatus::Pending | RowStatus::InFlight { .. }) {
+                if matches!(row.status, RowStatus::Pending) {
                     *behind += 1;
                 }
             } else {
@@ -543,7 +561,7 @@ impl OutboxAdmin for MemoryStore {
         for row in rows {
             let key = &row.stored.partition_key;
             if let Some(entry) = blocked.iter_mut().find(|b| &b.partition_key == key) {
-                if matches!(row.status, RowStatus::Pending | RowStatus::InFlight { .. }) {
+                if matches!(row.status, RowStatus::Pending) {
                     entry.backlog += 1;
                 }
                 continue;

@@ -13,13 +13,20 @@ use crate::event::{EventId, StoredEvent};
 pub struct EventTypeStats {
     /// The event type.
     pub event_type: String,
-    /// Pending and due now (an earlier event of the same key may still hold
-    /// one back).
+    /// Pending, due now and not behind a failed event that blocks its key
+    /// (an earlier event of the same key may still be in flight or parked:
+    /// those hold it only until they settle or come due).
     pub claimable: u64,
     /// How long the oldest claimable event has been due: the relay's lag.
     pub oldest_claimable_age: Option<Duration>,
-    /// Pending but not yet due: retry backoff or a requested delay.
+    /// Pending but not yet due: retry backoff or a requested delay (and not
+    /// behind a blocking failed event).
     pub parked: u64,
+    /// Pending behind a failed event that blocks its key
+    /// ([`PoisonPolicy::Block`](crate::PoisonPolicy::Block)): they wait for
+    /// an operator, not a relay, so they are neither claimable nor in the
+    /// lag. Their sum over types is the backlog [`blocked_keys`](super::OutboxAdmin::blocked_keys) reports.
+    pub blocked: u64,
     /// Leased to a relay.
     pub in_flight: u64,
     /// Dead-lettered.

@@ -26,6 +26,7 @@ macro_rules! store_conformance_tests {
             purge_never_touches_unpublished_rows,
             purge_empties_the_history_while_it_returns_batch_size,
             stats_report_lag_and_parked_events,
+            status_adds_up,
             heartbeats_report_liveness,
             heartbeats_record_publisher_outages,
         );

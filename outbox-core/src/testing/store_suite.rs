@@ -12,8 +12,8 @@ use crate::policy::{Ordering, PoisonPolicy};
 use crate::publisher::ErrorClass;
 use crate::store::{
     AttemptKind, ClaimRequest, ClaimedEvent, EnqueueOutcome, EventState, FailReason, Heartbeat,
-    Nack, NackAction, OperatorAction, OutboxAdmin, OutboxStore, OutboxWriter, PublisherOutage,
-    RelayId, RelayStatus, Release,
+    HeldBack, Nack, NackAction, OperatorAction, OutboxAdmin, OutboxStore, OutboxWriter,
+    PublisherOutage, RelayId, RelayStatus, Release,
 };
 
 /// The lease the suite claims with.
@@ -772,6 +772,144 @@ pub async fn stats_report_lag_and_parked_events<F: StoreFactory>(factory: &F) {
         (refunded.claimable, refunded.in_flight),
         (1, 0),
         "{refunded:?}"
+    );
+}
+
+/// `stats`, `held_back` and `blocked_keys` agree with each other and with
+/// the rows, in every situation at once: a key blocked by a failed event
+/// with events behind it (blocked: neither claimable nor in the lag), a
+/// key in retry backoff and one delayed (parked, the due events behind
+/// them counted claimable and as waiting on the backoff), a key with a
+/// batch in flight, and a free key.
+pub async fn status_adds_up<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let (b1, r1, f1) = (event("blk", 1), event("retry", 1), event("fly", 1));
+    enqueue_all(&*store, &[b1.clone(), r1.clone(), f1.clone()]).await;
+    let mut blocking = request("r1", 10);
+    blocking.poison = PoisonPolicy::Block;
+    let first = claim(&*store, &blocking).await;
+    assert_eq!(first.len(), 3);
+    let of = |id: EventId| first.iter().find(|c| c.event.event_id == id).unwrap();
+    store
+        .nack(&[
+            fail(of(b1.event_id), true),
+            retry(of(r1.event_id), Duration::from_secs(60)),
+        ])
+        .await
+        .unwrap();
+    // f1 stays in flight.
+    let mut blocked_type = event("blk", 2);
+    blocked_type.event_type = "invoice.voided".into();
+    let mut delayed = event("delay", 1);
+    delayed.available_at = Some(clock.now_plus(Duration::from_secs(120)));
+    let behind = [
+        blocked_type,
+        event("blk", 3),
+        event("retry", 2),
+        event("fly", 2),
+        delayed,
+        event("delay", 2),
+        event("free", 1),
+    ];
+    enqueue_all(&*store, &behind).await;
+    clock.advance(Duration::from_secs(5));
+
+    let stats = store.stats().await.unwrap();
+    let total = |f: fn(&crate::store::EventTypeStats) -> u64| stats.iter().map(f).sum::<u64>();
+    assert_eq!(
+        (
+            total(|s| s.claimable),
+            total(|s| s.parked),
+            total(|s| s.blocked),
+            total(|s| s.in_flight),
+            total(|s| s.failed)
+        ),
+        // claimable: retry 2, fly 2, delay 2, free 1; parked: retry 1,
+        // delay 1; blocked: blk 2 (voided) and blk 3; in flight: fly 1;
+        // failed: blk 1.
+        (4, 2, 2, 1, 1),
+        "{stats:?}"
+    );
+    let voided = stats
+        .iter()
+        .find(|s| s.event_type == "invoice.voided")
+        .expect("a row per type");
+    assert_eq!(
+        (
+            voided.claimable,
+            voided.blocked,
+            voided.oldest_claimable_age
+        ),
+        (0, 1, None),
+        "a blocked event is not claimable and not lag: {voided:?}"
+    );
+    let age = stats
+        .iter()
+        .find(|s| s.event_type == "invoice.paid")
+        .and_then(|s| s.oldest_claimable_age)
+        .expect("claimable events have an age");
+    assert!(
+        age >= Duration::from_secs(5) && age < Duration::from_secs(5) + SLACK,
+        "{age:?}"
+    );
+
+    let blocked = store.blocked_keys().await.unwrap();
+    assert_eq!(blocked.len(), 1, "{blocked:?}");
+    assert_eq!(
+        (
+            blocked[0].partition_key.as_str(),
+            blocked[0].blocking_event_id,
+            blocked[0].backlog
+        ),
+        ("blk", b1.event_id, 2)
+    );
+    let held = store.held_back().await.unwrap();
+    let blocked_keys = held.iter().find_map(|h| match h {
+        HeldBack::BlockedKeys { keys, waiting } => Some((*keys, *waiting)),
+        _ => None,
+    });
+    assert_eq!(blocked_keys, Some((1, 2)), "{held:?}");
+    let backing_off = held.iter().find_map(|h| match h {
+        HeldBack::BackingOff {
+            keys,
+            waiting,
+            next_due,
+        } => Some((*keys, *waiting, *next_due)),
+        _ => None,
+    });
+    let (keys, waiting, next_due) = backing_off.unwrap_or_else(|| panic!("{held:?}"));
+    // retry 1 and 2, delay 1 and 2; the retry comes due first (55 s).
+    assert_eq!((keys, waiting), (2, 4), "{held:?}");
+    // Store time now, as the store reads it: a heartbeat's.
+    store
+        .heartbeat(&Heartbeat::alive(RelayId::new("clock")))
+        .await
+        .unwrap();
+    let now = status_of(&*store, "clock").await.last_seen;
+    let until = (next_due - now).to_std().expect("due later");
+    assert!(
+        until > Duration::from_secs(50) && until <= Duration::from_secs(55),
+        "{until:?}"
+    );
+    assert!(
+        !held.iter().any(|h| matches!(
+            h,
+            HeldBack::OpenTransactions { .. }
+                | HeldBack::ExpiredLeases { .. }
+                | HeldBack::CrashSuspects { .. }
+        )),
+        "nothing else holds anything: {held:?}"
+    );
+    // What a claim takes now: the free key only (the others wait on a
+    // failed event, a backoff, a delay or the batch in flight).
+    assert_eq!(
+        claim(&*store, &blocking)
+            .await
+            .iter()
+            .map(|c| c.event.partition_key.as_str())
+            .collect::<Vec<_>>(),
+        vec!["free"]
     );
 }
 

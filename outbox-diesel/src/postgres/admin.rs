@@ -129,6 +129,7 @@ impl OutboxAdmin for PgStore {
                     parked: r.parked as u64,
                     in_flight: r.in_flight as u64,
                     failed: r.failed as u64,
+                    blocked: r.blocked as u64,
                 })
                 .collect())
         };

@@ -98,6 +98,8 @@ pub(super) struct StatsRow {
     pub(super) failed: i64,
     #[diesel(sql_type = Timestamptz)]
     pub(super) now: DateTime<Utc>,
+    #[diesel(sql_type = BigInt)]
+    pub(super) blocked: i64,
 }
 
 /// `held_back`.

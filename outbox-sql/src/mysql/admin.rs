@@ -145,6 +145,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
                         parked: count("parked")?,
                         in_flight: count("in_flight")?,
                         failed: count("failed")?,
+                        blocked: count("blocked")?,
                     })
                 })
                 .collect()

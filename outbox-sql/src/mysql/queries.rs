@@ -304,21 +304,29 @@ impl Queries {
                      outage_reason = VALUES(outage_reason)"
             ),
             stats: format!(
-                "SELECT event_type,
-                     CAST(SUM(status = 0 AND available_at <= ?) AS SIGNED) AS claimable,
-                     MIN(CASE WHEN status = 0 AND available_at <= ? THEN available_at END) AS oldest,
-                     CAST(SUM(status = 0 AND available_at > ?) AS SIGNED) AS parked,
-                     CAST(SUM(status = 1) AS SIGNED) AS in_flight,
-                     CAST(SUM(status = 3) AS SIGNED) AS failed
-                 FROM {events} WHERE status IN (0, 1, 3)
-                 GROUP BY event_type ORDER BY event_type"
+                "SELECT e.event_type,
+                     CAST(SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at <= ?)
+                         AS SIGNED) AS claimable,
+                     MIN(CASE WHEN e.status = 0 AND b.partition_key IS NULL AND e.available_at <= ?
+                         THEN e.available_at END) AS oldest,
+                     CAST(SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at > ?)
+                         AS SIGNED) AS parked,
+                     CAST(SUM(e.status = 0 AND b.partition_key IS NOT NULL) AS SIGNED) AS blocked,
+                     CAST(SUM(e.status = 1) AS SIGNED) AS in_flight,
+                     CAST(SUM(e.status = 3) AS SIGNED) AS failed
+                 FROM {events} e
+                 LEFT JOIN (SELECT DISTINCT partition_key FROM {events}
+                            WHERE status = 3 AND blocks_key) b
+                     ON b.partition_key = e.partition_key AND e.status = 0
+                 WHERE e.status IN (0, 1, 3)
+                 GROUP BY e.event_type ORDER BY e.event_type"
             ),
             held_back: format!(
                 "SELECT
                      (SELECT COUNT(DISTINCT partition_key) FROM {events}
                       WHERE status = 3 AND blocks_key) AS blocked_keys,
                      (SELECT COUNT(*) FROM {events} p
-                      WHERE p.status IN (0, 1) AND p.partition_key IN (
+                      WHERE p.status = 0 AND p.partition_key IN (
                           SELECT partition_key FROM {events} WHERE status = 3 AND blocks_key)) AS blocked_waiting,
                      (SELECT COUNT(DISTINCT partition_key) FROM {events}
                       WHERE status = 0 AND available_at > ?) AS backoff_keys,
@@ -351,7 +359,7 @@ impl Queries {
             blocked_keys: format!(
                 "SELECT b.partition_key, b.event_id,
                      (SELECT COUNT(*) FROM {events} p
-                      WHERE p.partition_key = b.partition_key AND p.status IN (0, 1)) AS backlog
+                      WHERE p.partition_key = b.partition_key AND p.status = 0) AS backlog
                  FROM {events} b
                  WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
                      SELECT 1 FROM {events} e2

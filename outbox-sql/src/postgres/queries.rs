@@ -181,21 +181,30 @@ impl Queries {
                      outage_reason = EXCLUDED.outage_reason"
             ),
             stats: format!(
-                "SELECT event_type, claimable, oldest, parked, in_flight, failed, now FROM {}()",
+                "SELECT event_type, claimable, oldest, parked, in_flight, failed, now, blocked
+                 FROM {}()",
                 function("stats")
             ),
             held_back: format!("SELECT * FROM {}()", function("held_back")),
-            // Other sessions' transactions holding a write lock on the events
-            // table: they have enqueued (or are settling) and not committed.
-            open_transactions: format!(
-                "SELECT a.pid::int8 AS pid, coalesce(a.datname::text, '') AS database,
-                        a.xact_start, coalesce(a.state, '') AS state, a.query_start
-                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-                 WHERE l.locktype = 'relation' AND l.relation = '{events}'::regclass
-                   AND l.mode = 'RowExclusiveLock' AND l.granted AND a.pid <> pg_backend_pid()
-                   AND a.xact_start IS NOT NULL
-                 ORDER BY a.xact_start"
-            ),
+            // Other sessions' transactions that inserted events and have
+            // not ended: the holders of the producer lock the insert trigger
+            // takes. Not "a write lock on the events table": relays and
+            // purges take that too, and their own short transactions are
+            // no producer's (they were listed as strangers).
+            open_transactions: {
+                let producer = lock_key(&events) ^ 0x0b5e_55ed;
+                let (classid, objid) = ((producer as u64) >> 32, (producer as u64) & 0xffff_ffff);
+                format!(
+                    "SELECT a.pid::int8 AS pid, coalesce(a.datname::text, '') AS database,
+                            a.xact_start, coalesce(a.state, '') AS state, a.query_start
+                     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                     WHERE l.locktype = 'advisory' AND l.granted
+                       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                       AND l.classid = {classid} AND l.objid = {objid} AND l.objsubid = 1
+                       AND a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL
+                     ORDER BY a.xact_start"
+                )
+            },
             // The state as the core models it: in a live lease → in flight
             // (1); a stream row the cursor passed or a claim took and acked
             // → published (2), at the time the cursor log says (to the

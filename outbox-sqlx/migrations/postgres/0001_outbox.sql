@@ -1250,41 +1250,59 @@ $$;
 -- parked (pending, not yet due), in flight, failed. Reads the backlog,
 -- the leases and the failed rows by index, never the retained history;
 -- `stats()`, `status`, health checks and every metrics scrape run it.
-CREATE OR REPLACE FUNCTION outbox_stats()
+-- Pending rows of a key blocked by a failed row count as blocked, not as
+-- claimable or parked (nor in the lag): they wait for an operator. Every
+-- pending row of such a key is behind its failed row (per-key order let
+-- nothing of the key past it), the rows `outbox_blocked_keys` counts.
+-- The return type grew a column: dropped first (CREATE OR REPLACE cannot
+-- change it), in the same transaction as the CREATE.
+DROP FUNCTION IF EXISTS outbox_stats();
+CREATE FUNCTION outbox_stats()
     RETURNS TABLE (event_type text, claimable bigint, oldest timestamptz, parked bigint,
-                   in_flight bigint, failed bigint, now timestamptz)
+                   in_flight bigint, failed bigint, now timestamptz, blocked bigint)
     LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off
     SET max_parallel_workers_per_gather = 0 AS $$
     WITH held AS (
         SELECT unnest(held) AS sequence FROM outbox_leases
         WHERE token >= outbox_live_from() AND cardinality(held) > 0
+    ), blocked_keys AS (
+        SELECT DISTINCT b.partition_key FROM outbox_events b
+        WHERE b.status = 3 AND b.blocks_key
     ), open AS (
-        SELECT e.event_type, e.status, e.available_at, FALSE AS in_flight
+        SELECT e.event_type, e.partition_key, e.status, e.available_at, FALSE AS in_flight
         FROM outbox_stream_pending() AS p(sequence)
-        CROSS JOIN LATERAL (SELECT x.event_type, x.status, x.available_at
+        CROSS JOIN LATERAL (SELECT x.event_type, x.partition_key, x.status, x.available_at
                             FROM outbox_events x
                             WHERE x.sequence = p.sequence AND x.status = 0 LIMIT 1) e
         UNION ALL
-        SELECT e.event_type, e.status, e.available_at, TRUE
+        SELECT e.event_type, e.partition_key, e.status, e.available_at, TRUE
         FROM held h
-        CROSS JOIN LATERAL (SELECT x.event_type, x.status, x.available_at
+        CROSS JOIN LATERAL (SELECT x.event_type, x.partition_key, x.status, x.available_at
                             FROM outbox_events x WHERE x.sequence = h.sequence LIMIT 1) e
         UNION ALL
-        SELECT e.event_type, e.status, e.available_at, FALSE
+        SELECT e.event_type, e.partition_key, e.status, e.available_at, FALSE
         FROM outbox_events e
         WHERE e.status IN (4, 5) AND e.sequence NOT IN (SELECT sequence FROM held)
         UNION ALL
-        SELECT e.event_type, e.status, e.available_at, FALSE
+        SELECT e.event_type, e.partition_key, e.status, e.available_at, FALSE
         FROM outbox_events e WHERE e.status = 3
+    ), classified AS (
+        SELECT o.*, o.status <> 3 AND NOT o.in_flight
+                    AND o.partition_key IN (SELECT partition_key FROM blocked_keys) AS blocked
+        FROM open o
     ), now AS (SELECT outbox_now() AS at)
     SELECT o.event_type,
-        count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND o.available_at <= now.at),
-        min(o.available_at) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND o.available_at <= now.at),
-        count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND o.available_at > now.at),
+        count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND NOT o.blocked
+                         AND o.available_at <= now.at),
+        min(o.available_at) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND NOT o.blocked
+                                    AND o.available_at <= now.at),
+        count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND NOT o.blocked
+                         AND o.available_at > now.at),
         count(*) FILTER (WHERE o.in_flight),
         count(*) FILTER (WHERE o.status = 3),
-        now.at
-    FROM open o, now GROUP BY o.event_type, now.at ORDER BY o.event_type
+        now.at,
+        count(*) FILTER (WHERE o.blocked)
+    FROM classified o, now GROUP BY o.event_type, now.at ORDER BY o.event_type
 $$;
 
 -- Keys parked behind a failed row that blocks them: the first such row
@@ -1329,9 +1347,26 @@ CREATE OR REPLACE FUNCTION outbox_held_back()
     SET max_parallel_workers_per_gather = 0 AS $$
     WITH now AS (SELECT outbox_now() AS at),
     blocked AS (SELECT * FROM outbox_blocked_keys()),
+    held AS (
+        SELECT unnest(held) AS sequence FROM outbox_leases
+        WHERE token >= outbox_live_from() AND cardinality(held) > 0
+    ),
+    -- Every pending row not in flight: stream rows no claim took (a delayed
+    -- event waits there until a claim meets it), tracked and parked rows.
+    pending AS (
+        SELECT x.partition_key, x.available_at
+        FROM outbox_stream_pending() AS p(sequence)
+        CROSS JOIN LATERAL (SELECT y.partition_key, y.available_at FROM outbox_events y
+                            WHERE y.sequence = p.sequence AND y.status = 0 LIMIT 1) x
+        UNION ALL
+        SELECT e.partition_key, e.available_at FROM outbox_events e
+        WHERE e.status IN (4, 5) AND e.sequence NOT IN (SELECT sequence FROM held)
+    ),
+    -- Keys waiting on a retry backoff or a requested delay; the events
+    -- behind them (due or not) wait too.
     backoff AS (
-        SELECT e.partition_key, e.available_at FROM outbox_events e, now
-        WHERE e.status = 4 AND e.available_at > now.at
+        SELECT p.partition_key, min(p.available_at) AS due FROM pending p, now
+        WHERE p.available_at > now.at GROUP BY p.partition_key
     ), expired AS (
         SELECT l.* FROM outbox_leases l, now
         WHERE l.token >= outbox_live_from()
@@ -1344,10 +1379,9 @@ CREATE OR REPLACE FUNCTION outbox_held_back()
     SELECT
         (SELECT count(*) FROM blocked),
         (SELECT coalesce(sum(backlog), 0)::bigint FROM blocked),
-        (SELECT count(DISTINCT partition_key) FROM backoff),
-        (SELECT count(*) FROM outbox_events e
-         WHERE e.status = 4 AND e.partition_key IN (SELECT partition_key FROM backoff)),
-        (SELECT min(available_at) FROM backoff),
+        (SELECT count(*) FROM backoff),
+        (SELECT count(*) FROM pending p WHERE p.partition_key IN (SELECT partition_key FROM backoff)),
+        (SELECT min(due) FROM backoff),
         (SELECT count(*) FROM expired),
         (SELECT coalesce(sum(cardinality(held)), 0)::bigint FROM expired),
         (SELECT min(expires_at) FROM expired),
@@ -1386,4 +1420,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('8ea9de712c1c3b72');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('87874017b3eba98b');

@@ -131,6 +131,7 @@ impl OutboxAdmin for PgStore {
                         parked: count(r, "parked")?,
                         in_flight: count(r, "in_flight")?,
                         failed: count(r, "failed")?,
+                        blocked: count(r, "blocked")?,
                     })
                 })
                 .collect()

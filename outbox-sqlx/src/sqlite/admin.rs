@@ -112,6 +112,7 @@ impl OutboxAdmin for SqliteStore {
                         parked: count("parked")?,
                         in_flight: count("in_flight")?,
                         failed: count("failed")?,
+                        blocked: count("blocked")?,
                     })
                 })
                 .collect()
