@@ -308,7 +308,7 @@ pub async fn check_left_open(
     let stats = store.stats().await?;
     let open: u64 = stats
         .iter()
-        .map(|s| s.claimable + s.parked + s.in_flight + s.failed)
+        .map(|s| s.claimable + s.blocked + s.parked + s.in_flight + s.failed)
         .sum();
     if open != left_open as u64 {
         return Err(format!(
