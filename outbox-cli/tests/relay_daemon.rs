@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
+use outbox_core::relay::metrics as names;
 use outbox_core::testing::CuttableProxy;
 use outbox_core::{EventId, NewEvent, OutboxWriter};
 use outbox_sqlx::postgres::EndToEndDb;
+use prometheus_parse::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn pg_url() -> String {
@@ -122,7 +124,23 @@ listen = "{listen}"
             && gauge(m, lag).is_some_and(|l| l > 0.0)
     })
     .await;
-    assert_eq!(gauge(&during, published), None, "nothing published yet");
+    assert_eq!(
+        gauge(&during, published),
+        Some(0.0),
+        "nothing published yet, and the counter is there at 0"
+    );
+    let scrape = exposition(&during);
+    for cause in outbox_core::relay::metrics::FAILED_CAUSES {
+        assert_eq!(
+            sample(
+                &scrape,
+                names::FAILED,
+                &[("relay", "daemon-test"), ("cause", cause)]
+            ),
+            Some(&Value::Counter(0.0)),
+            "{cause} counted from the start"
+        );
+    }
     let (status, _) = get(&listen, "/health").await;
     assert_eq!(status, "HTTP/1.1 200 OK", "healthy through a broker outage");
 
@@ -136,6 +154,18 @@ listen = "{listen}"
             && gauge(m, lag) == Some(0.0)
     })
     .await;
+    let after = exposition(&try_get(&listen, "/metrics").await.unwrap().1);
+    for (name, bounds) in outbox_core::relay::metrics::HISTOGRAM_BUCKETS {
+        let Some(Value::Histogram(buckets)) = sample(&after, name, &[("relay", "daemon-test")])
+        else {
+            panic!("{name} is a histogram: {:?}", sample(&after, name, &[]));
+        };
+        let les: Vec<f64> = buckets.iter().map(|b| b.less_than).collect();
+        let mut expected = bounds.to_vec();
+        expected.push(f64::INFINITY);
+        assert_eq!(les, expected, "{name}'s documented buckets");
+        assert!(buckets.last().unwrap().count >= 1.0, "{name} recorded");
+    }
     let (status, _) = get(&listen, "/nope").await;
     assert_eq!(status, "HTTP/1.1 404 Not Found");
 
@@ -410,6 +440,66 @@ async fn scrape_until(listen: &str, done: impl Fn(&str) -> bool) -> String {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `/metrics` parsed as Prometheus text, strictly: every line is a help or
+/// type comment or a sample the parser understood (none skipped), every
+/// `outbox_` family has `# HELP` and a `# TYPE`, and none is a summary
+/// (summaries cannot be added up across replicas).
+fn exposition(text: &str) -> prometheus_parse::Scrape {
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    let sample_lines = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .count();
+    let parsed: usize = scrape
+        .samples
+        .iter()
+        .map(|s| match &s.value {
+            Value::Histogram(buckets) => buckets.len(),
+            _ => 1,
+        })
+        .sum();
+    assert_eq!(parsed, sample_lines, "every sample line parses:\n{text}");
+    let typed: std::collections::HashSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+        .collect();
+    for s in &scrape.samples {
+        assert!(
+            !matches!(s.value, Value::Summary(_)),
+            "{} is a summary",
+            s.metric
+        );
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| {
+                let base = s.metric.strip_suffix(suffix)?;
+                typed.contains(base).then_some(base)
+            })
+            .unwrap_or(&s.metric);
+        if family.starts_with("outbox_") {
+            assert!(typed.contains(family), "# TYPE of {family}:\n{text}");
+            assert!(
+                scrape.docs.get(family).is_some_and(|d| !d.is_empty()),
+                "# HELP of {family}:\n{text}"
+            );
+        }
+    }
+    scrape
+}
+
+/// The value of the sample `name` whose labels include `labels`.
+fn sample<'a>(
+    scrape: &'a prometheus_parse::Scrape,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<&'a Value> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| &s.value)
 }
 
 /// The value of the sample `name` (with its labels) in Prometheus text.

@@ -40,9 +40,20 @@ pub use async_trait::async_trait;
 /// The date-time crate of the public API (`DateTime<Utc>` in events,
 /// history and admin answers).
 pub use chrono;
+/// The OpenTelemetry API this crate links its spans with (feature `otel`):
+/// install your tracer provider from this version, or the spans' contexts
+/// do not reach it.
+#[cfg(feature = "otel")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "otel")))]
+pub use opentelemetry;
 /// The JSON crate of the public API (payloads are JSON: `NewEvent`'s
 /// `payload` takes any `Serialize`, `serde_json::json!` included).
 pub use serde_json;
+/// The `tracing` → OpenTelemetry bridge this crate reads and writes span
+/// contexts through (feature `otel`): build your layer from this version.
+#[cfg(feature = "otel")]
+#[cfg_attr(outbox_docsrs, doc(cfg(feature = "otel")))]
+pub use tracing_opentelemetry;
 /// The UUID crate of the public API ([`EventId`] wraps a `uuid::Uuid`;
 /// `EventId::deterministic` takes a namespace `Uuid`).
 pub use uuid;

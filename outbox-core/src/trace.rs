@@ -6,8 +6,9 @@
 //! * [`NewEventBuilder::build`](crate::NewEvent::builder) captures the
 //!   current span's context into [`Headers::traceparent`] (and a non-empty
 //!   `tracestate` into the `tracestate` header) unless the caller set one;
-//! * the relay's [`PUBLISH_SPAN`], one per publisher call, is **linked** to
-//!   each event's context (a batch has many parents, so links, not a parent);
+//! * the relay's [`PUBLISH_SPAN`], one per publisher call, is a trace root
+//!   **linked** to each event's context (a batch has many parents, so
+//!   links, not a parent; and not the relay's lifetime span either);
 //! * a consumer runner's [`CONSUME_SPAN`], around the inbox claim and the
 //!   handler, is a **child** of the event's `traceparent`, so the handler's
 //!   own spans land in the producer's trace.
@@ -25,12 +26,14 @@ pub const CONSUME_SPAN: &str = "outbox.consume";
 /// The free header that carries W3C `tracestate` beside `traceparent`.
 pub const TRACESTATE_HEADER: &str = "tracestate";
 
-/// The span around one publisher call.
+/// The span around one publisher call: a root of its own (`parent: None`),
+/// never a child of the relay's lifetime span (`outbox_relay`), which would
+/// make one relay one endless trace; the events' contexts are its links.
 pub(crate) fn publish_span<'e>(
     relay: &str,
     events: impl ExactSizeIterator<Item = &'e Headers>,
 ) -> tracing::Span {
-    let span = tracing::info_span!("outbox.publish", relay, events = events.len());
+    let span = tracing::info_span!(parent: None, "outbox.publish", relay, events = events.len());
     // Parsing every event's context is wasted on a span nobody records.
     #[cfg(feature = "otel")]
     if !span.is_disabled() {

@@ -174,3 +174,40 @@ async fn a_traceparent_set_by_the_caller_wins_and_a_bad_one_starts_a_new_trace()
         "a root span of its own"
     );
 }
+
+/// Each publish is a trace of its own: no parent (not the relay's lifetime
+/// span `outbox_relay`, which lasts as long as the process and would make
+/// one relay one endless trace), two batches two traces.
+#[tokio::test]
+async fn each_publish_is_a_trace_root_not_a_child_of_the_relays_lifetime() {
+    use outbox_core::opentelemetry::trace::SpanId;
+    let recorder = TraceRecorder::install();
+    // Two keys in two batches of one (the suite's relay takes 16; one
+    // event per key and a batch size of 1 force two calls).
+    let events = [invoice_paid("a"), invoice_paid("b")];
+    let store = Arc::new(MemoryStore::new());
+    store.enqueue(&events).await.unwrap();
+    let publisher = Arc::new(RecordingPublisher::new());
+    let mut config = relay_suite::config("roots");
+    config.batch_size = 1;
+    let relay = Relay::new(store, publisher.clone(), config).unwrap();
+    let shutdown = CancellationToken::new();
+    let task = relay.spawn(shutdown.clone());
+    tokio::time::timeout(DEADLINE, publisher.wait_for_deliveries(2))
+        .await
+        .expect("the relay publishes");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+
+    let publishes = recorder.named(PUBLISH_SPAN);
+    assert_eq!(publishes.len(), 2);
+    for publish in &publishes {
+        assert_eq!(publish.parent_span_id, SpanId::INVALID, "a root span");
+    }
+    assert_ne!(ids(&publishes[0]).0, ids(&publishes[1]).0, "two traces");
+    let lifetime = recorder.one("outbox_relay");
+    assert!(
+        publishes.iter().all(|p| ids(p).0 != ids(&lifetime).0),
+        "no publish in the relay's lifetime trace"
+    );
+}

@@ -10,6 +10,7 @@ use outbox_core::relay::RelayHealth;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::error::CliError;
 use crate::store::Store;
 
 /// Gauge: events per type and state (`claimable`, `parked`, `blocked`,
@@ -20,6 +21,40 @@ pub const EVENTS: &str = "outbox_events";
 pub const LAG_SECONDS: &str = "outbox_oldest_claimable_age_seconds";
 /// Counter: store errors of the daemon's own reads, by `operation`.
 pub const STORE_ERRORS: &str = "outbox_store_errors_total";
+
+/// Installs the Prometheus recorder: histograms with the documented bucket
+/// bounds (they add up across replicas, unlike summaries), every metric
+/// described (`# HELP`), the daemon's own counter at 0 from the start.
+pub fn install_recorder() -> Result<PrometheusHandle, CliError> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let failed = |e: metrics_exporter_prometheus::BuildError| {
+        CliError::failure(format!("metrics recorder: {e}"))
+    };
+    let mut builder = PrometheusBuilder::new();
+    for (name, buckets) in outbox_core::relay::metrics::HISTOGRAM_BUCKETS {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
+            .map_err(failed)?;
+    }
+    let handle = builder.install_recorder().map_err(failed)?;
+    outbox_core::relay::metrics::describe();
+    metrics::describe_gauge!(
+        EVENTS,
+        "Events per type and state (claimable, parked, blocked, in_flight, failed), read from the store at each scrape."
+    );
+    metrics::describe_gauge!(
+        LAG_SECONDS,
+        metrics::Unit::Seconds,
+        "How long the oldest claimable event of a type has been due (0 when none is), read at each scrape."
+    );
+    metrics::describe_counter!(
+        STORE_ERRORS,
+        metrics::Unit::Count,
+        "Store errors of the daemon's own reads, per operation."
+    );
+    metrics::counter!(STORE_ERRORS, "operation" => "stats").increment(0);
+    Ok(handle)
+}
 
 /// Reads the store's counts into the gauges, so a scrape shows the backlog
 /// as it is now (the relay's own counters say what it did).

@@ -59,11 +59,7 @@ pub async fn run(
         .transpose()?;
     // The recorder before the relay, so its gauges exist from the start.
     let recorder = match &config.http {
-        Some(_) => Some(
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
-                .map_err(|e| CliError::failure(format!("metrics recorder: {e}")))?,
-        ),
+        Some(_) => Some(http::install_recorder()?),
         None => None,
     };
     let relay = build_relay(&store, publisher, relay_config.clone()).await?;

@@ -1,4 +1,11 @@
 //! Metric names and recording, through the `metrics` facade.
+//!
+//! Every series a relay writes exists from its start (counters at 0, each
+//! failure cause included), so a rate or an alert has a series before the
+//! first event. [`describe`] gives each name its help text and unit, and
+//! [`HISTOGRAM_BUCKETS`] the bucket bounds an exporter should use, so
+//! latencies are histograms that sum across replicas, not per-process
+//! summaries.
 
 use std::time::Duration;
 
@@ -30,6 +37,107 @@ pub const PUBLISH_SECONDS: &str = "outbox_relay_publish_seconds";
 pub const CLAIM_SECONDS: &str = "outbox_relay_claim_seconds";
 /// Histogram: events per claimed batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
+
+/// The `cause` labels of [`FAILED`]: a permanent publish error, retries
+/// used up, a crash loop (claimed too often without an outcome), a row the
+/// relay could not read.
+pub const FAILED_CAUSES: [&str; 4] = [
+    "permanent",
+    "attempts_exhausted",
+    "crash_loop",
+    "unreadable",
+];
+
+/// Bucket bounds of [`PUBLISH_SECONDS`] and [`CLAIM_SECONDS`], in seconds:
+/// 1 ms to 30 s, about ×2.5 apart (a claim is single-digit milliseconds, a
+/// publish to a broker up to its timeout).
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Bucket bounds of [`BATCH_SIZE`], in events: 1 to 10,000.
+pub const BATCH_SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0, 10_000.0,
+];
+
+/// Each relay histogram with its bucket bounds, for the exporter's
+/// configuration (e.g. `PrometheusBuilder::set_buckets_for_metric`).
+pub const HISTOGRAM_BUCKETS: [(&str, &[f64]); 3] = [
+    (PUBLISH_SECONDS, SECONDS_BUCKETS),
+    (CLAIM_SECONDS, SECONDS_BUCKETS),
+    (BATCH_SIZE, BATCH_SIZE_BUCKETS),
+];
+
+/// Registers the help text and unit of every relay metric with the
+/// installed recorder (Prometheus prints them as `# HELP`). Call it once,
+/// after installing the recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        PUBLISHED,
+        Unit::Count,
+        "Events acknowledged as published, per relay."
+    );
+    describe_counter!(
+        RETRIED,
+        Unit::Count,
+        "Transient publish failures scheduled for retry, per relay."
+    );
+    describe_counter!(
+        FAILED,
+        Unit::Count,
+        "Events moved to failed, per relay and cause (permanent, attempts_exhausted, crash_loop, unreadable)."
+    );
+    describe_counter!(
+        FENCED,
+        Unit::Count,
+        "Settlements refused because another claim holds the row (a lease lost), per relay."
+    );
+    describe_counter!(
+        RELEASED,
+        Unit::Count,
+        "Leases returned without an outcome, per relay."
+    );
+    describe_counter!(
+        OUTAGES,
+        Unit::Count,
+        "Publisher outages that paused the relay, per relay."
+    );
+    describe_counter!(
+        STORE_ERRORS,
+        Unit::Count,
+        "Store errors the relay backed off from, per relay."
+    );
+    describe_gauge!(
+        PAUSED,
+        "1 while the relay is paused by a publisher outage, else 0."
+    );
+    describe_gauge!(
+        PUBLISHER_OUTAGE,
+        "1 while publishing to the destination reports an outage, else 0."
+    );
+    describe_histogram!(
+        PUBLISH_SECONDS,
+        Unit::Seconds,
+        "Seconds per publish call (one batch)."
+    );
+    describe_histogram!(
+        CLAIM_SECONDS,
+        Unit::Seconds,
+        "Seconds per claim from the store."
+    );
+    describe_histogram!(BATCH_SIZE, Unit::Count, "Events per claimed batch.");
+}
+
+/// Creates every counter of `relay` at 0 (see the module's docs).
+pub(super) fn start(relay: &RelayId) {
+    for name in [PUBLISHED, RETRIED, FENCED, RELEASED, OUTAGES, STORE_ERRORS] {
+        metrics::counter!(name, "relay" => relay.to_string()).increment(0);
+    }
+    for cause in FAILED_CAUSES {
+        metrics::counter!(FAILED, "relay" => relay.to_string(), "cause" => cause).increment(0);
+    }
+}
 
 pub(super) fn count(name: &'static str, relay: &RelayId, n: u64) {
     if n > 0 {

@@ -127,8 +127,9 @@ where
             let mut prefetch_gate = PrefetchGate::new(self.ctx.config.prefetch);
             let mut last_heartbeat: Option<Instant> = None;
             let destination = self.ctx.publisher.destination();
-            // Present at 0 from the start: an alert on the gauge needs a
-            // series before the first outage.
+            // Present at 0 from the start: an alert or a rate needs a
+            // series before the first outage or event.
+            metrics::start(&self.ctx.config.relay_id);
             metrics::publisher_outage(&destination, false);
             metrics::paused(&self.ctx.config.relay_id, false);
             loop {
