@@ -86,6 +86,28 @@ pub enum Command {
         #[arg(long)]
         config: Option<std::path::PathBuf>,
     },
+    /// Consumer dead letters on Redis, Kafka or SQS: list, show, replay
+    /// (needs no store URL).
+    DeadLetters {
+        /// The broker: `redis://HOST[:PORT][/DB]`, `kafka://HOST:PORT[,…]`,
+        /// or `sqs` (region, endpoint and credentials from AWS_REGION,
+        /// AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+        /// AWS_SESSION_TOKEN).
+        #[arg(long, env = "OUTBOX_BROKER", hide_env_values = true)]
+        broker: String,
+        /// What the consumer reads: the Redis stream or the Kafka topic
+        /// (its dead letters are in `<source><suffix>`); on SQS, the
+        /// dead-letter queue's URL.
+        #[arg(long)]
+        source: String,
+        /// The consumer's dead-letter suffix (default `:dead` on Redis,
+        /// `.dlq` on Kafka).
+        #[arg(long)]
+        suffix: Option<String>,
+        /// List, show or replay.
+        #[command(subcommand)]
+        action: DeadLetterAction,
+    },
     /// Exit non-zero with a one-line reason when something is stuck.
     Health {
         /// A claimable event older than this is stuck.
@@ -117,6 +139,41 @@ pub enum FailedAction {
         /// default).
         #[arg(long)]
         payload: bool,
+    },
+}
+
+/// `dead-letters list`, `show ID` or `replay ID`.
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterAction {
+    /// Dead letters, oldest first (SQS: as received, sorted by time).
+    List {
+        /// Most dead letters listed.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// List those after this id (Redis entry id, Kafka partition/offset;
+        /// not on SQS).
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// One dead letter: its error, identity and headers.
+    Show {
+        /// Its id (Redis entry id, Kafka partition/offset, SQS message id).
+        id: String,
+        /// Also print the payload (it may hold personal data).
+        #[arg(long)]
+        payload: bool,
+    },
+    /// Put a dead letter back where its consumer reads, once, recording
+    /// who and why.
+    Replay {
+        /// Its id (Redis entry id, Kafka partition/offset, SQS message id).
+        id: String,
+        /// Why (kept in the replay's record).
+        #[arg(long)]
+        reason: String,
+        /// Who (kept in the replay's record; default $USER).
+        #[arg(long, env = "USER")]
+        operator: String,
     },
 }
 

@@ -20,6 +20,17 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     if let Command::Relay { config } = &cli.command {
         return crate::daemon::run(cli.url.as_deref(), &tables, config.as_deref()).await;
     }
+    if let Command::DeadLetters {
+        broker,
+        source,
+        suffix,
+        action,
+    } = cli.command
+    {
+        let dead_letters =
+            crate::dead_letters::DeadLetters::open(&broker, &source, suffix.as_deref()).await?;
+        return dead_letters.run(action, cli.output).await;
+    }
     let Some(url) = cli.url.as_deref() else {
         return Err(CliError::usage(
             "no store URL: pass --url or set OUTBOX_URL",
@@ -49,7 +60,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             batch_size,
             inbox,
         } => purge(&store, older_than, batch_size as usize, inbox).await,
-        Command::Relay { .. } => unreachable!("handled above"),
+        Command::Relay { .. } | Command::DeadLetters { .. } => unreachable!("handled above"),
         Command::Health {
             max_age,
             relay_timeout,

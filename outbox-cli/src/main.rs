@@ -3,6 +3,7 @@
 mod args;
 mod commands;
 mod daemon;
+mod dead_letters;
 mod duration;
 mod error;
 mod render;

@@ -7,6 +7,7 @@
 
 pub mod clock;
 pub mod consume;
+pub mod dead_letter;
 mod error;
 pub mod event;
 mod inbox;

@@ -8,6 +8,7 @@
 mod config;
 pub mod consumer;
 mod context;
+pub mod dead_letters;
 mod delivery_wait;
 mod error;
 pub mod headers;
@@ -23,6 +24,7 @@ pub use consumer::{
     KafkaConsumerConfig, KafkaEvent, SHUTDOWN_COMMIT_LIMIT,
 };
 pub use context::BrokerHealth;
+pub use dead_letters::{DeadLetterError, KafkaDeadLetters};
 pub use publisher::KafkaPublisher;
 /// The `rdkafka` crate this adapter was built against.
 pub use rdkafka;

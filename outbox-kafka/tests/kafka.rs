@@ -436,6 +436,144 @@ async fn a_rejected_event_goes_to_the_dead_letter_topic() {
     assert_eq!(report.dead_lettered, 1, "{report:?}");
 }
 
+/// `outbox dead-letters` on Kafka: a rejected event's dead letter is listed
+/// with its error, shown with its headers and payload, replayed once to its
+/// topic (two operators at the same moment: one replay, the other refused
+/// with the first's record), and the consumer applies it once the cause is
+/// fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_is_listed_shown_and_replayed_once() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    use outbox_core::dead_letter::ReplayRefused;
+    use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
+    use outbox_kafka::{
+        DeadLetterError, Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig,
+        KafkaDeadLetters, KafkaEvent,
+    };
+
+    #[derive(Clone)]
+    struct Downstream {
+        broken: Arc<AtomicBool>,
+        applied: Arc<AtomicU32>,
+    }
+    #[async_trait]
+    impl Handler<MemoryInboxTx, KafkaEvent> for Downstream {
+        async fn handle(
+            &self,
+            _tx: &mut MemoryInboxTx,
+            _event: &KafkaEvent,
+        ) -> Result<(), HandlerError> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Err(HandlerError::Reject("amount is negative".into()));
+            }
+            self.applied.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    let harness = Harness::new().await;
+    let topic = harness.publisher.topic_for("invoice.paid");
+    create_topic(&format!("{topic}.dlq")).await;
+    let events = stored(vec![event("a", 0)]);
+    assert!(harness.publisher.publish(&[&events[0]]).await[0].is_ok());
+    let downstream = Downstream {
+        broken: Arc::new(AtomicBool::new(true)),
+        applied: Arc::new(AtomicU32::new(0)),
+    };
+    let mut config =
+        KafkaConsumerConfig::new(bootstrap(), format!("replay-{topic}"), vec![topic.clone()]);
+    config
+        .librdkafka
+        .push(("session.timeout.ms".into(), "6000".into()));
+    let consumer = KafkaConsumer::new(config, MemoryInbox::new(), downstream.clone()).unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(consumer.run(stop.clone()));
+
+    let dead_letters = KafkaDeadLetters::new(&bootstrap(), &topic, ".dlq");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let listed = loop {
+        let listed = dead_letters.list(None, 10).await.unwrap();
+        if !listed.is_empty() {
+            break listed;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no dead letter in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let [dead] = listed.as_slice() else {
+        panic!("one dead letter: {listed:?}");
+    };
+    assert_eq!(dead.event_id, Some(events[0].event_id.to_string()));
+    assert_eq!(dead.error, "amount is negative");
+    assert_eq!(dead.source, topic);
+    assert_eq!(dead.partition_key.as_deref(), Some("a"));
+    assert_eq!(dead.replayed, None);
+    assert!(
+        dead.headers
+            .iter()
+            .all(|(name, _)| !name.starts_with("dlq."))
+    );
+    let shown = dead_letters.get(&dead.id).await.unwrap().expect("shown");
+    assert_eq!(shown.payload, events[0].event.payload.as_bytes());
+    assert!(dead_letters.get("0/999999").await.unwrap().is_none());
+
+    downstream.broken.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        dead_letters.replay(&dead.id, "ana", " ").await,
+        Err(DeadLetterError::Refused(ReplayRefused::Unattributed))
+    ));
+    let (first, second) = tokio::join!(
+        dead_letters.replay(&dead.id, "ana", "downstream fixed"),
+        dead_letters.replay(&dead.id, "bo", "downstream fixed"),
+    );
+    let (replay, refused) = match (first, second) {
+        (Ok(replay), Err(refused)) | (Err(refused), Ok(replay)) => (replay, refused),
+        other => panic!("one replay, one refusal: {other:?}"),
+    };
+    let DeadLetterError::Refused(ReplayRefused::AlreadyReplayed {
+        replay: earlier, ..
+    }) = refused
+    else {
+        panic!("refused as already replayed: {refused}");
+    };
+    assert_eq!(
+        earlier.operator, replay.operator,
+        "the refusal names the replay"
+    );
+    assert!(matches!(
+        dead_letters.replay(&dead.id, "ana", "again").await,
+        Err(DeadLetterError::Refused(
+            ReplayRefused::AlreadyReplayed { .. }
+        ))
+    ));
+    assert!(matches!(
+        dead_letters.replay("0/999999", "ana", "none").await,
+        Err(DeadLetterError::Refused(ReplayRefused::NotFound(_)))
+    ));
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while downstream.applied.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replay not applied in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((report.applied, report.dead_lettered), (1, 1), "{report:?}");
+    assert_eq!(downstream.applied.load(Ordering::SeqCst), 1);
+    let listed = dead_letters.list(None, 10).await.unwrap();
+    assert_eq!(listed[0].replayed.as_ref(), Some(&replay), "the record");
+}
+
 /// A topic that does not exist is the destination's configuration, not the
 /// events' fault: the relay pauses on it as an outage, fails nothing and
 /// burns no attempt, and publishes everything once the topic is created.

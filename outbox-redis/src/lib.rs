@@ -5,6 +5,7 @@ mod append;
 mod config;
 mod connection;
 pub mod consumer;
+pub mod dead_letters;
 mod error;
 pub mod fields;
 mod inbox;
@@ -15,6 +16,7 @@ pub use connection::{ConnectionSettings, LazyConnection};
 pub use consumer::{
     ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, RedisConsumer,
 };
+pub use dead_letters::{DeadLetterError, RedisDeadLetters};
 pub use fields::{DecodeError, StreamEvent};
 pub use inbox::{RedisInbox, RedisInboxTx};
 pub use publisher::RedisPublisher;

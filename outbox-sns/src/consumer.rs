@@ -22,8 +22,9 @@
 //! **Dead letters.** A message received more than `max_receives` times, one
 //! that is not an outbox event, or one whose handler gave up is sent to
 //! `dead_letter_queue_url` wrapped with the error
-//! (`{"error", "receive_count", "source_queue", "message_id", "body",
-//! "attributes"}`), then deleted.
+//! (`{"error", "receive_count", "source_queue", "message_id", "group_id",
+//! "body", "attributes"}`), then deleted. `outbox_sns::dead_letters` lists,
+//! shows and replays them.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -390,11 +391,15 @@ where
             .flatten()
             .filter_map(|(k, v)| v.string_value().map(|v| (k.as_str(), v)))
             .collect();
+        let group_id = message
+            .attributes()
+            .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId));
         let wrapped = serde_json::json!({
             "error": reason,
             "receive_count": receive_count(message),
             "source_queue": self.config.queue_url,
             "message_id": message.message_id(),
+            "group_id": group_id,
             "body": message.body(),
             "attributes": attributes,
         });

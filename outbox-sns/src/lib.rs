@@ -4,6 +4,7 @@
 pub mod attributes;
 mod config;
 pub mod consumer;
+pub mod dead_letters;
 mod error;
 mod message;
 mod publisher;
@@ -14,6 +15,7 @@ pub use config::TopicRouter;
 pub use consumer::{
     ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, SqsConsumer,
 };
+pub use dead_letters::{DeadLetterError, SqsDeadLetters};
 pub use error::{classify_code, classify_sdk_error};
 pub use message::{DecodeError, SqsEvent};
 pub use publisher::SnsPublisher;

@@ -447,6 +447,109 @@ async fn foreign_and_rejected_messages_are_dead_lettered_and_the_rest_flow() {
     );
 }
 
+/// `outbox dead-letters` on SQS, raw and enveloped, standard and FIFO: a
+/// rejected event's dead letter is listed with its error and identity,
+/// shown with its payload, replayed once to the queue it came from (two
+/// operators at the same moment: one replays, the other finds nothing to
+/// replay; the record travels as attributes), and the consumer applies it
+/// once the cause is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_is_listed_shown_and_replayed_once() {
+    use outbox_core::dead_letter::ReplayRefused;
+    use outbox_sns::{DeadLetterError, SqsDeadLetters};
+
+    for (fifo, raw) in [(false, true), (true, false)] {
+        let setup = setup(fifo, raw).await;
+        let events = events_over_keys(2, 1);
+        setup.publish_in_order(&events).await;
+        let effects = Effects::default();
+        effects.reject.lock().unwrap().insert(events[0].event_id);
+        let (token, handle) = spawn(
+            SqsConsumer::new(
+                &setup.aws.config,
+                setup.config("billing"),
+                MemoryInbox::new(),
+                effects.clone(),
+            )
+            .unwrap(),
+        );
+        effects.wait_for(1).await;
+        let dead_letters = SqsDeadLetters::new(setup.aws.sqs.clone(), &setup.dead_letter_url);
+        let listed = within("a dead letter", async {
+            loop {
+                let listed = dead_letters.list(10).await.unwrap();
+                if !listed.is_empty() {
+                    return listed;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        let [dead] = listed.as_slice() else {
+            panic!("one dead letter: {listed:?}");
+        };
+        let case = format!("fifo {fifo}, raw {raw}");
+        assert_eq!(
+            dead.event_id,
+            Some(events[0].event_id.to_string()),
+            "{case}"
+        );
+        assert!(
+            dead.error.contains("rejected by the test"),
+            "{case}: {dead:?}"
+        );
+        assert_eq!(dead.source, setup.queue_url, "{case}");
+        assert_eq!(dead.deliveries, Some(1), "{case}");
+        let shown = dead_letters.get(&dead.id).await.unwrap().expect("shown");
+        assert_eq!(
+            shown.payload,
+            events[0].payload.as_bytes(),
+            "{case}: the payload, not the envelope"
+        );
+        assert!(dead_letters.get("no-such-id").await.unwrap().is_none());
+
+        effects.reject.lock().unwrap().clear();
+        assert!(matches!(
+            dead_letters.replay(&dead.id, "", "fixed").await,
+            Err(DeadLetterError::Refused(ReplayRefused::Unattributed))
+        ));
+        let (first, second) = tokio::join!(
+            dead_letters.replay(&dead.id, "ana", "downstream fixed"),
+            dead_letters.replay(&dead.id, "bo", "downstream fixed"),
+        );
+        let (replay, refused) = match (first, second) {
+            (Ok(replay), Err(refused)) | (Err(refused), Ok(replay)) => (replay, refused),
+            other => panic!("{case}: one replay, one refusal: {other:?}"),
+        };
+        assert!(
+            matches!(
+                refused,
+                DeadLetterError::Refused(ReplayRefused::NotFound(_))
+            ),
+            "{case}: {refused}"
+        );
+        assert!(!replay.new_id.is_empty());
+        assert!(matches!(
+            dead_letters.replay(&dead.id, "ana", "again").await,
+            Err(DeadLetterError::Refused(ReplayRefused::NotFound(_)))
+        ));
+        effects.wait_for(2).await;
+        let report = stop(token, handle).await;
+        assert_eq!(
+            (report.applied, report.dead_lettered),
+            (2, 1),
+            "{case}: {report:?}"
+        );
+        let applied: Vec<EventId> = effects.applied().iter().map(|(_, id)| *id).collect();
+        assert_eq!(
+            applied,
+            vec![events[1].event_id, events[0].event_id],
+            "{case}"
+        );
+        assert!(dead_letters.list(10).await.unwrap().is_empty(), "{case}");
+    }
+}
+
 /// A queue that does not exist ends the consumer at start with the error,
 /// rather than a consumer that logs warnings forever.
 #[tokio::test]

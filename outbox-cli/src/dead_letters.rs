@@ -1,0 +1,294 @@
+//! `outbox dead-letters`: a consumer's dead letters on Redis, Kafka or SQS,
+//! through each adapter's own reader, printed as one model
+//! ([`outbox_core::dead_letter::DeadLetter`]).
+
+use std::time::Duration;
+
+use outbox_core::dead_letter::{DeadLetter, Replay, ReplayRefused};
+use outbox_kafka::KafkaDeadLetters;
+use outbox_redis::RedisDeadLetters;
+use outbox_sns::SqsDeadLetters;
+use serde_json::{Value, json};
+
+use crate::args::{DeadLetterAction, Output};
+use crate::daemon::redacted;
+use crate::error::CliError;
+
+/// The dead letters of one source, on its broker.
+pub enum DeadLetters {
+    Redis(RedisDeadLetters),
+    Kafka(KafkaDeadLetters),
+    Sqs(SqsDeadLetters),
+}
+
+impl DeadLetters {
+    /// Connects to `broker` (see the command's help) for `source`'s dead
+    /// letters.
+    pub async fn open(broker: &str, source: &str, suffix: Option<&str>) -> Result<Self, CliError> {
+        if source.trim().is_empty() {
+            return Err(CliError::usage(
+                "--source must name a stream, topic or queue",
+            ));
+        }
+        if broker.starts_with("redis://") || broker.starts_with("rediss://") {
+            let client = outbox_redis::redis::Client::open(broker)
+                .map_err(|e| CliError::usage(format!("--broker: {e}")))?;
+            let connection =
+                tokio::time::timeout(Duration::from_secs(10), client.get_connection_manager())
+                    .await
+                    .map_err(|_| {
+                        CliError::failure(format!("cannot reach Redis at {}", redacted(broker)))
+                    })?
+                    .map_err(|e| CliError::failure(format!("cannot reach Redis: {e}")))?;
+            return Ok(Self::Redis(RedisDeadLetters::new(
+                connection,
+                source,
+                suffix.unwrap_or(":dead"),
+            )));
+        }
+        if let Some(bootstrap) = broker.strip_prefix("kafka://") {
+            if bootstrap.is_empty() {
+                return Err(CliError::usage("--broker kafka:// needs HOST:PORT"));
+            }
+            return Ok(Self::Kafka(KafkaDeadLetters::new(
+                bootstrap.trim_end_matches('/'),
+                source,
+                suffix.unwrap_or(".dlq"),
+            )));
+        }
+        if broker == "sqs" || broker == "sqs://" {
+            if suffix.is_some() {
+                return Err(CliError::usage(
+                    "--suffix is for Redis and Kafka; on SQS --source is the dead-letter queue's URL",
+                ));
+            }
+            return Ok(Self::Sqs(SqsDeadLetters::new(sqs_client()?, source)));
+        }
+        Err(CliError::usage(format!(
+            "--broker {}: expected redis://…, kafka://HOST:PORT or sqs",
+            redacted(broker)
+        )))
+    }
+
+    /// Runs `action` and prints its answer.
+    pub async fn run(&self, action: DeadLetterAction, output: Output) -> Result<(), CliError> {
+        match action {
+            DeadLetterAction::List { limit, after } => {
+                let listed = self.list(after.as_deref(), limit).await?;
+                if output == Output::Json {
+                    let list: Vec<Value> = listed.iter().map(|d| json_of(d, false)).collect();
+                    println!("{}", Value::Array(list));
+                    return Ok(());
+                }
+                if listed.is_empty() {
+                    println!("no dead letters in {}", self.where_());
+                }
+                for dead in &listed {
+                    println!("{}", summary_line(dead));
+                }
+                Ok(())
+            }
+            DeadLetterAction::Show { id, payload } => {
+                let Some(dead) = self.get(&id).await? else {
+                    return Err(CliError::failure(format!(
+                        "no dead letter {id} in {}",
+                        self.where_()
+                    )));
+                };
+                if output == Output::Json {
+                    println!("{}", json_of(&dead, payload));
+                } else {
+                    print!("{}", detail_text(&dead, payload));
+                }
+                Ok(())
+            }
+            DeadLetterAction::Replay {
+                id,
+                reason,
+                operator,
+            } => {
+                let replay = self.replay(&id, &operator, &reason).await?;
+                if output == Output::Json {
+                    println!("{}", json!({"id": id, "replay": replay}));
+                } else {
+                    println!(
+                        "replayed {id} as {} by {} ({})",
+                        replay.new_id, replay.operator, replay.reason
+                    );
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn where_(&self) -> String {
+        match self {
+            Self::Redis(d) => d.dead_letter_stream().to_owned(),
+            Self::Kafka(d) => d.dead_letter_topic().to_owned(),
+            Self::Sqs(_) => "the dead-letter queue".to_owned(),
+        }
+    }
+
+    async fn list(&self, after: Option<&str>, limit: usize) -> Result<Vec<DeadLetter>, CliError> {
+        match self {
+            Self::Redis(d) => d.list(after, limit).await.map_err(redis_error),
+            Self::Kafka(d) => d.list(after, limit).await.map_err(kafka_error),
+            Self::Sqs(_) if after.is_some() => Err(CliError::usage(
+                "--after: SQS has no order to page by; raise --limit instead",
+            )),
+            Self::Sqs(d) => d.list(limit).await.map_err(sqs_error),
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<DeadLetter>, CliError> {
+        match self {
+            Self::Redis(d) => d.get(id).await.map_err(redis_error),
+            Self::Kafka(d) => d.get(id).await.map_err(kafka_error),
+            Self::Sqs(d) => d.get(id).await.map_err(sqs_error),
+        }
+    }
+
+    async fn replay(&self, id: &str, operator: &str, reason: &str) -> Result<Replay, CliError> {
+        match self {
+            Self::Redis(d) => d.replay(id, operator, reason).await.map_err(redis_error),
+            Self::Kafka(d) => d.replay(id, operator, reason).await.map_err(kafka_error),
+            Self::Sqs(d) => d.replay(id, operator, reason).await.map_err(sqs_error),
+        }
+    }
+}
+
+fn refused(refused: ReplayRefused) -> CliError {
+    match refused {
+        ReplayRefused::Unattributed => CliError::usage(refused),
+        _ => CliError::failure(refused),
+    }
+}
+
+fn redis_error(error: outbox_redis::DeadLetterError) -> CliError {
+    match error {
+        outbox_redis::DeadLetterError::Refused(r) => refused(r),
+        other => CliError::failure(other),
+    }
+}
+
+fn kafka_error(error: outbox_kafka::DeadLetterError) -> CliError {
+    match error {
+        outbox_kafka::DeadLetterError::Refused(r) => refused(r),
+        other => CliError::failure(other),
+    }
+}
+
+fn sqs_error(error: outbox_sns::DeadLetterError) -> CliError {
+    match error {
+        outbox_sns::DeadLetterError::Refused(r) => refused(r),
+        other => CliError::failure(other),
+    }
+}
+
+/// An SQS client from the standard environment variables (no profiles or
+/// instance roles: this binary does not link `aws-config`).
+fn sqs_client() -> Result<outbox_sns::aws_sdk_sqs::Client, CliError> {
+    use aws_credential_types::Credentials;
+    use aws_credential_types::provider::SharedCredentialsProvider;
+    use outbox_sns::aws_types::SdkConfig;
+    use outbox_sns::aws_types::region::Region;
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let region = var("AWS_REGION")
+        .or_else(|| var("AWS_DEFAULT_REGION"))
+        .ok_or_else(|| CliError::usage("--broker sqs: set AWS_REGION"))?;
+    let (Some(key), Some(secret)) = (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) else {
+        return Err(CliError::usage(
+            "--broker sqs: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        ));
+    };
+    let credentials = Credentials::new(key, secret, var("AWS_SESSION_TOKEN"), None, "environment");
+    let mut config = SdkConfig::builder()
+        .region(Region::new(region))
+        .credentials_provider(SharedCredentialsProvider::new(credentials))
+        .behavior_version(outbox_sns::aws_sdk_sqs::config::BehaviorVersion::latest());
+    if let Some(endpoint) = var("AWS_ENDPOINT_URL_SQS").or_else(|| var("AWS_ENDPOINT_URL")) {
+        config = config.endpoint_url(endpoint);
+    }
+    Ok(outbox_sns::aws_sdk_sqs::Client::new(&config.build()))
+}
+
+fn json_of(dead: &DeadLetter, payload: bool) -> Value {
+    let mut value = serde_json::to_value(dead).expect("a dead letter serializes");
+    if payload {
+        value["payload"] = Value::String(String::from_utf8_lossy(&dead.payload).into_owned());
+    }
+    value
+}
+
+fn summary_line(dead: &DeadLetter) -> String {
+    let at = dead.dead_lettered_at.map_or_else(
+        || "-".to_owned(),
+        |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
+    );
+    let replayed = dead.replayed.as_ref().map_or_else(String::new, |r| {
+        format!(
+            "  REPLAYED by {} at {}",
+            r.operator,
+            r.at.format("%Y-%m-%d %H:%M:%S")
+        )
+    });
+    format!(
+        "{}  {at}  {}  key {:?}  event {}  {}{replayed}",
+        dead.id,
+        dead.event_type
+            .as_deref()
+            .unwrap_or("(not an outbox event)"),
+        dead.partition_key.as_deref().unwrap_or(""),
+        dead.event_id.as_deref().unwrap_or("-"),
+        first_line(&dead.error),
+    )
+}
+
+fn detail_text(dead: &DeadLetter, payload: bool) -> String {
+    let mut text = String::new();
+    let mut line = |name: &str, value: &str| text.push_str(&format!("{name:<17} {value}\n"));
+    line("dead letter", &dead.id);
+    line("source", &dead.source);
+    line("error", &dead.error);
+    if let Some(n) = dead.deliveries {
+        line("deliveries", &n.to_string());
+    }
+    if let Some(at) = dead.dead_lettered_at {
+        line("dead-lettered at", &at.to_rfc3339());
+    }
+    line("event id", dead.event_id.as_deref().unwrap_or("-"));
+    line("event type", dead.event_type.as_deref().unwrap_or("-"));
+    line(
+        "partition key",
+        dead.partition_key.as_deref().unwrap_or("-"),
+    );
+    match &dead.replayed {
+        Some(r) => line(
+            "replayed",
+            &format!(
+                "by {} at {} as {}: {}",
+                r.operator,
+                r.at.to_rfc3339(),
+                r.new_id,
+                r.reason
+            ),
+        ),
+        None => line("replayed", "no"),
+    }
+    for (name, value) in &dead.headers {
+        line(&format!("header {name}"), value);
+    }
+    if payload {
+        line("payload", &String::from_utf8_lossy(&dead.payload));
+    } else {
+        line(
+            "payload",
+            &format!("{} bytes (--payload prints it)", dead.payload.len()),
+        );
+    }
+    text
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
+}
