@@ -3,8 +3,11 @@
 //! with LISTEN/NOTIFY, with LISTEN/NOTIFY while another application keeps a
 //! write transaction open in another database, with a fifth of the
 //! producers holding their transaction open 50–500 ms after the enqueue
-//! (what that costs the others), and, for contrast, polling at the default
-//! interval; and the statements per second an idle relay sends. One second
+//! (what that costs the others), during a rolling restart (three
+//! application instances start one after another and each calls
+//! `migrate()`, while a report holds the events table open the whole
+//! round), and, for contrast, polling at the default interval; and the
+//! statements per second an idle relay sends. One second
 //! of load before the first round warms the process up (not measured).
 
 use std::collections::HashMap;
@@ -38,6 +41,10 @@ enum Mode {
     /// LISTEN/NOTIFY while every fifth producer holds its transaction open
     /// 50–500 ms after enqueueing.
     Held,
+    /// LISTEN/NOTIFY while three instances start one after another, each
+    /// calling `migrate()` on its own pool, beside a report holding the
+    /// events table open.
+    RollingMigrate,
     /// The default 1 s poll, no wake-up.
     Polling,
 }
@@ -48,6 +55,7 @@ impl Mode {
             Self::Notify => "notify",
             Self::Stranger => "notify-stranger-open",
             Self::Held => "notify-held-producers",
+            Self::RollingMigrate => "notify-rolling-migrate",
             Self::Polling => "polling-1s",
         }
     }
@@ -82,7 +90,13 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     open_loop(&store, usize::MAX, Mode::Notify, 1).await?;
     let mut rounds = Rounds::default();
     for round in 0..scale.rounds {
-        for mode in [Mode::Notify, Mode::Stranger, Mode::Held, Mode::Polling] {
+        for mode in [
+            Mode::Notify,
+            Mode::Stranger,
+            Mode::Held,
+            Mode::RollingMigrate,
+            Mode::Polling,
+        ] {
             let contender = mode.name();
             if !scale.includes(contender) {
                 continue;
@@ -103,7 +117,19 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             } else {
                 None
             };
+            let rollout = (mode == Mode::RollingMigrate).then(|| rolling_restart(seconds));
             let (latencies, mut transactions) = open_loop(&store, round, mode, seconds).await?;
+            if let Some(rollout) = rollout {
+                let migrations = rollout.await??;
+                progress(format!(
+                    "round {round} {contender}: migrate() took {}",
+                    migrations
+                        .iter()
+                        .map(|d| format!("{:.1} ms", d.as_secs_f64() * 1_000.0))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
             if let Some((other, tx)) = stranger {
                 tx.rollback().await?;
                 other.close().await;
@@ -156,6 +182,12 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     report.target(TargetCheck::at_most(
         "producers: others' txn p99, 20% held / none held",
         m(report, Mode::Held.name(), "producer txn p99 ms")
+            / m(report, Mode::Notify.name(), "producer txn p99 ms"),
+        1.2,
+    ));
+    report.target(TargetCheck::at_most(
+        "producers: txn p99, rolling restart (3 x migrate(), report open) / none",
+        m(report, Mode::RollingMigrate.name(), "producer txn p99 ms")
             / m(report, Mode::Notify.name(), "producer txn p99 ms"),
         1.2,
     ));
@@ -253,6 +285,34 @@ async fn open_loop(
         })
         .collect::<Result<_, Error>>()?;
     Ok((latencies, transactions))
+}
+
+/// A rolling restart beside the round: a report opens a transaction that
+/// reads the events table and keeps it open; three application instances
+/// then start a quarter of the round apart, each with a pool of its own,
+/// and call `migrate()` as every example does at start-up. Returns each
+/// migrate()'s time.
+fn rolling_restart(seconds: u64) -> tokio::task::JoinHandle<Result<Vec<Duration>, Error>> {
+    tokio::spawn(async move {
+        let reports = env::pg_pool(1).await?;
+        let mut report = reports.begin().await?;
+        sqlx::query("SELECT count(*) FROM bench_events")
+            .execute(&mut *report)
+            .await?;
+        let mut migrations = Vec::with_capacity(3);
+        let step = Duration::from_millis(seconds * 1_000 / 4);
+        for _ in 0..3 {
+            tokio::time::sleep(step).await;
+            let instance = env::pg_pool(2).await?;
+            let started = Instant::now();
+            env::pg_store(&instance).await?;
+            migrations.push(started.elapsed());
+            instance.close().await;
+        }
+        report.rollback().await?;
+        reports.close().await;
+        Ok(migrations)
+    })
 }
 
 /// Statements per second a relay with LISTEN/NOTIFY sends while the outbox
