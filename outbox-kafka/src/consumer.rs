@@ -19,6 +19,12 @@
 //! offset of every partition it owns, confirms with the group coordinator
 //! that it holds them (committing again until it does, for up to
 //! [`SHUTDOWN_COMMIT_LIMIT`]) and logs what it committed at info level.
+//! A partition the group hands back at an offset behind this consumer's own
+//! position (its session was lost, or a rebalance came before the last
+//! commit) resumes at its own position: the consumer seeks there, stores
+//! it for the next commit, and passes over older messages it already
+//! applied ([`ConsumerReport::resumed`], `skipped_behind`), instead of
+//! sending each to its inbox again.
 
 use std::time::Duration;
 
@@ -204,6 +210,13 @@ pub struct ConsumerReport {
     pub store_retries: u64,
     /// Partitions whose last offset the graceful shutdown committed.
     pub committed_at_shutdown: u64,
+    /// Times a partition came back to this consumer at an offset behind its
+    /// own position (a lost group session or a rebalance before the last
+    /// commit) and it resumed at its own position instead.
+    pub resumed: u64,
+    /// Messages behind its own position it passed over meanwhile (it had
+    /// applied or dead-lettered each already).
+    pub skipped_behind: u64,
 }
 
 /// Why a consumer stopped.
@@ -309,6 +322,9 @@ pub struct KafkaConsumer<I, H> {
     /// The next offset to read of each partition, as stored after the last
     /// message handled there: what the shutdown commit commits.
     stored: std::collections::BTreeMap<(String, i32), i64>,
+    /// Partitions handed back behind `stored`, sought forward and not yet
+    /// read at their own position again.
+    resuming: std::collections::BTreeSet<(String, i32)>,
 }
 
 impl<I, H> KafkaConsumer<I, H>
@@ -352,6 +368,7 @@ where
             random: SplitMix64::from_entropy(),
             report: ConsumerReport::default(),
             stored: std::collections::BTreeMap::new(),
+            resuming: std::collections::BTreeSet::new(),
         })
     }
 
@@ -390,6 +407,18 @@ where
                     continue;
                 }
             };
+            let partition = (message.topic().to_owned(), message.partition());
+            match self.stored.get(&partition) {
+                Some(&next) if message.offset() < next => {
+                    if self.resume_at(partition, next) {
+                        uncommitted = true;
+                    }
+                    continue;
+                }
+                _ => {
+                    self.resuming.remove(&partition);
+                }
+            }
             let handled = match KafkaEvent::decode(&message) {
                 Ok(event) => {
                     let mut applier = Applier {
@@ -435,6 +464,37 @@ where
         }
         self.report.committed_at_shutdown = self.commit_at_shutdown().await;
         Ok(self.report)
+    }
+
+    /// A message of `partition` behind this consumer's own position `next`:
+    /// it applied (or dead-lettered) everything before `next` there, and the
+    /// group handed the partition back at an older committed offset (its
+    /// session was lost, or a rebalance came before the last commit).
+    /// Passes the message over; the first time, seeks to `next` and stores
+    /// it, so the next commit hands the position on to whoever reads the
+    /// partition after. Returns whether it stored an offset.
+    fn resume_at(&mut self, partition: (String, i32), next: i64) -> bool {
+        self.report.skipped_behind += 1;
+        let (topic, number) = (partition.0.clone(), partition.1);
+        if !self.resuming.insert(partition) {
+            return false;
+        }
+        self.report.resumed += 1;
+        tracing::info!(%topic, partition = number, next, "partition handed back behind this consumer's position; resuming at its own");
+        // Asynchronous (no wait): messages already fetched still arrive and
+        // are passed over one by one.
+        if let Err(error) = self
+            .consumer
+            .seek(&topic, number, Offset::Offset(next), Duration::ZERO)
+        {
+            tracing::debug!(%error, %topic, partition = number, "seek failed; passing over the older messages instead");
+        }
+        let mut position = TopicPartitionList::new();
+        position
+            .add_partition_offset(&topic, number, Offset::Offset(next))
+            .and_then(|()| self.consumer.store_offsets(&position))
+            .inspect_err(|error| tracing::debug!(%error, "storing the resumed position failed"))
+            .is_ok()
     }
 
     /// Dead-letters `message`, retrying a failed write in place (the offset

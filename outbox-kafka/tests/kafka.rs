@@ -574,6 +574,114 @@ async fn a_dead_letter_is_listed_shown_and_replayed_once() {
     assert_eq!(listed[0].replayed.as_ref(), Some(&replay), "the record");
 }
 
+/// A consumer that gets partitions back at an older committed offset (here:
+/// another member joins and leaves the group before the first commit; in
+/// the issue, a lost session) resumes at its own position: nothing it
+/// applied reaches its handler or inbox again, and what follows is applied.
+/// It used to restart from the committed offset (626 redeliveries to itself
+/// in the issue's run, absorbed by the inbox).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_handed_back_behind_resumes_at_the_consumers_own_position() {
+    use std::sync::Mutex;
+
+    use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
+    use outbox_kafka::{Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent};
+
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<Vec<EventId>>>);
+    #[async_trait]
+    impl Handler<MemoryInboxTx, KafkaEvent> for Seen {
+        async fn handle(
+            &self,
+            _tx: &mut MemoryInboxTx,
+            event: &KafkaEvent,
+        ) -> Result<(), HandlerError> {
+            self.0.lock().unwrap().push(event.event_id);
+            Ok(())
+        }
+    }
+    async fn seen_reaches(seen: &Seen, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while seen.0.lock().unwrap().len() < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{n} handled within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    let harness = Harness::new().await;
+    let topic = harness.publisher.topic_for("invoice.paid");
+    let group = format!("resume-{topic}");
+    let publish = async |events: &[StoredEvent]| {
+        let refs: Vec<&StoredEvent> = events.iter().collect();
+        let outcomes = harness.publisher.publish(&refs).await;
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    };
+    let first = stored(events_over_keys(12, 4));
+    publish(&first).await;
+    let mut config = KafkaConsumerConfig::new(bootstrap(), group.clone(), vec![topic.clone()]);
+    // Nothing committed before the rebalance: the group's offset is the
+    // start of each partition, behind everything the consumer applied.
+    config.commit_interval = Duration::from_secs(600);
+    config
+        .librdkafka
+        .push(("session.timeout.ms".into(), "6000".into()));
+    let seen = Seen::default();
+    let consumer = KafkaConsumer::new(config, MemoryInbox::new(), seen.clone()).unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(consumer.run(stop.clone()));
+    seen_reaches(&seen, first.len()).await;
+
+    // Another member joins (a rebalance takes partitions away), then leaves
+    // (they come back, at the group's committed offset).
+    let other: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .unwrap();
+    other.subscribe(&[&topic]).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while other.assignment().unwrap().count() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the other member joined within 60 s"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(200), other.recv()).await;
+    }
+    other.unsubscribe();
+    drop(other);
+
+    let second = stored((12..18).map(|n| event(&format!("k{}", n % 4), n)).collect());
+    publish(&second).await;
+    seen_reaches(&seen, first.len() + second.len()).await;
+    stop.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let handled = seen.0.lock().unwrap().clone();
+    let expected: Vec<EventId> = first.iter().chain(&second).map(|e| e.event_id).collect();
+    let mut sorted = handled.clone();
+    sorted.sort();
+    let mut wanted = expected.clone();
+    wanted.sort();
+    assert_eq!(sorted, wanted, "each event handled once");
+    assert_eq!(
+        report.duplicates, 0,
+        "nothing redelivered to the inbox: {report:?}"
+    );
+    assert!(
+        report.resumed >= 1,
+        "a partition came back behind: {report:?}"
+    );
+    assert_eq!(report.applied, 18, "{report:?}");
+}
+
 /// A topic that does not exist is the destination's configuration, not the
 /// events' fault: the relay pauses on it as an outage, fails nothing and
 /// burns no attempt, and publishes everything once the topic is created.
