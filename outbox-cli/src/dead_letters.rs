@@ -62,7 +62,9 @@ impl DeadLetters {
                     "--suffix is for Redis and Kafka; on SQS --source is the dead-letter queue's URL",
                 ));
             }
-            return Ok(Self::Sqs(SqsDeadLetters::new(sqs_client()?, source)));
+            let config = crate::aws::sdk_config("--broker sqs", "SQS", None, None)?;
+            let client = outbox_sns::aws_sdk_sqs::Client::new(&config);
+            return Ok(Self::Sqs(SqsDeadLetters::new(client, source)));
         }
         Err(CliError::usage(format!(
             "--broker {}: expected redis://…, kafka://HOST:PORT or sqs",
@@ -183,33 +185,6 @@ fn sqs_error(error: outbox_sns::DeadLetterError) -> CliError {
         outbox_sns::DeadLetterError::Refused(r) => refused(r),
         other => CliError::failure(other),
     }
-}
-
-/// An SQS client from the standard environment variables (no profiles or
-/// instance roles: this binary does not link `aws-config`).
-fn sqs_client() -> Result<outbox_sns::aws_sdk_sqs::Client, CliError> {
-    use aws_credential_types::Credentials;
-    use aws_credential_types::provider::SharedCredentialsProvider;
-    use outbox_sns::aws_types::SdkConfig;
-    use outbox_sns::aws_types::region::Region;
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let region = var("AWS_REGION")
-        .or_else(|| var("AWS_DEFAULT_REGION"))
-        .ok_or_else(|| CliError::usage("--broker sqs: set AWS_REGION"))?;
-    let (Some(key), Some(secret)) = (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) else {
-        return Err(CliError::usage(
-            "--broker sqs: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-        ));
-    };
-    let credentials = Credentials::new(key, secret, var("AWS_SESSION_TOKEN"), None, "environment");
-    let mut config = SdkConfig::builder()
-        .region(Region::new(region))
-        .credentials_provider(SharedCredentialsProvider::new(credentials))
-        .behavior_version(outbox_sns::aws_sdk_sqs::config::BehaviorVersion::latest());
-    if let Some(endpoint) = var("AWS_ENDPOINT_URL_SQS").or_else(|| var("AWS_ENDPOINT_URL")) {
-        config = config.endpoint_url(endpoint);
-    }
-    Ok(outbox_sns::aws_sdk_sqs::Client::new(&config.build()))
 }
 
 fn json_of(dead: &DeadLetter, payload: bool) -> Value {

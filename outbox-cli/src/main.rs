@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod args;
+mod aws;
 mod commands;
 mod daemon;
 mod dead_letters;

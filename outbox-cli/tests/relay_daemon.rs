@@ -857,3 +857,94 @@ outage_unhealthy_after = "2s"
     scrape_until(&listen, |m| gauge(m, published) == Some(9.0)).await;
     stop_with_sigterm(child).await;
 }
+
+/// SNS through the daemon (`kind = "sns"`, credentials from the
+/// environment) behind a proxy that is cut: the unreachable endpoint shows
+/// in `status`, `health`, `/health` and the gauge, then clears when the
+/// endpoint answers again, and every event is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_sns_endpoint_shows_in_status_health_and_metrics_then_clears() {
+    use outbox_sns::aws_sdk_sns;
+
+    let endpoint =
+        std::env::var("OUTBOX_SNS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".into());
+    let sns = aws_sdk_sns::Client::from_conf(
+        aws_sdk_sns::config::Builder::new()
+            .behavior_version(aws_sdk_sns::config::BehaviorVersion::latest())
+            .region(aws_sdk_sns::config::Region::new("us-east-1"))
+            .endpoint_url(&endpoint)
+            .credentials_provider(aws_sdk_sns::config::Credentials::new(
+                "test", "test", None, None, "tests",
+            ))
+            .build(),
+    );
+    let topic_arn = sns
+        .create_topic()
+        .name(unique("daemon-sns"))
+        .send()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("SNS emulator unreachable at {endpoint}: {e:?} (scripts/sns.sh)")
+        })
+        .topic_arn
+        .unwrap();
+    let upstream: std::net::SocketAddr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let proxy = CuttableProxy::start(
+        upstream,
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .unwrap();
+    proxy.cut();
+
+    let db = EndToEndDb::create("daemon_sns").await;
+    OutboxWriter::enqueue(&*db.store, &billing_events(3))
+        .await
+        .unwrap();
+    let listen = free_address();
+    let url = pg_url();
+    let config = ConfigFile::with(&format!(
+        r#"
+url = "{url}"
+schema = "{schema}"
+
+[relay]
+id = "daemon-sns"
+poll_interval = "100ms"
+outage_initial_pause = "100ms"
+outage_max_pause = "500ms"
+
+[broker]
+kind = "sns"
+topic_arn = "{topic_arn}"
+region = "us-east-1"
+endpoint = "http://{proxy}"
+
+[http]
+listen = "{listen}"
+outage_unhealthy_after = "2s"
+"#,
+        schema = db.schema,
+        proxy = proxy.address(),
+    ));
+    let child = daemon_command()
+        .args(["relay", "--config"])
+        .arg(&config.0)
+        .envs([
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+        ])
+        .spawn()
+        .unwrap();
+    let destination = format!("sns {topic_arn}");
+    outage_is_visible_then_clears(&url, &db.schema, &listen, &destination, "dispatch", async {
+        proxy.restore();
+    })
+    .await;
+    let published = r#"outbox_relay_published_total{relay="daemon-sns"}"#;
+    scrape_until(&listen, |m| gauge(m, published) == Some(9.0)).await;
+    stop_with_sigterm(child).await;
+}

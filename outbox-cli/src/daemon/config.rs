@@ -93,6 +93,20 @@ pub enum BrokerSection {
         #[serde(default)]
         settings: std::collections::BTreeMap<String, String>,
     },
+    /// SNS: every event type to `topic_arn`, unless `[broker.routes]` names
+    /// another topic for it. Credentials from the environment
+    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`).
+    Sns {
+        /// `arn:aws:sns:…` (a name ending `.fifo` is a FIFO topic).
+        topic_arn: String,
+        /// Default `AWS_REGION`.
+        region: Option<String>,
+        /// Default `AWS_ENDPOINT_URL_SNS`, `AWS_ENDPOINT_URL`, or AWS's own.
+        endpoint: Option<String>,
+        /// Event type → topic ARN.
+        #[serde(default)]
+        routes: std::collections::BTreeMap<String, String>,
+    },
 }
 
 /// `[http]`.

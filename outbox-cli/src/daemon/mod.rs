@@ -169,6 +169,29 @@ fn publisher(broker: &BrokerSection) -> Result<Arc<dyn Publisher>, CliError> {
                 .map_err(|e| CliError::usage(format!("broker: {e}")))?;
             Ok(Arc::new(publisher))
         }
+        BrokerSection::Sns {
+            topic_arn,
+            region,
+            endpoint,
+            routes,
+        } => {
+            if !topic_arn.starts_with("arn:") {
+                return Err(CliError::usage(format!(
+                    "broker.topic_arn {topic_arn:?}: expected arn:aws:sns:…"
+                )));
+            }
+            let config = crate::aws::sdk_config(
+                "broker (sns)",
+                "SNS",
+                region.as_deref(),
+                endpoint.as_deref(),
+            )?;
+            let router = routes.iter().fold(
+                outbox_sns::TopicRouter::to(topic_arn),
+                |router, (event_type, arn)| router.route(event_type, arn),
+            );
+            Ok(Arc::new(outbox_sns::SnsPublisher::new(&config, router)))
+        }
     }
 }
 
