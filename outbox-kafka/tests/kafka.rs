@@ -443,44 +443,17 @@ async fn a_rejected_event_goes_to_the_dead_letter_topic() {
 /// fixed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_is_listed_shown_and_replayed_once() {
-    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-
     use outbox_core::dead_letter::ReplayRefused;
-    use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
-    use outbox_kafka::{
-        DeadLetterError, Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig,
-        KafkaDeadLetters, KafkaEvent,
-    };
-
-    #[derive(Clone)]
-    struct Downstream {
-        broken: Arc<AtomicBool>,
-        applied: Arc<AtomicU32>,
-    }
-    #[async_trait]
-    impl Handler<MemoryInboxTx, KafkaEvent> for Downstream {
-        async fn handle(
-            &self,
-            _tx: &mut MemoryInboxTx,
-            _event: &KafkaEvent,
-        ) -> Result<(), HandlerError> {
-            if self.broken.load(Ordering::SeqCst) {
-                return Err(HandlerError::Reject("amount is negative".into()));
-            }
-            self.applied.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-    }
+    use outbox_core::memory::MemoryInbox;
+    use outbox_core::testing::Downstream;
+    use outbox_kafka::{DeadLetterError, KafkaConsumer, KafkaConsumerConfig, KafkaDeadLetters};
 
     let harness = Harness::new().await;
     let topic = harness.publisher.topic_for("invoice.paid");
     create_topic(&format!("{topic}.dlq")).await;
     let events = stored(vec![event("a", 0)]);
     assert!(harness.publisher.publish(&[&events[0]]).await[0].is_ok());
-    let downstream = Downstream {
-        broken: Arc::new(AtomicBool::new(true)),
-        applied: Arc::new(AtomicU32::new(0)),
-    };
+    let downstream = Downstream::rejecting("amount is negative");
     let mut config =
         KafkaConsumerConfig::new(bootstrap(), format!("replay-{topic}"), vec![topic.clone()]);
     config
@@ -520,7 +493,7 @@ async fn a_dead_letter_is_listed_shown_and_replayed_once() {
     assert_eq!(shown.payload, events[0].event.payload.as_bytes());
     assert!(dead_letters.get("0/999999").await.unwrap().is_none());
 
-    downstream.broken.store(false, Ordering::SeqCst);
+    downstream.fix();
     assert!(matches!(
         dead_letters.replay(&dead.id, "ana", " ").await,
         Err(DeadLetterError::Refused(ReplayRefused::Unattributed))
@@ -555,7 +528,7 @@ async fn a_dead_letter_is_listed_shown_and_replayed_once() {
     ));
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while downstream.applied.load(Ordering::SeqCst) == 0 {
+    while downstream.applied() == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the replay not applied in 60 s"
@@ -569,7 +542,7 @@ async fn a_dead_letter_is_listed_shown_and_replayed_once() {
         .unwrap()
         .unwrap();
     assert_eq!((report.applied, report.dead_lettered), (1, 1), "{report:?}");
-    assert_eq!(downstream.applied.load(Ordering::SeqCst), 1);
+    assert_eq!(downstream.applied(), 1);
     let listed = dead_letters.list(None, 10).await.unwrap();
     assert_eq!(listed[0].replayed.as_ref(), Some(&replay), "the record");
 }

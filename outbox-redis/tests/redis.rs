@@ -478,43 +478,18 @@ mod dead_letters {
 /// same moment: one replay, the other refused with the first's record),
 /// and its consumer applies it once the cause is fixed.
 mod replaying_dead_letters {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use std::time::Duration;
 
-    use async_trait::async_trait;
     use outbox_core::dead_letter::ReplayRefused;
-    use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
-    use outbox_core::testing::event;
+    use outbox_core::memory::MemoryInbox;
+    use outbox_core::testing::{Downstream, event};
     use outbox_core::{CancellationToken, Publisher, RetryPolicy, StoredEvent};
     use outbox_redis::{
-        ConsumerConfig, DeadLetterError, Handler, HandlerError, RedisConsumer, RedisDeadLetters,
-        RedisPublisher, StreamEvent, StreamRouter,
+        ConsumerConfig, DeadLetterError, RedisConsumer, RedisDeadLetters, RedisPublisher,
+        StreamRouter,
     };
 
     use super::support;
-
-    /// Fails while the downstream is broken, then applies.
-    #[derive(Clone)]
-    struct Downstream {
-        broken: Arc<AtomicBool>,
-        applied: Arc<AtomicU32>,
-    }
-
-    #[async_trait]
-    impl Handler<MemoryInboxTx, StreamEvent> for Downstream {
-        async fn handle(
-            &self,
-            _tx: &mut MemoryInboxTx,
-            _event: &StreamEvent,
-        ) -> Result<(), HandlerError> {
-            if self.broken.load(Ordering::SeqCst) {
-                return Err(HandlerError::Retry("downstream says no".into()));
-            }
-            self.applied.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-    }
 
     async fn eventually(what: &str, done: impl AsyncFn() -> bool) {
         tokio::time::timeout(Duration::from_secs(30), async {
@@ -542,10 +517,7 @@ mod replaying_dead_letters {
         assert!(publisher.publish(&[&stored]).await[0].is_ok());
         let stream = publisher.stream_for("invoice.paid");
 
-        let downstream = Downstream {
-            broken: Arc::new(AtomicBool::new(true)),
-            applied: Arc::new(AtomicU32::new(0)),
-        };
+        let downstream = Downstream::retrying("downstream says no");
         let mut config = ConsumerConfig::new("g", "c1", vec![stream.clone()]);
         config.block = Duration::from_millis(50);
         config.handler_retry = RetryPolicy::immediate(2);
@@ -581,7 +553,7 @@ mod replaying_dead_letters {
         assert_eq!(shown.payload, stored.event.payload.as_bytes());
         assert!(dead_letters.get("1-1").await.unwrap().is_none());
 
-        downstream.broken.store(false, Ordering::SeqCst);
+        downstream.fix();
         let unattributed = dead_letters.replay(&dead.id, "", "fixed").await;
         assert!(matches!(
             unattributed,
@@ -617,14 +589,11 @@ mod replaying_dead_letters {
             Err(DeadLetterError::Refused(ReplayRefused::NotFound(_)))
         ));
 
-        eventually("the replay applied", async || {
-            downstream.applied.load(Ordering::SeqCst) == 1
-        })
-        .await;
+        eventually("the replay applied", async || downstream.applied() == 1).await;
         stop.cancel();
         let report = consumer.await.unwrap().unwrap();
         assert_eq!((report.applied, report.dead_lettered), (1, 1), "{report:?}");
-        assert_eq!(downstream.applied.load(Ordering::SeqCst), 1);
+        assert_eq!(downstream.applied(), 1);
         let listed = dead_letters.list(None, 10).await.unwrap();
         assert_eq!(listed[0].replayed.as_ref(), Some(&replay), "the record");
         assert!(["ana", "bo"].contains(&replay.operator.as_str()));

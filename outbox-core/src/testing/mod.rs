@@ -11,6 +11,7 @@
 //! factory, so lease expiry and backoff are driven by the test, not by sleeps.
 
 mod cancel;
+mod downstream;
 pub mod failure_suite;
 pub mod faults;
 mod fixtures;
@@ -31,6 +32,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use cancel::{Cuts, cancel_after_pending, cancel_at_every_await, cut_store_operations};
+pub use downstream::Downstream;
 pub use faults::{
     DieAfterCommit, DieAfterPublishing, FlakyInbox, OutageCounter, PublishGate,
     assert_exactly_once_in_key_order,
