@@ -54,6 +54,31 @@ impl ConfigFile {
         std::fs::write(&path, body).unwrap();
         Self(path)
     }
+
+    /// The settings of an outage test: the relay `relay_id` on `schema`,
+    /// outage pauses short, `/health` 503 after 2 s in outage, and
+    /// `broker` (its `[broker]` table, and any sub-table).
+    fn for_outage(schema: &str, relay_id: &str, listen: &str, broker: &str) -> Self {
+        Self::with(&format!(
+            r#"
+url = "{url}"
+schema = "{schema}"
+
+[relay]
+id = "{relay_id}"
+poll_interval = "100ms"
+outage_initial_pause = "100ms"
+outage_max_pause = "500ms"
+
+[http]
+listen = "{listen}"
+outage_unhealthy_after = "2s"
+
+{broker}
+"#,
+            url = pg_url(),
+        ))
+    }
 }
 
 impl Drop for ConfigFile {
@@ -731,29 +756,20 @@ async fn a_redis_outage_shows_in_status_health_and_metrics_then_clears() {
         .unwrap();
     let listen = free_address();
     let url = pg_url();
-    let config = ConfigFile::with(&format!(
-        r#"
-url = "{url}"
-schema = "{schema}"
-
-[relay]
-id = "daemon-wrongtype"
-poll_interval = "100ms"
-outage_initial_pause = "100ms"
-outage_max_pause = "500ms"
-
+    let config = ConfigFile::for_outage(
+        &db.schema,
+        "daemon-wrongtype",
+        &listen,
+        &format!(
+            r#"
 [broker]
 kind = "redis"
 url = "{redis}"
 stream_prefix = "{prefix}"
-
-[http]
-listen = "{listen}"
-outage_unhealthy_after = "2s"
 "#,
-        schema = db.schema,
-        redis = redis_url(),
-    ));
+            redis = redis_url(),
+        ),
+    );
     let child = spawn_daemon(&config);
     let address = redis_url()
         .trim_start_matches("redis://")
@@ -816,17 +832,12 @@ async fn a_missing_kafka_topic_shows_in_status_health_and_metrics_then_clears() 
     create(format!("{prefix}invoice.paid")).await;
     let listen = free_address();
     let url = pg_url();
-    let config = ConfigFile::with(&format!(
-        r#"
-url = "{url}"
-schema = "{schema}"
-
-[relay]
-id = "daemon-missing-topic"
-poll_interval = "100ms"
-outage_initial_pause = "100ms"
-outage_max_pause = "500ms"
-
+    let config = ConfigFile::for_outage(
+        &db.schema,
+        "daemon-missing-topic",
+        &listen,
+        &format!(
+            r#"
 [broker]
 kind = "kafka"
 bootstrap = "{bootstrap}"
@@ -835,13 +846,9 @@ delivery_timeout = "2s"
 
 [broker.settings]
 "allow.auto.create.topics" = "false"
-
-[http]
-listen = "{listen}"
-outage_unhealthy_after = "2s"
-"#,
-        schema = db.schema,
-    ));
+"#
+        ),
+    );
     let child = spawn_daemon(&config);
     let destination = format!("kafka {bootstrap} topics {prefix}<event type>");
     outage_is_visible_then_clears(
@@ -906,30 +913,21 @@ async fn an_unreachable_sns_endpoint_shows_in_status_health_and_metrics_then_cle
         .unwrap();
     let listen = free_address();
     let url = pg_url();
-    let config = ConfigFile::with(&format!(
-        r#"
-url = "{url}"
-schema = "{schema}"
-
-[relay]
-id = "daemon-sns"
-poll_interval = "100ms"
-outage_initial_pause = "100ms"
-outage_max_pause = "500ms"
-
+    let config = ConfigFile::for_outage(
+        &db.schema,
+        "daemon-sns",
+        &listen,
+        &format!(
+            r#"
 [broker]
 kind = "sns"
 topic_arn = "{topic_arn}"
 region = "us-east-1"
 endpoint = "http://{proxy}"
-
-[http]
-listen = "{listen}"
-outage_unhealthy_after = "2s"
 "#,
-        schema = db.schema,
-        proxy = proxy.address(),
-    ));
+            proxy = proxy.address(),
+        ),
+    );
     let child = daemon_command()
         .args(["relay", "--config"])
         .arg(&config.0)
