@@ -457,10 +457,7 @@ where
             // Only now: the effect committed, or the message was dead-lettered.
             self.consumer.store_offset_from_message(&message)?;
             uncommitted = true;
-            self.stored.insert(
-                (message.topic().to_owned(), message.partition()),
-                message.offset() + 1,
-            );
+            self.stored.insert(partition, message.offset() + 1);
         }
         self.report.committed_at_shutdown = self.commit_at_shutdown().await;
         Ok(self.report)
