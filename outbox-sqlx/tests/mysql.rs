@@ -3,6 +3,8 @@
 //! database per test.
 #![cfg(feature = "mysql")]
 
+#[path = "mysql_floor/mod.rs"]
+mod floor;
 mod support;
 
 use std::sync::Arc;

@@ -27,6 +27,11 @@ pub struct Queries {
     pub enqueue_tail: &'static str,
     pub read_back: String,
     pub claim_lock: String,
+    pub scan_floor: String,
+    pub flight_floor: String,
+    pub first_missing: String,
+    pub move_scan_floor: String,
+    pub lower_scan_floor: String,
     pub in_flight: String,
     pub lock_expired: String,
     pub reap: String,
@@ -132,6 +137,17 @@ impl Queries {
                            AND p.sequence < c.sequence AND p.status = 3
                            AND (p.superseded_by IS NULL OR p.superseded_by <> c.event_id)))"
         );
+        // The first row with this status at or after `?`, or past the last
+        // row when none has it (later inserts get larger sequences; only
+        // claims lease rows).
+        let first_with_status = |status: u8| {
+            format!(
+                "SELECT COALESCE(
+                     (SELECT MIN(sequence) FROM {events} USE INDEX ({live})
+                      WHERE status = {status} AND sequence >= ?),
+                     (SELECT COALESCE(MAX(sequence), 0) + 1 FROM {events})) AS floor"
+            )
+        };
         let candidates = |ordered: bool| {
             let order = if ordered {
                 format!("{{not_in_flight}} AND NOT {held_back}")
@@ -141,7 +157,7 @@ impl Queries {
             format!(
                 "SELECT c.sequence, c.partition_key, c.suspect, c.suspect_span
                  FROM {events} c USE INDEX ({live})
-                 WHERE {CLAIMABLE} {order}
+                 WHERE {CLAIMABLE} AND c.sequence >= ? {order}
                  ORDER BY c.sequence LIMIT ?"
             )
         };
@@ -173,14 +189,39 @@ impl Queries {
                  FROM JSON_TABLE(?, '$[*]' COLUMNS (id CHAR(36) PATH '$')) AS r
                  JOIN {events} e ON e.event_id = r.id"
             ),
-            claim_lock: format!("SELECT id FROM {claim_lock} WHERE id = 1 FOR UPDATE"),
+            claim_lock: format!(
+                "SELECT scan_from, held_since, full_scan_at, flight_from FROM {claim_lock}
+                 WHERE id = 1 FOR UPDATE"
+            ),
+            scan_floor: first_with_status(0),
+            flight_floor: first_with_status(1),
+            // The first sequence in [?, end) with no row visible (binds
+            // the start three times, then end - 1: a range on the primary
+            // key, read up to the end only).
+            first_missing: format!(
+                "SELECT MIN(m.s) AS missing FROM (
+                     SELECT ? AS s FROM DUAL
+                     WHERE NOT EXISTS (SELECT 1 FROM {events} WHERE sequence = ?)
+                     UNION ALL
+                     SELECT e.sequence + 1 FROM {events} e
+                     WHERE e.sequence >= ? AND e.sequence < ?
+                       AND NOT EXISTS (SELECT 1 FROM {events} n WHERE n.sequence = e.sequence + 1)
+                 ) m"
+            ),
+            move_scan_floor: format!(
+                "UPDATE {claim_lock} SET scan_from = ?, held_since = ?, full_scan_at = ?, flight_from = ?
+                 WHERE id = 1"
+            ),
+            lower_scan_floor: format!(
+                "UPDATE {claim_lock} SET scan_from = LEAST(scan_from, ?) WHERE id = 1"
+            ),
             // Found without locking (a locking scan of the status index
             // deadlocks with settlements of live leases), then locked by
             // primary key, skipping rows a settlement holds right now.
             in_flight: format!(
                 "SELECT sequence, partition_key, lease_id, COALESCE(lease_owner, '') AS lease_owner,
                         lease_expires_at, lease_unstarted, suspect, suspect_span
-                 FROM {events} WHERE status = 1"
+                 FROM {events} USE INDEX ({live}) WHERE status = 1 AND sequence >= ?"
             ),
             lock_expired: format!(
                 "SELECT sequence, lease_id, suspect FROM {events}
