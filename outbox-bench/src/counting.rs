@@ -32,6 +32,29 @@ impl Publisher for NoBroker {
     }
 }
 
+/// A broker that keeps each key's order (Kafka, Redis Streams) and takes
+/// `round_trip` per publish call: the relay then sends a key's run in one
+/// call, and a hot key's drain costs what a real broker's round trips cost.
+pub struct KeyOrderBroker {
+    /// What one publish call costs.
+    pub round_trip: std::time::Duration,
+}
+
+#[async_trait]
+impl Publisher for KeyOrderBroker {
+    fn capabilities(&self) -> PublisherCapabilities {
+        PublisherCapabilities {
+            max_batch: 256,
+            preserves_key_order: true,
+        }
+    }
+
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        tokio::time::sleep(self.round_trip).await;
+        batch.iter().map(|_| Ok(())).collect()
+    }
+}
+
 impl CountingPublisher<NoBroker> {
     /// A no-op publisher taking batches of up to `max_batch`.
     pub fn noop(max_batch: usize) -> Self {

@@ -289,6 +289,21 @@ pub async fn pg_fill_with(
     Ok(())
 }
 
+/// Enqueues `n` events through any store's own transactions, in chunks of
+/// [`FILL_CHUNK`], the `i`-th from `event`; the planner's statistics are
+/// left as they were.
+pub async fn fill_writer(
+    store: &dyn outbox_core::OutboxWriter,
+    n: usize,
+    event: impl Fn(usize) -> NewEvent,
+) -> Result<(), Error> {
+    for start in (0..n).step_by(FILL_CHUNK) {
+        let events: Vec<NewEvent> = (start..(start + FILL_CHUNK).min(n)).map(&event).collect();
+        store.enqueue(&events).await?;
+    }
+    Ok(())
+}
+
 /// Fails unless the store reports nothing claimable, parked, in flight or
 /// failed: every one of the `expected` events was settled as published.
 pub async fn check_drained(

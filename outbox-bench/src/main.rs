@@ -26,13 +26,16 @@ use std::time::Instant;
 use report::Report;
 use scenario::Scale;
 
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 11] = [
     "drain",
     "drain-sql",
     "keys",
     "brokers",
     "dialects",
     "latency",
+    "hot-key",
+    "week",
+    "read-view",
     "enqueue",
     "claim",
 ];
@@ -153,6 +156,9 @@ async fn run(args: Args) -> i32 {
             "brokers" => scenario::brokers::run(args.scale.clone(), &mut report).await,
             "dialects" => scenario::dialects::run(args.scale.clone(), &mut report).await,
             "latency" => scenario::latency::run(args.scale.clone(), &mut report).await,
+            "hot-key" => scenario::hot_key::run(args.scale.clone(), &mut report).await,
+            "week" => scenario::week::run(args.scale.clone(), &mut report).await,
+            "read-view" => scenario::read_view::run(args.scale.clone(), &mut report).await,
             "enqueue" => scenario::enqueue::run(args.scale.clone(), &mut report).await,
             "claim" => scenario::claim::run(args.scale.clone(), &mut report).await,
             "keys" => scenario::keys::run(args.scale.clone(), &mut report).await,

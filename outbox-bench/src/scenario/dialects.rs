@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use outbox_core::{NewEvent, Ordering, OutboxWriter};
+use outbox_core::Ordering;
 
 use super::{Rounds, Scale, progress, rate};
 use crate::counting::CountingPublisher;
-use crate::env::{self, Error, FILL_CHUNK};
+use crate::env::{self, Error};
 use crate::relay_run;
 use crate::report::{Report, TargetCheck};
 
@@ -48,7 +48,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     // Filled through sqlx either way: the rows are the same.
                     let store = Arc::new(env::mysql_store(8).await?);
                     env::mysql_reset(&store).await?;
-                    fill(store.as_ref(), round, n).await?;
+                    env::fill_writer(store.as_ref(), n, |i| env::event(round, i)).await?;
                     let elapsed = if dialect == "mariadb" {
                         drain(store.clone(), n).await?
                     } else {
@@ -61,7 +61,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     let store = Arc::new(
                         env::sqlite_store(std::path::Path::new("target/bench/sqlite")).await?,
                     );
-                    fill(store.as_ref(), round, n).await?;
+                    env::fill_writer(store.as_ref(), n, |i| env::event(round, i)).await?;
                     let elapsed = drain(store.clone(), n).await?;
                     store.pool().close().await;
                     elapsed
@@ -96,16 +96,6 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         diesel / mariadb,
     ));
     pool.close().await;
-    Ok(())
-}
-
-async fn fill(store: &dyn OutboxWriter, round: usize, n: usize) -> Result<(), Error> {
-    for start in (0..n).step_by(FILL_CHUNK) {
-        let events: Vec<NewEvent> = (start..(start + FILL_CHUNK).min(n))
-            .map(|i| env::event(round, i))
-            .collect();
-        store.enqueue(&events).await?;
-    }
     Ok(())
 }
 

@@ -10,11 +10,11 @@
 use std::sync::Arc;
 
 use outbox_core::policy::{RandomSource, SplitMix64};
-use outbox_core::{NewEvent, Ordering, OutboxWriter, RelayConfig};
+use outbox_core::{Ordering, RelayConfig};
 
 use super::{Rounds, Scale, progress, rate};
 use crate::counting::CountingPublisher;
-use crate::env::{self, Error, FILL_CHUNK};
+use crate::env::{self, Error};
 use crate::report::{Report, TargetCheck};
 use crate::{query_count, relay_run};
 
@@ -199,7 +199,7 @@ async fn drain(
         "mariadb" => {
             let store = Arc::new(env::mysql_store(8).await?);
             env::mysql_reset(&store).await?;
-            fill(store.as_ref(), n, event).await?;
+            env::fill_writer(store.as_ref(), n, event).await?;
             query_count::reset_profile();
             let elapsed = relay_run::drain(store.clone(), publisher, config, 1, n as u64).await;
             store.pool().close().await;
@@ -208,25 +208,13 @@ async fn drain(
         _ => {
             let store =
                 Arc::new(env::sqlite_store(std::path::Path::new("target/bench/sqlite")).await?);
-            fill(store.as_ref(), n, event).await?;
+            env::fill_writer(store.as_ref(), n, event).await?;
             query_count::reset_profile();
             let elapsed = relay_run::drain(store.clone(), publisher, config, 1, n as u64).await;
             store.pool().close().await;
             elapsed
         }
     }
-}
-
-async fn fill(
-    store: &dyn OutboxWriter,
-    n: usize,
-    event: impl Fn(usize) -> NewEvent,
-) -> Result<(), Error> {
-    for start in (0..n).step_by(FILL_CHUNK) {
-        let events: Vec<NewEvent> = (start..(start + FILL_CHUNK).min(n)).map(&event).collect();
-        store.enqueue(&events).await?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -8,8 +8,11 @@ pub mod dialects;
 pub mod drain;
 pub mod drain_sql;
 pub mod enqueue;
+pub mod hot_key;
 pub mod keys;
 pub mod latency;
+pub mod read_view;
+pub mod week;
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,222 @@
+//! What a hot key's backlog costs the other keys (PostgreSQL): four relays
+//! with per-key order over a key-order publisher (1 ms a publish call, a
+//! broker's round trip), an open-loop producer of 1,000 events/s over
+//! 1,000 keys; in the `hot-burst` round a backlog of 100,000 events on one
+//! key is committed as the producer starts (transactions of 1,000). The
+//! other keys' commit → publish latency over the burst's drain is compared
+//! with the same producer and no burst (`quiet`): per-key order must cost
+//! only the hot key, so the other keys' p99 stays within 1.5x.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_core::{CancellationToken, EventId, NewEvent, Relay, RelayConfig, RelayId};
+use outbox_sqlx::postgres::PgStore;
+
+use super::{Rounds, Scale, progress};
+use crate::counting::{CountingPublisher, KeyOrderBroker};
+use crate::env::{self, Error};
+use crate::report::{Report, TargetCheck};
+use crate::stats::percentiles;
+
+/// Scenario name.
+pub const NAME: &str = "hot-key-postgres";
+/// Events per second the other keys' producer offers.
+const RATE: u64 = 1_000;
+/// Relays side by side (one process, one pool).
+const RELAYS: usize = 4;
+/// Events per transaction of the burst.
+const BURST_CHUNK: usize = 1_000;
+/// The hot key.
+const HOT_KEY: &str = "hot";
+
+/// Runs the scenario.
+pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
+    let seconds = scale.pick(12, 3) as u64;
+    let burst = scale.pick(100_000, 3_000);
+    let pool = env::pg_pool(48).await?;
+    let store = Arc::new(env::pg_store(&pool).await?);
+    // The relays' first claims (connections, plans) are a start-up cost.
+    env::pg_reset(&pool).await?;
+    round(&store, usize::MAX, 0, 1).await?;
+    let mut rounds = Rounds::default();
+    for r in 0..scale.rounds {
+        for (contender, hot) in [("quiet", 0), ("hot-burst", burst)] {
+            if !scale.includes(contender) {
+                continue;
+            }
+            env::pg_reset(&pool).await?;
+            let measured = round(&store, r, hot, seconds).await?;
+            let mut others = measured.others;
+            let p = percentiles(&mut others, &[50.0, 99.0, 100.0]);
+            rounds.add(contender, "others p50 ms", p[0], false);
+            rounds.add(contender, "others p99 ms", p[1], false);
+            rounds.add(contender, "others max ms", p[2], false);
+            if hot > 0 {
+                rounds.add(contender, "hot drain s", measured.hot_drain, false);
+            }
+            progress(format!(
+                "round {r} {contender}: other keys p50 {:.1} ms, p99 {:.1} ms ({} events){}",
+                p[0],
+                p[1],
+                others.len(),
+                if hot > 0 {
+                    format!(", {hot} hot events drained in {:.1} s", measured.hot_drain)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+    }
+    rounds.finish(NAME, report);
+    let m = |c: &str| report.median(NAME, c, "others p99 ms").unwrap_or(f64::NAN);
+    let ratio = m("hot-burst") / m("quiet");
+    report.target(TargetCheck::at_most(
+        format!("hot key: other keys' p99 during a {burst}-event burst / none"),
+        ratio,
+        1.5,
+    ));
+    pool.close().await;
+    Ok(())
+}
+
+/// One round's figures.
+struct Measured {
+    /// The other keys' commit → publish times (ms) of events committed
+    /// while the hot key's backlog drained (all of them without a burst).
+    others: Vec<f64>,
+    /// Seconds from the burst's first commit to its last event published.
+    hot_drain: f64,
+}
+
+/// Four relays; `hot` events on the hot key committed at the start; the
+/// other keys at `RATE` for `seconds`.
+async fn round(
+    store: &Arc<PgStore>,
+    round: usize,
+    hot: usize,
+    seconds: u64,
+) -> Result<Measured, Error> {
+    let publisher = Arc::new(
+        CountingPublisher::wrapping(
+            KeyOrderBroker {
+                round_trip: Duration::from_millis(1),
+            },
+            256,
+        )
+        .recording_arrivals(),
+    );
+    let shutdown = CancellationToken::new();
+    let mut relays = Vec::with_capacity(RELAYS);
+    for i in 0..RELAYS {
+        let config = RelayConfig {
+            relay_id: RelayId::unique(&format!("hot-key-{i}")),
+            ..RelayConfig::default()
+        };
+        let relay = Relay::new(store.clone(), publisher.clone(), config)?
+            .with_wake_up(store.wake_up().await?);
+        relays.push(relay.spawn(shutdown.clone()));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let burst_started = Instant::now();
+    let hot_ids: HashSet<EventId> = HashSet::new();
+    let hot_ids = Arc::new(Mutex::new(hot_ids));
+    let burst = {
+        let store = store.clone();
+        let hot_ids = hot_ids.clone();
+        tokio::spawn(async move {
+            let mut i = 0;
+            while i < hot {
+                let chunk: Vec<NewEvent> = (i..(i + BURST_CHUNK).min(hot))
+                    .map(|n| hot_event(round, n))
+                    .collect();
+                let mut tx = store.pool().begin().await?;
+                store.enqueue(&mut tx, &chunk).await?;
+                tx.commit().await?;
+                hot_ids
+                    .lock()
+                    .expect("hot ids")
+                    .extend(chunk.iter().map(|e| e.event_id));
+                i += chunk.len();
+            }
+            Ok::<_, Error>(())
+        })
+    };
+
+    let total = RATE * seconds;
+    let commits: Arc<Mutex<HashMap<EventId, Instant>>> = Arc::default();
+    let start = tokio::time::Instant::now();
+    let mut producers = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        tokio::time::sleep_until(start + Duration::from_micros(i * 1_000_000 / RATE)).await;
+        let store = store.clone();
+        let commits = commits.clone();
+        producers.push(tokio::spawn(async move {
+            let event = env::event(round, i as usize);
+            let mut tx = store.pool().begin().await?;
+            store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
+            tx.commit().await?;
+            commits
+                .lock()
+                .expect("commits")
+                .insert(event.event_id, Instant::now());
+            Ok::<_, Error>(())
+        }));
+    }
+    for producer in producers {
+        producer.await??;
+    }
+    burst.await??;
+    let everything = total + hot as u64;
+    let reached =
+        tokio::time::timeout(Duration::from_secs(180), publisher.wait_for(everything)).await;
+    shutdown.cancel();
+    for relay in relays {
+        relay.await??;
+    }
+    if reached.is_err() {
+        return Err(format!(
+            "only {} of {everything} events delivered",
+            publisher.delivered()
+        )
+        .into());
+    }
+    let arrivals = publisher.take_arrivals();
+    let hot_ids = hot_ids.lock().expect("hot ids");
+    let hot_done = hot_ids
+        .iter()
+        .filter_map(|id| arrivals.get(id))
+        .max()
+        .copied();
+    let hot_drain = hot_done.map_or(0.0, |at| (at - burst_started).as_secs_f64());
+    let commits = commits.lock().expect("commits");
+    let mut others = Vec::with_capacity(commits.len());
+    for (id, committed) in commits.iter() {
+        // Only what was committed while the hot backlog drained.
+        if hot_done.is_some_and(|done| *committed > done) {
+            continue;
+        }
+        let arrived = arrivals
+            .get(id)
+            .ok_or_else(|| format!("event {id} never delivered"))?;
+        others.push(arrived.saturating_duration_since(*committed).as_secs_f64() * 1_000.0);
+    }
+    if others.is_empty() {
+        return Err("no other key's event was committed while the hot key drained".into());
+    }
+    Ok(Measured { others, hot_drain })
+}
+
+/// Event `n` of the burst, on the hot key.
+fn hot_event(round: usize, n: usize) -> NewEvent {
+    NewEvent::builder("invoice.paid", "invoice", format!("hot-{round}-{n}"))
+        .event_id(EventId::random())
+        .partition_key(HOT_KEY)
+        .payload(
+            &serde_json::json!({ "invoice_id": format!("hot-{round}-{n}"), "amount_cents": n }),
+        )
+        .build()
+        .expect("generated events are valid")
+}
