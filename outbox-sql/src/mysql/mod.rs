@@ -37,6 +37,8 @@ pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("claim_lock", "held_since", "BIGINT NOT NULL DEFAULT 0"),
     ("claim_lock", "full_scan_at", "BIGINT NOT NULL DEFAULT 0"),
     ("claim_lock", "flight_from", "BIGINT NOT NULL DEFAULT 0"),
+    ("claim_lock", "anchor_sequence", "BIGINT NOT NULL DEFAULT 0"),
+    ("claim_lock", "anchor_event", "CHAR(36) NULL"),
 ];
 
 /// The schema DDL for these table names.

@@ -79,7 +79,7 @@ fn with<T: Clone + Into<Param>>(head: impl IntoIterator<Item = Param>, values: &
 }
 
 /// Where claims' scans of the pending rows start (the claim-turn row).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct ScanFloor {
     /// No pending row has a smaller sequence.
     scan_from: i64,
@@ -90,6 +90,11 @@ struct ScanFloor {
     full_scan_at: i64,
     /// No row in flight has a smaller sequence.
     flight_from: i64,
+    /// The last row when the floors were set: another row at that
+    /// sequence means the sequences started again (a truncated or
+    /// restored table) and the floors say nothing.
+    anchor_sequence: i64,
+    anchor_event: Option<String>,
 }
 
 fn micros(duration: std::time::Duration) -> i64 {
@@ -520,15 +525,21 @@ impl<D: Driver> Protocol<D> {
             let mut tx = self.begin_relay().await?;
             // One claimer at a time: concurrent claims could split a key's prefix.
             let turn = tx.fetch(&self.queries.claim_lock, Vec::new()).await?;
-            let floor = match turn.first() {
+            let mut floor = match turn.first() {
                 Some(row) => ScanFloor {
                     scan_from: row.int("scan_from")?,
                     held_since: row.int("held_since")?,
                     full_scan_at: row.int("full_scan_at")?,
                     flight_from: row.int("flight_from")?,
+                    anchor_sequence: row.int("anchor_sequence")?,
+                    anchor_event: row.opt_text("anchor_event")?,
                 },
                 None => ScanFloor::default(),
             };
+            if !self.anchor_holds(&mut tx, &floor).await? {
+                // Sequences started again under the floors: from the start.
+                floor = ScanFloor::default();
+            }
             let now = self.now(&mut tx).await?;
             let expires = now.saturating_add(micros(request.lease_duration));
             let (keys_in_flight, lowest_returned) =
@@ -654,6 +665,11 @@ impl<D: Driver> Protocol<D> {
                     floor.flight_from.min(leased_from),
                 )
                 .await?;
+            let last = tx.fetch(&self.queries.last_row, Vec::new()).await?;
+            if let Some(row) = last.first() {
+                next.anchor_sequence = row.int("sequence")?;
+                next.anchor_event = Some(row.text("event_id")?);
+            }
             if next != floor {
                 tx.execute(
                     &self.queries.move_scan_floor,
@@ -662,6 +678,8 @@ impl<D: Driver> Protocol<D> {
                         next.held_since.into(),
                         next.full_scan_at.into(),
                         next.flight_from.into(),
+                        next.anchor_sequence.into(),
+                        next.anchor_event.clone().into(),
                     ],
                 )
                 .await?;
@@ -1007,7 +1025,24 @@ impl<D: Driver> Protocol<D> {
             scan_from,
             held_since,
             full_scan_at,
-            flight_from: floor.flight_from,
+            ..floor.clone()
+        })
+    }
+
+    /// Whether the row the floors were set beside is still the one at its
+    /// sequence. A purge may have deleted it: the claim then reads from
+    /// the start once, which costs time only.
+    async fn anchor_holds(&self, tx: &mut D::Tx, floor: &ScanFloor) -> Result<bool, StoreError> {
+        let Some(anchor) = &floor.anchor_event else {
+            // Set while the table was empty: they are 1 at most.
+            return Ok(true);
+        };
+        let rows = tx
+            .fetch(&self.queries.event_at, vec![floor.anchor_sequence.into()])
+            .await?;
+        Ok(match rows.first() {
+            Some(row) => row.text("event_id")? == *anchor,
+            None => false,
         })
     }
 

@@ -29,6 +29,8 @@ pub struct Queries {
     pub claim_lock: String,
     pub scan_floor: String,
     pub flight_floor: String,
+    pub event_at: String,
+    pub last_row: String,
     pub first_missing: String,
     pub move_scan_floor: String,
     pub lower_scan_floor: String,
@@ -190,8 +192,13 @@ impl Queries {
                  JOIN {events} e ON e.event_id = r.id"
             ),
             claim_lock: format!(
-                "SELECT scan_from, held_since, full_scan_at, flight_from FROM {claim_lock}
-                 WHERE id = 1 FOR UPDATE"
+                "SELECT scan_from, held_since, full_scan_at, flight_from, anchor_sequence,
+                        anchor_event
+                 FROM {claim_lock} WHERE id = 1 FOR UPDATE"
+            ),
+            event_at: format!("SELECT event_id FROM {events} WHERE sequence = ?"),
+            last_row: format!(
+                "SELECT sequence, event_id FROM {events} ORDER BY sequence DESC LIMIT 1"
             ),
             scan_floor: first_with_status(0),
             flight_floor: first_with_status(1),
@@ -209,7 +216,8 @@ impl Queries {
                  ) m"
             ),
             move_scan_floor: format!(
-                "UPDATE {claim_lock} SET scan_from = ?, held_since = ?, full_scan_at = ?, flight_from = ?
+                "UPDATE {claim_lock} SET scan_from = ?, held_since = ?, full_scan_at = ?, flight_from = ?,
+                     anchor_sequence = ?, anchor_event = ?
                  WHERE id = 1"
             ),
             lower_scan_floor: format!(

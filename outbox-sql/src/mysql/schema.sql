@@ -106,7 +106,12 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_claim_lock (
     -- No row in flight has a smaller sequence (only claims lease rows, and
     -- they move it): the reaping read of the rows in flight starts here,
     -- not among the entries every ack delete-marks.
-    flight_from BIGINT NOT NULL DEFAULT 0
+    flight_from BIGINT NOT NULL DEFAULT 0,
+    -- The last row when the floors were set, (sequence, event id): a
+    -- claim that finds another row there (the table was truncated or
+    -- restored, its sequences start again) reads from the start.
+    anchor_sequence BIGINT NOT NULL DEFAULT 0,
+    anchor_event CHAR(36) NULL
 ) ENGINE = InnoDB;
 INSERT IGNORE INTO {{schema}}outbox_claim_lock (id) VALUES (1);
 

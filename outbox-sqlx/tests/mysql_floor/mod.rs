@@ -187,3 +187,25 @@ async fn a_retried_head_below_the_floor_goes_first_again() {
 async fn a_released_head_below_the_floor_goes_first_again() {
     head_goes_first_again_after("release").await;
 }
+
+/// A truncated events table numbers its rows from 1 again, below the
+/// floors: the claim sees another row where the last one was and reads
+/// from the start, in order.
+#[tokio::test]
+async fn after_a_truncate_claims_read_from_the_start_in_order() {
+    let store = store_on(ManualClock::at_epoch()).await;
+    let before: Vec<_> = (0..3).map(|i| event("a", i)).collect();
+    OutboxWriter::enqueue(&store, &before).await.unwrap();
+    assert_eq!(drain(&store, 10).await.len(), 3);
+    sqlx::query(&format!("TRUNCATE TABLE {}", table(&store, "events")))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let after: Vec<_> = (0..6).map(|i| event("k", i)).collect();
+    OutboxWriter::enqueue(&store, &after).await.unwrap();
+    assert_eq!(
+        claim_ids(&store, 10).await,
+        after.iter().map(|e| e.event_id).collect::<Vec<_>>(),
+        "every row of the key, from its first"
+    );
+}
