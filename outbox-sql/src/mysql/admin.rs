@@ -85,11 +85,6 @@ impl<D: Driver> Protocol<D> {
     ) -> Result<(), StoreError> {
         self.sync_clock().await?;
         let mut tx = self.driver.begin(false).await?;
-        if kind == AttemptKind::Requeued {
-            // Back to pending: every claim scans from the start until one
-            // has moved the floor up again (an operator's action, rare).
-            self.lower_scan_floor(&mut tx, std::iter::once(0)).await?;
-        }
         let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
             drop(tx);
             return Err(crate::admin_common::explain_miss(self, event_id).await);

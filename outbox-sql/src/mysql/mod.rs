@@ -18,13 +18,6 @@ pub const SCHEMA: &str = include_str!("schema.sql");
 /// The schema version the template creates.
 pub const SCHEMA_VERSION: i32 = 2;
 
-/// How often a claim scans the pending rows from the start rather than
-/// from the floor (`scan_from`), and how long the floor stops at a missing
-/// sequence before passing it: a row whose insert commits more than this
-/// after its sequence was taken waits up to this long more (store time,
-/// microseconds).
-pub const FULL_SCAN_EVERY_US: i64 = 1_000_000;
-
 /// Columns added since schema version 2 was first released, as (table
 /// suffix, column, definition): `migrate()` adds them to older tables
 /// (`CREATE TABLE IF NOT EXISTS` leaves an existing table as it is).
@@ -33,12 +26,7 @@ pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("relays", "outage_since", "BIGINT NULL"),
     ("relays", "outage_destination", "VARCHAR(255) NULL"),
     ("relays", "outage_reason", "TEXT NULL"),
-    ("claim_lock", "scan_from", "BIGINT NOT NULL DEFAULT 0"),
-    ("claim_lock", "held_since", "BIGINT NOT NULL DEFAULT 0"),
-    ("claim_lock", "full_scan_at", "BIGINT NOT NULL DEFAULT 0"),
     ("claim_lock", "flight_from", "BIGINT NOT NULL DEFAULT 0"),
-    ("claim_lock", "anchor_sequence", "BIGINT NOT NULL DEFAULT 0"),
-    ("claim_lock", "anchor_event", "CHAR(36) NULL"),
 ];
 
 /// The schema DDL for these table names.

@@ -22,9 +22,7 @@ use outbox_core::{
 use serde_json::{Value as Json, json};
 
 use super::driver::{Driver, Exec, Param, Row, from_micros};
-use super::{
-    FULL_SCAN_EVERY_US, MAX_LISTED_KEYS, Queries, SCHEMA_VERSION, with_in_list, with_keys_in_flight,
-};
+use super::{MAX_LISTED_KEYS, Queries, SCHEMA_VERSION, with_in_list, with_keys_in_flight};
 use crate::blame::{InFlight, blame, new_lease_id, reap, suspect_span};
 use crate::codes;
 use crate::config::{Migrated, StoreConfig};
@@ -76,25 +74,6 @@ fn params<T: Clone + Into<Param>>(values: &[T]) -> Vec<Param> {
 /// `head` then each of `values`.
 fn with<T: Clone + Into<Param>>(head: impl IntoIterator<Item = Param>, values: &[T]) -> Vec<Param> {
     head.into_iter().chain(params(values)).collect()
-}
-
-/// Where claims' scans of the pending rows start (the claim-turn row).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct ScanFloor {
-    /// No pending row has a smaller sequence.
-    scan_from: i64,
-    /// Store time since `scan_from` has stopped at a missing sequence (0
-    /// when it has not).
-    held_since: i64,
-    /// Store time of the last scan from the start.
-    full_scan_at: i64,
-    /// No row in flight has a smaller sequence.
-    flight_from: i64,
-    /// The last row when the floors were set: another row at that
-    /// sequence means the sequences started again (a truncated or
-    /// restored table) and the floors say nothing.
-    anchor_sequence: i64,
-    anchor_event: Option<String>,
 }
 
 fn micros(duration: std::time::Duration) -> i64 {
@@ -525,33 +504,13 @@ impl<D: Driver> Protocol<D> {
             let mut tx = self.begin_relay().await?;
             // One claimer at a time: concurrent claims could split a key's prefix.
             let turn = tx.fetch(&self.queries.claim_lock, Vec::new()).await?;
-            let mut floor = match turn.first() {
-                Some(row) => ScanFloor {
-                    scan_from: row.int("scan_from")?,
-                    held_since: row.int("held_since")?,
-                    full_scan_at: row.int("full_scan_at")?,
-                    flight_from: row.int("flight_from")?,
-                    anchor_sequence: row.int("anchor_sequence")?,
-                    anchor_event: row.opt_text("anchor_event")?,
-                },
-                None => ScanFloor::default(),
+            let flight_from = match turn.first() {
+                Some(row) => row.int("flight_from")?,
+                None => 0,
             };
-            if !self.anchor_holds(&mut tx, &floor).await? {
-                // Sequences started again under the floors: from the start.
-                floor = ScanFloor::default();
-            }
             let now = self.now(&mut tx).await?;
             let expires = now.saturating_add(micros(request.lease_duration));
-            let (keys_in_flight, lowest_returned) =
-                self.reap(&mut tx, now, floor.flight_from).await?;
-            // From the floor, or from the start once a second: a row whose
-            // insert committed after a claim moved the floor past it.
-            let full_scan = now.saturating_sub(floor.full_scan_at) >= FULL_SCAN_EVERY_US;
-            let from = if full_scan {
-                0
-            } else {
-                lowest_returned.map_or(floor.scan_from, |lowest| lowest.min(floor.scan_from))
-            };
+            let keys_in_flight = self.reap(&mut tx, now, flight_from).await?;
             let block = request.poison == PoisonPolicy::Block;
             let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
 
@@ -566,7 +525,7 @@ impl<D: Driver> Protocol<D> {
             } else {
                 Cow::Borrowed(self.queries.claim_candidates_unordered.as_str())
             };
-            let mut bound = vec![now.into(), from.into()];
+            let mut bound = vec![now.into()];
             if ordered {
                 bound.extend(
                     keys_in_flight
@@ -654,35 +613,23 @@ impl<D: Driver> Protocol<D> {
                     });
                 }
             }
-            let mut next = self
-                .next_scan_floor(&mut tx, &floor, from, now, full_scan)
-                .await?;
+            // The next claim's reaping read starts at the first row still
+            // in flight (this claim's leases included).
             let leased_from = chosen.iter().copied().min().unwrap_or(i64::MAX);
-            next.flight_from = self
-                .first_from(
-                    &mut tx,
+            let floor = tx
+                .fetch(
                     &self.queries.flight_floor,
-                    floor.flight_from.min(leased_from),
+                    vec![flight_from.min(leased_from).into()],
                 )
-                .await?;
-            let last = tx.fetch(&self.queries.last_row, Vec::new()).await?;
-            if let Some(row) = last.first() {
-                next.anchor_sequence = row.int("sequence")?;
-                next.anchor_event = Some(row.text("event_id")?);
-            }
-            if next != floor {
-                tx.execute(
-                    &self.queries.move_scan_floor,
-                    vec![
-                        next.scan_from.into(),
-                        next.held_since.into(),
-                        next.full_scan_at.into(),
-                        next.flight_from.into(),
-                        next.anchor_sequence.into(),
-                        next.anchor_event.clone().into(),
-                    ],
-                )
-                .await?;
+                .await?
+                .first()
+                .map(|row| row.opt_int("floor"))
+                .transpose()?
+                .flatten()
+                .unwrap_or(flight_from);
+            if floor != flight_from {
+                tx.execute(&self.queries.move_flight_floor, vec![floor.into()])
+                    .await?;
             }
             D::commit(tx).await?;
             Ok(ClaimedBatch {
@@ -746,11 +693,6 @@ impl<D: Driver> Protocol<D> {
             }
             self.sync_clock().await?;
             let mut tx = self.begin_relay().await?;
-            let retried = nacks
-                .iter()
-                .filter(|n| matches!(n.action, NackAction::Retry { .. }))
-                .map(|n| n.lease.sequence);
-            self.lower_scan_floor(&mut tx, retried).await?;
             let held = self
                 .lock_leased(&mut tx, &nacks.iter().map(|n| &n.lease).collect::<Vec<_>>())
                 .await?;
@@ -806,8 +748,6 @@ impl<D: Driver> Protocol<D> {
                 return Ok(SettleReport::default());
             }
             let mut tx = self.begin_relay().await?;
-            self.lower_scan_floor(&mut tx, releases.iter().map(|r| r.lease.sequence))
-                .await?;
             let held = self
                 .lock_leased(
                     &mut tx,
@@ -884,13 +824,13 @@ impl<D: Driver> Protocol<D> {
     /// Leases that expired with rows in flight: the rows go back to
     /// pending and the crash is blamed ([`outbox_core::store::crash_culprit`]).
     /// Returns the keys with a row still in flight, which a per-key claim
-    /// leaves alone, and the smallest sequence it returned to pending.
+    /// leaves alone.
     async fn reap(
         &self,
         tx: &mut D::Tx,
         now: i64,
         flight_from: i64,
-    ) -> Result<(BTreeSet<String>, Option<i64>), StoreError> {
+    ) -> Result<BTreeSet<String>, StoreError> {
         // Read without locking (a locking scan of the status index
         // deadlocks with settlements), then lock the expired rows by
         // primary key, skipping any a settlement holds right now.
@@ -918,7 +858,7 @@ impl<D: Driver> Protocol<D> {
             .chain(reaping.returned.iter().copied())
             .collect();
         if expired.is_empty() {
-            return Ok((keys.into_iter().collect(), None));
+            return Ok(keys.into_iter().collect());
         }
         let lock = with_in_list(&self.queries.lock_expired, expired.len());
         let locked: HashSet<i64> = tx
@@ -961,122 +901,12 @@ impl<D: Driver> Protocol<D> {
         }
         // Every locked expired row went back to pending; the rest stay in
         // flight (a settlement holds them right now).
-        let still_in_flight = in_flight
+        Ok(in_flight
             .iter()
             .zip(keys)
             .filter(|(row, _)| !locked.contains(&row.sequence))
             .map(|(_, key)| key)
-            .collect();
-        Ok((still_in_flight, locked.iter().copied().min()))
-    }
-
-    /// Where the next claim's scan starts, read after this claim's leases
-    /// and failures left the pending range: the first pending row at or
-    /// after `from`, unless a sequence before it and not below the last
-    /// floor has no visible row (an insert not committed yet): then that
-    /// sequence, for at most [`FULL_SCAN_EVERY_US`] of store time.
-    async fn next_scan_floor(
-        &self,
-        tx: &mut D::Tx,
-        floor: &ScanFloor,
-        from: i64,
-        now: i64,
-        full_scan: bool,
-    ) -> Result<ScanFloor, StoreError> {
-        let pending = self.first_from(tx, &self.queries.scan_floor, from).await?;
-        // Below the floor, every missing sequence was judged already (a
-        // scan from the start claims what has committed since); sequences
-        // start at 1.
-        let judged = from.max(floor.scan_from).max(1);
-        let missing = if judged < pending {
-            let bound = vec![
-                judged.into(),
-                judged.into(),
-                judged.into(),
-                (pending - 1).into(),
-            ];
-            let rows = tx.fetch(&self.queries.first_missing, bound).await?;
-            rows.first()
-                .map(|row| row.opt_int("missing"))
-                .transpose()?
-                .flatten()
-                .filter(|missing| *missing < pending)
-        } else {
-            None
-        };
-        let full_scan_at = if full_scan { now } else { floor.full_scan_at };
-        let (scan_from, held_since) = match missing {
-            None => (pending, 0),
-            // Held at this sequence long enough: the scans from the start
-            // find its row if it ever commits.
-            Some(missing)
-                if missing == floor.scan_from
-                    && floor.held_since != 0
-                    && now.saturating_sub(floor.held_since) >= FULL_SCAN_EVERY_US =>
-            {
-                (pending, 0)
-            }
-            Some(missing) if missing == floor.scan_from && floor.held_since != 0 => {
-                (missing, floor.held_since)
-            }
-            Some(missing) => (missing, now.max(1)),
-        };
-        Ok(ScanFloor {
-            scan_from,
-            held_since,
-            full_scan_at,
-            ..floor.clone()
-        })
-    }
-
-    /// Whether the row the floors were set beside is still the one at its
-    /// sequence. A purge may have deleted it: the claim then reads from
-    /// the start once, which costs time only.
-    async fn anchor_holds(&self, tx: &mut D::Tx, floor: &ScanFloor) -> Result<bool, StoreError> {
-        let Some(anchor) = &floor.anchor_event else {
-            // Set while the table was empty: they are 1 at most.
-            return Ok(true);
-        };
-        let rows = tx
-            .fetch(&self.queries.event_at, vec![floor.anchor_sequence.into()])
-            .await?;
-        Ok(match rows.first() {
-            Some(row) => row.text("event_id")? == *anchor,
-            None => false,
-        })
-    }
-
-    /// The first row of a floor statement's status at or after `from`.
-    async fn first_from(
-        &self,
-        tx: &mut D::Tx,
-        statement: &str,
-        from: i64,
-    ) -> Result<i64, StoreError> {
-        let rows = tx.fetch(statement, vec![from.into()]).await?;
-        Ok(rows
-            .first()
-            .map(|row| row.opt_int("floor"))
-            .transpose()?
-            .flatten()
-            .unwrap_or(from))
-    }
-
-    /// Before rows go back to pending: locks the claims' turn (after any
-    /// claim in progress, before the next) and lowers where their scans
-    /// start to the smallest of `sequences`, so that no claim passes them.
-    /// First in its transaction: a claim takes the same turn before any
-    /// row, so the two never wait on each other in opposite orders.
-    pub(crate) async fn lower_scan_floor(
-        &self,
-        tx: &mut D::Tx,
-        sequences: impl Iterator<Item = i64>,
-    ) -> Result<(), StoreError> {
-        if let Some(lowest) = sequences.min() {
-            tx.execute(&self.queries.lower_scan_floor, vec![lowest.into()])
-                .await?;
-        }
-        Ok(())
+            .collect())
     }
 
     /// Rows blamed for `crash_loop_limit` crashes, at the head of their key,

@@ -27,13 +27,8 @@ pub struct Queries {
     pub enqueue_tail: &'static str,
     pub read_back: String,
     pub claim_lock: String,
-    pub scan_floor: String,
     pub flight_floor: String,
-    pub event_at: String,
-    pub last_row: String,
-    pub first_missing: String,
-    pub move_scan_floor: String,
-    pub lower_scan_floor: String,
+    pub move_flight_floor: String,
     pub in_flight: String,
     pub lock_expired: String,
     pub reap: String,
@@ -139,17 +134,6 @@ impl Queries {
                            AND p.sequence < c.sequence AND p.status = 3
                            AND (p.superseded_by IS NULL OR p.superseded_by <> c.event_id)))"
         );
-        // The first row with this status at or after `?`, or past the last
-        // row when none has it (later inserts get larger sequences; only
-        // claims lease rows).
-        let first_with_status = |status: u8| {
-            format!(
-                "SELECT COALESCE(
-                     (SELECT MIN(sequence) FROM {events} USE INDEX ({live})
-                      WHERE status = {status} AND sequence >= ?),
-                     (SELECT COALESCE(MAX(sequence), 0) + 1 FROM {events})) AS floor"
-            )
-        };
         let candidates = |ordered: bool| {
             let order = if ordered {
                 format!("{{not_in_flight}} AND NOT {held_back}")
@@ -159,7 +143,7 @@ impl Queries {
             format!(
                 "SELECT c.sequence, c.partition_key, c.suspect, c.suspect_span
                  FROM {events} c USE INDEX ({live})
-                 WHERE {CLAIMABLE} AND c.sequence >= ? {order}
+                 WHERE {CLAIMABLE} {order}
                  ORDER BY c.sequence LIMIT ?"
             )
         };
@@ -191,38 +175,16 @@ impl Queries {
                  FROM JSON_TABLE(?, '$[*]' COLUMNS (id CHAR(36) PATH '$')) AS r
                  JOIN {events} e ON e.event_id = r.id"
             ),
-            claim_lock: format!(
-                "SELECT scan_from, held_since, full_scan_at, flight_from, anchor_sequence,
-                        anchor_event
-                 FROM {claim_lock} WHERE id = 1 FOR UPDATE"
+            claim_lock: format!("SELECT flight_from FROM {claim_lock} WHERE id = 1 FOR UPDATE"),
+            // The first row in flight at or after `?`, or past the last row
+            // when none is (later leases lower it themselves).
+            flight_floor: format!(
+                "SELECT COALESCE(
+                     (SELECT MIN(sequence) FROM {events} USE INDEX ({live})
+                      WHERE status = 1 AND sequence >= ?),
+                     (SELECT COALESCE(MAX(sequence), 0) + 1 FROM {events})) AS floor"
             ),
-            event_at: format!("SELECT event_id FROM {events} WHERE sequence = ?"),
-            last_row: format!(
-                "SELECT sequence, event_id FROM {events} ORDER BY sequence DESC LIMIT 1"
-            ),
-            scan_floor: first_with_status(0),
-            flight_floor: first_with_status(1),
-            // The first sequence in [?, end) with no row visible (binds
-            // the start three times, then end - 1: a range on the primary
-            // key, read up to the end only).
-            first_missing: format!(
-                "SELECT MIN(m.s) AS missing FROM (
-                     SELECT ? AS s FROM DUAL
-                     WHERE NOT EXISTS (SELECT 1 FROM {events} WHERE sequence = ?)
-                     UNION ALL
-                     SELECT e.sequence + 1 FROM {events} e
-                     WHERE e.sequence >= ? AND e.sequence < ?
-                       AND NOT EXISTS (SELECT 1 FROM {events} n WHERE n.sequence = e.sequence + 1)
-                 ) m"
-            ),
-            move_scan_floor: format!(
-                "UPDATE {claim_lock} SET scan_from = ?, held_since = ?, full_scan_at = ?, flight_from = ?,
-                     anchor_sequence = ?, anchor_event = ?
-                 WHERE id = 1"
-            ),
-            lower_scan_floor: format!(
-                "UPDATE {claim_lock} SET scan_from = LEAST(scan_from, ?) WHERE id = 1"
-            ),
+            move_flight_floor: format!("UPDATE {claim_lock} SET flight_from = ? WHERE id = 1"),
             // Found without locking (a locking scan of the status index
             // deadlocks with settlements of live leases), then locked by
             // primary key, skipping rows a settlement holds right now.

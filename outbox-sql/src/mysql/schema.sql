@@ -83,35 +83,16 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_clock (
 ) ENGINE = InnoDB;
 INSERT IGNORE INTO {{schema}}outbox_clock (id) VALUES (1);
 
--- Claims on one table take turns on this row. It also keeps where a
--- claim's scan of pending rows starts (`scan_from`): no pending row has a
--- smaller sequence. While any session holds a read view, InnoDB keeps
--- every entry a lease or an ack delete-marks in the live index, and a
--- scan from the start of the pending range would step over all of them
--- on every claim. The floor stops at a missing sequence (an insert not
--- committed yet, or rolled back) for a second of store time, then passes
--- it: a claim scans from the start once a second, and finds a row whose
--- insert committed later than that (a key's rows commit in insert order,
--- so such a row is the first of its key still waiting). Everything that
--- returns a row to pending lowers `scan_from` in the same transaction,
--- after locking this row.
+-- Claims on one table take turns on this row. It also keeps where the
+-- reaping read of the rows in flight starts (`flight_from`): no row in
+-- flight has a smaller sequence (only claims lease rows, and each moves
+-- it to the first row still in flight, or below its own leases). While
+-- any session holds a read view, InnoDB keeps every entry an ack
+-- delete-marks in the live index, and a read from the start of the
+-- in-flight range would step over all of them on every claim.
 CREATE TABLE IF NOT EXISTS {{schema}}outbox_claim_lock (
     id INT NOT NULL PRIMARY KEY,
-    scan_from BIGINT NOT NULL DEFAULT 0,
-    -- Store time (microseconds) since the floor has stopped at a missing
-    -- sequence; 0 when it has not.
-    held_since BIGINT NOT NULL DEFAULT 0,
-    -- Store time (microseconds) of the last scan from the start.
-    full_scan_at BIGINT NOT NULL DEFAULT 0,
-    -- No row in flight has a smaller sequence (only claims lease rows, and
-    -- they move it): the reaping read of the rows in flight starts here,
-    -- not among the entries every ack delete-marks.
-    flight_from BIGINT NOT NULL DEFAULT 0,
-    -- The last row when the floors were set, (sequence, event id): a
-    -- claim that finds another row there (the table was truncated or
-    -- restored, its sequences start again) reads from the start.
-    anchor_sequence BIGINT NOT NULL DEFAULT 0,
-    anchor_event CHAR(36) NULL
+    flight_from BIGINT NOT NULL DEFAULT 0
 ) ENGINE = InnoDB;
 INSERT IGNORE INTO {{schema}}outbox_claim_lock (id) VALUES (1);
 

@@ -1,9 +1,9 @@
-//! Where claims start reading (the claim-turn row's floors), with a read
-//! view held: InnoDB keeps every index entry a lease or an ack
-//! delete-marks while any session's view is open, and a claim that read
-//! from the start of the pending or in-flight range stepped over all of
-//! them. These pin the floors moving, and the paths that must not let a
-//! row fall behind them: a late commit, a retry, a release.
+//! Where claims start reading the rows in flight (the claim-turn row's
+//! `flight_from`), with a read view held: InnoDB keeps every index entry an
+//! ack delete-marks while any session's view is open, and a claim that
+//! read from the start of the in-flight range stepped over all of them.
+//! These pin the floor moving, and what must stay true around it: a late
+//! commit, a retry, a release and a truncated table keep each key's order.
 
 use std::time::Duration;
 
@@ -26,15 +26,13 @@ fn table(store: &MySqlStore, suffix: &str) -> String {
     format!("{database}.outbox_{suffix}")
 }
 
-/// The claim-turn row's (scan_from, flight_from).
-async fn floors(store: &MySqlStore) -> (i64, i64) {
+/// The claim-turn row's `flight_from`.
+async fn flight_from(store: &MySqlStore) -> i64 {
     let turn = table(store, "claim_lock");
-    sqlx::query_as(&format!(
-        "SELECT scan_from, flight_from FROM {turn} WHERE id = 1"
-    ))
-    .fetch_one(store.pool())
-    .await
-    .unwrap()
+    sqlx::query_scalar(&format!("SELECT flight_from FROM {turn} WHERE id = 1"))
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
 }
 
 async fn claim_ids(store: &MySqlStore, limit: usize) -> Vec<EventId> {
@@ -85,11 +83,10 @@ async fn with_a_read_view_held_claims_start_past_what_was_published() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    let (scan_from, flight_from) = floors(&store).await;
+    let from = flight_from(&store).await;
     assert!(
-        scan_from > last && flight_from > last,
-        "claims still read from {scan_from} (pending) and {flight_from} (in flight), \
-         behind the 300 published rows up to {last}"
+        from > last,
+        "claims still read the rows in flight from {from}, behind the 300 published rows up to {last}"
     );
     let next = event("k0", 300);
     OutboxWriter::enqueue(&store, std::slice::from_ref(&next))
@@ -99,41 +96,40 @@ async fn with_a_read_view_held_claims_start_past_what_was_published() {
     view.execute("ROLLBACK").await.unwrap();
 }
 
-/// The floor stops a second at a sequence whose insert has not committed,
-/// then passes it; the scan from the start once a second still finds the
-/// row when it commits.
+/// An insert that commits late, however late: its row goes before the
+/// key's next one, which another writer enqueues at once.
 #[tokio::test]
-async fn a_commit_later_than_a_second_is_found_by_the_scan_from_the_start() {
+async fn a_late_commit_goes_before_its_keys_next_row_however_late() {
     let clock = ManualClock::at_epoch();
     let store = store_on(clock.clone()).await;
-    let (early, late) = (event("a", 1), event("b", 2));
+    let (early, other, next) = (event("a", 1), event("b", 2), event("a", 3));
     let mut open = store.pool().begin().await.unwrap();
     store
         .enqueue(&mut open, std::slice::from_ref(&early))
         .await
         .unwrap();
-    OutboxWriter::enqueue(&store, std::slice::from_ref(&late))
+    OutboxWriter::enqueue(&store, std::slice::from_ref(&other))
         .await
         .unwrap();
-    assert_eq!(drain(&store, 10).await, vec![late.event_id]);
-    clock.advance(Duration::from_secs(2));
+    assert_eq!(drain(&store, 10).await, vec![other.event_id]);
+    // Claims go on past the open insert's second.
+    clock.advance(Duration::from_millis(700));
     assert!(drain(&store, 10).await.is_empty());
-    assert!(
-        floors(&store).await.0 > 2,
-        "the floor passed the open insert after a second"
-    );
+    clock.advance(Duration::from_millis(700));
+    assert!(drain(&store, 10).await.is_empty());
     open.commit().await.unwrap();
-    clock.advance(Duration::from_secs(2));
+    OutboxWriter::enqueue(&store, std::slice::from_ref(&next))
+        .await
+        .unwrap();
     assert_eq!(
-        drain(&store, 10).await,
-        vec![early.event_id],
-        "the late commit is published"
+        claim_ids(&store, 10).await,
+        vec![early.event_id, next.event_id],
+        "the late commit first, then its key's next row"
     );
 }
 
-/// A head taken back to pending sits below the floor (the claim after its
-/// lease moved the floor to its key's next row): the nack or release lowers
-/// the floor, so the key's next row never goes before it.
+/// A head taken back to pending goes first again (the floor in flight has
+/// moved past it): its key's next row never goes before it.
 async fn head_goes_first_again_after(settle: &str) {
     let clock = ManualClock::at_epoch();
     let store = store_on(clock.clone()).await;
@@ -148,10 +144,6 @@ async fn head_goes_first_again_after(settle: &str) {
     assert!(
         claim_ids(&store, 10).await.is_empty(),
         "the key is in flight"
-    );
-    assert!(
-        floors(&store).await.0 > head.sequence,
-        "the floor moved past the head in flight"
     );
     if settle == "retry" {
         let nack = Nack {
@@ -179,20 +171,20 @@ async fn head_goes_first_again_after(settle: &str) {
 }
 
 #[tokio::test]
-async fn a_retried_head_below_the_floor_goes_first_again() {
+async fn a_retried_head_goes_first_again() {
     head_goes_first_again_after("retry").await;
 }
 
 #[tokio::test]
-async fn a_released_head_below_the_floor_goes_first_again() {
+async fn a_released_head_goes_first_again() {
     head_goes_first_again_after("release").await;
 }
 
 /// A truncated events table numbers its rows from 1 again, below the
-/// floors: the claim sees another row where the last one was and reads
-/// from the start, in order.
+/// floor in flight: the claims lease them in order, and keep the key in
+/// flight while they are.
 #[tokio::test]
-async fn after_a_truncate_claims_read_from_the_start_in_order() {
+async fn after_a_truncate_rows_leased_below_the_old_floor_keep_their_key_in_flight() {
     let store = store_on(ManualClock::at_epoch()).await;
     let before: Vec<_> = (0..3).map(|i| event("a", i)).collect();
     OutboxWriter::enqueue(&store, &before).await.unwrap();
@@ -203,9 +195,14 @@ async fn after_a_truncate_claims_read_from_the_start_in_order() {
         .unwrap();
     let after: Vec<_> = (0..6).map(|i| event("k", i)).collect();
     OutboxWriter::enqueue(&store, &after).await.unwrap();
-    assert_eq!(
-        claim_ids(&store, 10).await,
-        after.iter().map(|e| e.event_id).collect::<Vec<_>>(),
-        "every row of the key, from its first"
+    let batch = store
+        .claim_batch(&store_suite::request("r", 2))
+        .await
+        .unwrap();
+    let first: Vec<_> = batch.events.iter().map(|c| c.event.event_id).collect();
+    assert_eq!(first, vec![after[0].event_id, after[1].event_id]);
+    assert!(
+        claim_ids(&store, 10).await.is_empty(),
+        "the key is in flight below the old floor"
     );
 }
