@@ -142,6 +142,36 @@ pub async fn pg_reset(pool: &PgPool) -> Result<(), Error> {
     Ok(())
 }
 
+/// Another application's write transaction, open in another database
+/// (`postgres`) until [`StrangerTransaction::end`]: it holds the server's
+/// xmin back the whole time, as a long report or import would.
+pub struct StrangerTransaction {
+    pool: PgPool,
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+}
+
+impl StrangerTransaction {
+    /// Opens it, with a transaction id of its own.
+    pub async fn open() -> Result<Self, Error> {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&format!("{}/postgres", pg_server()))
+            .await?;
+        let mut tx = pool.begin().await?;
+        sqlx::query("SELECT pg_current_xact_id()")
+            .execute(&mut *tx)
+            .await?;
+        Ok(Self { pool, tx })
+    }
+
+    /// Rolls it back and closes its connection.
+    pub async fn end(self) -> Result<(), Error> {
+        self.tx.rollback().await?;
+        self.pool.close().await;
+        Ok(())
+    }
+}
+
 /// The outbox on MariaDB in database `outbox_bench`, migrated and empty.
 pub async fn mysql_store(max_connections: u32) -> Result<MySqlStore, Error> {
     let admin = MySqlPoolOptions::new()

@@ -105,15 +105,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             // Another application's write transaction, open in another
             // database for the whole round.
             let stranger = if mode == Mode::Stranger {
-                let other = sqlx::postgres::PgPoolOptions::new()
-                    .max_connections(1)
-                    .connect(&format!("{}/postgres", env::pg_server()))
-                    .await?;
-                let mut tx = other.begin().await?;
-                sqlx::query("SELECT pg_current_xact_id()")
-                    .execute(&mut *tx)
-                    .await?;
-                Some((other, tx))
+                Some(env::StrangerTransaction::open().await?)
             } else {
                 None
             };
@@ -130,9 +122,8 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                         .join(", ")
                 ));
             }
-            if let Some((other, tx)) = stranger {
-                tx.rollback().await?;
-                other.close().await;
+            if let Some(stranger) = stranger {
+                stranger.end().await?;
             }
             let mut values = latencies;
             let t = percentiles(&mut transactions, &[50.0, 99.0]);

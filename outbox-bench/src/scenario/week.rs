@@ -208,19 +208,15 @@ async fn resume_after_death(
         )
         .into());
     }
-    let publisher = Arc::new(CountingPublisher::noop(256));
-    let relay = Relay::new(store.clone(), publisher.clone(), RelayConfig::default())?
-        .with_wake_up(store.wake_up().await?);
-    let shutdown = CancellationToken::new();
-    let handle = relay.spawn(shutdown.clone());
+    let relay = DefaultRelay::start(store).await?;
+    let publisher = relay.publisher.clone();
     let reached = tokio::time::timeout(
         lease + Duration::from_secs(30),
         publisher.wait_for(events.len() as u64),
     )
     .await;
     let resumed = claimed_at.elapsed();
-    shutdown.cancel();
-    handle.await??;
+    relay.stop().await?;
     if reached.is_err() {
         return Err(format!(
             "{} of {} events of the dead relay came back",
@@ -242,11 +238,8 @@ async fn purge_under_traffic(
     seconds: u64,
 ) -> Result<(f64, u64), Error> {
     env::pg_reset(store.pool()).await?;
-    let publisher = Arc::new(CountingPublisher::noop(256));
-    let relay = Relay::new(store.clone(), publisher.clone(), RelayConfig::default())?
-        .with_wake_up(store.wake_up().await?);
-    let shutdown = CancellationToken::new();
-    let handle = relay.spawn(shutdown.clone());
+    let relay = DefaultRelay::start(store).await?;
+    let publisher = relay.publisher.clone();
     let producing = Arc::new(AtomicBool::new(true));
     let purger = {
         let store = store.clone();
@@ -272,8 +265,7 @@ async fn purge_under_traffic(
     producing.store(false, AtomicOrdering::SeqCst);
     let (deleted, busy) = purger.await??;
     let reached = tokio::time::timeout(Duration::from_secs(60), publisher.wait_for(total)).await;
-    shutdown.cancel();
-    handle.await??;
+    relay.stop().await?;
     if reached.is_err() {
         return Err(format!("only {} of {total} events delivered", publisher.delivered()).into());
     }
@@ -319,23 +311,12 @@ async fn claim_cost_over_time(
 ) -> Result<f64, Error> {
     env::pg_reset(store.pool()).await?;
     let stranger = if hold_xmin {
-        let other = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&format!("{}/postgres", env::pg_server()))
-            .await?;
-        let mut tx = other.begin().await?;
-        sqlx::query("SELECT pg_current_xact_id()")
-            .execute(&mut *tx)
-            .await?;
-        Some((other, tx))
+        Some(env::StrangerTransaction::open().await?)
     } else {
         None
     };
-    let publisher = Arc::new(CountingPublisher::noop(256));
-    let relay = Relay::new(store.clone(), publisher.clone(), RelayConfig::default())?
-        .with_wake_up(store.wake_up().await?);
-    let shutdown = CancellationToken::new();
-    let handle = relay.spawn(shutdown.clone());
+    let relay = DefaultRelay::start(store).await?;
+    let publisher = relay.publisher.clone();
     let producing = Arc::new(AtomicBool::new(true));
     let prober = {
         let store = store.clone();
@@ -373,11 +354,9 @@ async fn claim_cost_over_time(
     producing.store(false, AtomicOrdering::SeqCst);
     let (ran, claims) = prober.await??;
     let reached = tokio::time::timeout(Duration::from_secs(60), publisher.wait_for(total)).await;
-    shutdown.cancel();
-    handle.await??;
-    if let Some((other, tx)) = stranger {
-        tx.rollback().await?;
-        other.close().await;
+    relay.stop().await?;
+    if let Some(stranger) = stranger {
+        stranger.end().await?;
     }
     if reached.is_err() {
         return Err(format!("only {} of {total} events delivered", publisher.delivered()).into());
@@ -391,4 +370,34 @@ async fn claim_cost_over_time(
         return Err("no probe claim in the run's last tenth".into());
     }
     Ok(percentiles(&mut last, &[50.0])[0])
+}
+
+/// One relay with the default settings and LISTEN/NOTIFY over `store`,
+/// publishing to a no-op counting publisher.
+struct DefaultRelay {
+    publisher: Arc<CountingPublisher>,
+    shutdown: CancellationToken,
+    handle: tokio::task::JoinHandle<Result<outbox_core::RelayReport, outbox_core::RelayError>>,
+}
+
+impl DefaultRelay {
+    async fn start(store: &Arc<PgStore>) -> Result<Self, Error> {
+        let publisher = Arc::new(CountingPublisher::noop(256));
+        let relay = Relay::new(store.clone(), publisher.clone(), RelayConfig::default())?
+            .with_wake_up(store.wake_up().await?);
+        let shutdown = CancellationToken::new();
+        let handle = relay.spawn(shutdown.clone());
+        Ok(Self {
+            publisher,
+            shutdown,
+            handle,
+        })
+    }
+
+    /// Stops it gracefully.
+    async fn stop(self) -> Result<(), Error> {
+        self.shutdown.cancel();
+        self.handle.await??;
+        Ok(())
+    }
 }
