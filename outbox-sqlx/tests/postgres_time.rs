@@ -203,3 +203,70 @@ async fn claim_pages_after(cycles: usize, hold_xmin: bool) -> i64 {
         .unwrap();
     pages
 }
+
+/// An event committed while a claim waits for its turn (another claim holds
+/// it) is due for that claim: the claim leases it and writes nothing to its
+/// row. Before, a claim measured "now" from its transaction's start, before
+/// the wait: the event looked delayed, left the stream as a tracked row (a
+/// row write) and the claim came back empty. The slower claims were, the
+/// more events committed during each wait: with a report holding xmin, each
+/// such write left an index entry every later claim stepped over, and a
+/// claim went from 5 to 172 ms over ten minutes (the `week` benchmark).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_committed_while_a_claim_waits_for_its_turn_is_due_for_it() {
+    use outbox_core::store::{OutboxStore, OutboxWriter};
+    use outbox_core::testing::store_suite::request;
+
+    let (store, schema, pool) = store_with_history(0, 0).await;
+    // Take the claim turn (the advisory lock every claim takes first).
+    let schema_sql = store.schema_sql();
+    let lock = schema_sql
+        .split("pg_advisory_xact_lock(")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .expect("the claim's advisory lock in the schema");
+    let mut turn = pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT pg_advisory_xact_lock({lock})"))
+        .execute(&mut *turn)
+        .await
+        .unwrap();
+    let turn_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *turn)
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move { store.claim_batch(&request("waiting", 16)).await }
+    });
+    // The claim's transaction has started and waits for the turn.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(turn_pid)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the claim never waited for its turn");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    OutboxWriter::enqueue(&store, &[event("k", 1)]).await.unwrap();
+    turn.commit().await.unwrap();
+    let claimed = claim.await.unwrap().unwrap();
+    assert_eq!(claimed.events.len(), 1, "the claim left the committed event behind");
+    let (status, position): (i16, Option<i64>) = sqlx::query_as(&format!(
+        "SELECT status, position FROM {schema}.outbox_events"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((status, position), (0, None), "the claim wrote the event's row");
+    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}

@@ -35,6 +35,15 @@ CREATE OR REPLACE FUNCTION outbox_now() RETURNS timestamptz
     LANGUAGE sql STABLE AS
 $$ SELECT now() + coalesce((SELECT clock_shift FROM outbox_control), interval '0') $$;
 
+-- Store time at this instant (not at the transaction's start): claims read
+-- it after they took their turn and ticked, so every row the tick ordered
+-- is due unless it was delayed. (With the transaction's start, rows
+-- committed while a claim waited for its turn looked delayed and left the
+-- stream, a row write each; the slower claims were, the more of them.)
+CREATE OR REPLACE FUNCTION outbox_clock() RETURNS timestamptz
+    LANGUAGE sql VOLATILE AS
+$$ SELECT clock_timestamp() + coalesce((SELECT clock_shift FROM outbox_control), interval '0') $$;
+
 CREATE TABLE IF NOT EXISTS outbox_events (
     sequence          BIGINT PRIMARY KEY DEFAULT nextval('outbox_events_seq'),
     -- The writing transaction. The first tick whose snapshot sees it
@@ -864,6 +873,7 @@ BEGIN
         FROM outbox_fail_crash_loops(v_now, p_crash_loop_limit, p_block, p_owner) AS f(s)
         CROSS JOIN LATERAL (SELECT * FROM outbox_events x WHERE x.sequence = f.s LIMIT 1) e;
     PERFORM outbox_tick();
+    v_now := outbox_clock();
     SELECT * INTO v_state FROM outbox_cursor_now;
     v_cursor := v_state.position;
     v_end := v_state.end_position;
@@ -1420,4 +1430,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('87874017b3eba98b');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('ba9d13583ecd9369');

@@ -35,6 +35,15 @@ CREATE OR REPLACE FUNCTION {{schema}}outbox_now() RETURNS timestamptz
     LANGUAGE sql STABLE AS
 $$ SELECT now() + coalesce((SELECT clock_shift FROM {{schema}}outbox_control), interval '0') $$;
 
+-- Store time at this instant (not at the transaction's start): claims read
+-- it after they took their turn and ticked, so every row the tick ordered
+-- is due unless it was delayed. (With the transaction's start, rows
+-- committed while a claim waited for its turn looked delayed and left the
+-- stream, a row write each; the slower claims were, the more of them.)
+CREATE OR REPLACE FUNCTION {{schema}}outbox_clock() RETURNS timestamptz
+    LANGUAGE sql VOLATILE AS
+$$ SELECT clock_timestamp() + coalesce((SELECT clock_shift FROM {{schema}}outbox_control), interval '0') $$;
+
 CREATE TABLE IF NOT EXISTS {{schema}}outbox_events (
     sequence          BIGINT PRIMARY KEY DEFAULT nextval('{{schema}}outbox_events_seq'),
     -- The writing transaction. The first tick whose snapshot sees it
@@ -864,6 +873,7 @@ BEGIN
         FROM {{schema}}outbox_fail_crash_loops(v_now, p_crash_loop_limit, p_block, p_owner) AS f(s)
         CROSS JOIN LATERAL (SELECT * FROM {{schema}}outbox_events x WHERE x.sequence = f.s LIMIT 1) e;
     PERFORM {{schema}}outbox_tick();
+    v_now := {{schema}}outbox_clock();
     SELECT * INTO v_state FROM {{schema}}outbox_cursor_now;
     v_cursor := v_state.position;
     v_end := v_state.end_position;
