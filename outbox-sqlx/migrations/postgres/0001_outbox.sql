@@ -228,9 +228,13 @@ ALTER TABLE outbox_leases ALTER COLUMN positions SET STORAGE EXTERNAL;
 ALTER TABLE outbox_leases ALTER COLUMN keys SET STORAGE EXTERNAL;
 -- Leases come and go with every batch, and an open transaction anywhere on
 -- the server keeps their dead versions: claims reach the live ones (and
--- those the cursor has not passed) by index, never by reading the heap.
-CREATE INDEX IF NOT EXISTS outbox_leases_live
-    ON outbox_leases (expires_at) WHERE cardinality(held) > 0;
+-- those the cursor has not passed) by index from the watermark, never by
+-- reading the heap. (An index of the live leases by expiry held every
+-- emptied lease's dead entry below the time of day, and reaping read them
+-- all while xmin was held.)
+DROP INDEX IF EXISTS outbox_leases_live;
+CREATE INDEX IF NOT EXISTS outbox_leases_held
+    ON outbox_leases (token) WHERE cardinality(held) > 0;
 CREATE INDEX IF NOT EXISTS outbox_leases_max_position
     ON outbox_leases (max_position);
 
@@ -885,7 +889,9 @@ BEGIN
     v_live_from := coalesce(
         (SELECT min(token) FROM outbox_leases
          WHERE token >= v_state.live_from AND cardinality(held) > 0),
-        (SELECT max(token) + 1 FROM outbox_leases),
+        -- From the watermark, as every read of the leases: with no lease
+        -- live, the newest ones are dead versions a held xmin keeps.
+        (SELECT max(token) + 1 FROM outbox_leases WHERE token >= v_state.live_from),
         v_state.live_from);
     v_kept_from := least(v_live_from, coalesce(
         (SELECT min(token) FROM outbox_leases WHERE token >= v_state.kept_from),
@@ -1175,7 +1181,8 @@ BEGIN
                    ORDER BY position LIMIT 1)
         OR EXISTS (SELECT 1 FROM outbox_leases
                    WHERE token >= c.live_from
-                     AND expires_at <= outbox_now() AND cardinality(held) > 0);
+                     AND expires_at <= outbox_now() AND cardinality(held) > 0
+                   ORDER BY token LIMIT 1);
 END
 $$;
 
@@ -1430,4 +1437,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('ba9d13583ecd9369');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('6a733748968e9c8c');
