@@ -166,7 +166,11 @@ async fn claims_cost_the_same_while_a_long_transaction_holds_xmin() {
     println!("after 1,500 claims: {control:?} pages, {held:?} with xmin held");
     for (what, control, held) in [
         ("a claim", control.claim, held.claim),
-        ("a claim finding nothing", control.idle_claim, held.idle_claim),
+        (
+            "a claim finding nothing",
+            control.idle_claim,
+            held.idle_claim,
+        ),
     ] {
         assert!(
             held * 10 <= control * 12 + 50,
@@ -220,10 +224,7 @@ async fn claim_pages_after(cycles: usize, hold_xmin: bool) -> PagesAfter {
         .execute(&pool)
         .await
         .unwrap();
-    PagesAfter {
-        claim,
-        idle_claim,
-    }
+    PagesAfter { claim, idle_claim }
 }
 
 /// An event committed while a claim waits for its turn (another claim holds
@@ -273,20 +274,33 @@ async fn an_event_committed_while_a_claim_waits_for_its_turn_is_due_for_it() {
         if waiting > 0 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the claim never waited for its turn");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claim never waited for its turn"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    OutboxWriter::enqueue(&store, &[event("k", 1)]).await.unwrap();
+    OutboxWriter::enqueue(&store, &[event("k", 1)])
+        .await
+        .unwrap();
     turn.commit().await.unwrap();
     let claimed = claim.await.unwrap().unwrap();
-    assert_eq!(claimed.events.len(), 1, "the claim left the committed event behind");
+    assert_eq!(
+        claimed.events.len(),
+        1,
+        "the claim left the committed event behind"
+    );
     let (status, position): (i16, Option<i64>) = sqlx::query_as(&format!(
         "SELECT status, position FROM {schema}.outbox_events"
     ))
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!((status, position), (0, None), "the claim wrote the event's row");
+    assert_eq!(
+        (status, position),
+        (0, None),
+        "the claim wrote the event's row"
+    );
     sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE"))
         .execute(&pool)
         .await
