@@ -164,16 +164,19 @@ async fn claims_cost_the_same_while_a_long_transaction_holds_xmin() {
     let control = claim_pages_after(1_500, false).await;
     let held = claim_pages_after(1_500, true).await;
     println!("after 1,500 claims: {control:?} pages, {held:?} with xmin held");
-    for (what, control, held) in [
-        ("a claim", control.claim, held.claim),
+    // A claim finding nothing reads few pages either way (29 and 35 here):
+    // its bound allows five pages beyond 1.2x; it read 182 before the fix.
+    for (what, control, held, slack) in [
+        ("a claim", control.claim, held.claim, 0),
         (
             "a claim finding nothing",
             control.idle_claim,
             held.idle_claim,
+            5,
         ),
     ] {
         assert!(
-            held * 10 <= control * 12 + 50,
+            held * 10 <= control * 12 + slack * 10,
             "{what} read {held} pages with xmin held, {control} without"
         );
     }
