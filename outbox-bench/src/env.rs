@@ -134,8 +134,9 @@ pub fn pg_store_unmigrated(pool: &PgPool) -> Result<PgStore, Error> {
 pub async fn pg_reset(pool: &PgPool) -> Result<(), Error> {
     pool.execute(
         "TRUNCATE bench_events, bench_attempts, bench_inbox, bench_relays, bench_leases, bench_cursor_log,
-             bench_order, bench_cursor_states;
+             bench_order, bench_cursor_states, bench_lanes;
          ALTER SEQUENCE bench_events_seq RESTART;
+         ALTER SEQUENCE bench_pass_window RESTART;
          UPDATE bench_control SET relay_waiting = FALSE",
     )
     .await?;

@@ -14,47 +14,12 @@ use std::time::Duration;
 use outbox_core::store::{HeldBack, OutboxAdmin, OutboxStore, OutboxWriter};
 use outbox_core::testing::store_suite::request;
 use outbox_core::testing::{event, events_over_keys};
-use outbox_core::{EventId, ManualClock, StoreTime, WakeUp};
+use outbox_core::{EventId, ManualClock, WakeUp};
+use outbox_sqlx::StoreConfig;
 use outbox_sqlx::postgres::PgStore;
-use outbox_sqlx::{StoreConfig, TableNames};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
+use support::pg::{connect, shared_store, shared_url};
 use support::private_pg::PrivatePg;
-
-fn shared_url() -> String {
-    std::env::var("OUTBOX_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into())
-}
-
-async fn connect(url: &str) -> PgPool {
-    match outbox_sqlx::guard_cancelled_transactions(PgPoolOptions::new())
-        .max_connections(8)
-        .connect(url)
-        .await
-    {
-        Ok(pool) => pool,
-        Err(e) => support::unreachable("PostgreSQL", url, e),
-    }
-}
-
-/// A migrated store in a fresh schema of the shared server, on a shifted
-/// store clock.
-async fn shared_store(clock: ManualClock) -> (PgStore, String) {
-    let pool = connect(&shared_url()).await;
-    let schema = support::unique_name("s");
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let tables = TableNames::default().in_schema(&schema).unwrap();
-    let store = PgStore::new(
-        pool,
-        StoreConfig::with_tables(tables)
-            .with_clock(Arc::new(clock.clone()))
-            .with_time(StoreTime::Shifted(clock)),
-    );
-    store.migrate().await.unwrap();
-    (store, schema)
-}
 
 /// Claims and acks until nothing is left; the ids published, in order.
 async fn drain(store: &PgStore) -> Vec<EventId> {
@@ -391,7 +356,7 @@ async fn a_producer_mid_transaction_when_the_relay_registers_wakes_it_on_commit(
 /// key whose head a hung relay holds, while events of other keys pass
 /// them. The cursor reaches the end of claim order (a claim reads from
 /// there, not from the parked rows) and the held keys' later events wait
-/// outside it.
+/// outside it: parked behind the failed head, or in the hung key's lane.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_keys_and_hung_leases_never_hold_the_cursor() {
     use outbox_core::PoisonPolicy;
@@ -457,12 +422,19 @@ async fn parked_keys_and_hung_leases_never_hold_the_cursor() {
     .unwrap();
     assert_eq!(
         parked,
-        vec![
-            ("blocked".to_owned(), 5),
-            ("hung".to_owned(), 4),
-            ("blocked".to_owned(), 5)
-        ],
-        "held keys' later events wait outside claim order"
+        vec![("blocked".to_owned(), 5), ("blocked".to_owned(), 5)],
+        "the blocked key's later events are parked behind its failed head"
+    );
+    let laned: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT partition_key, cardinality(sequences)::int8 FROM {schema}.outbox_lanes"
+    ))
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        laned,
+        vec![("hung".to_owned(), 1)],
+        "the hung key's later event waits in its lane, unwritten"
     );
     let held = store.held_back().await.unwrap();
     assert!(

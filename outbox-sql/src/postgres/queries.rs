@@ -78,6 +78,7 @@ impl Queries {
         let cursor_log = names.table("cursor_log");
         let leases = names.table("leases");
         let order = names.table("order");
+        let lanes = names.table("lanes");
         let control = names.table("control");
         let function = |name: &str| names.table(name);
         let live_from = function("live_from");
@@ -206,9 +207,10 @@ impl Queries {
                 )
             },
             // The state as the core models it: in a live lease → in flight
-            // (1); a stream row the cursor passed or a claim took and acked
-            // → published (2), at the time the cursor log says (to the
-            // second); tracked or parked → pending (0).
+            // (1); in a lane, not yet taken → pending (0); a stream row the
+            // cursor passed or a claim took and acked → published (2), at
+            // the time the cursor log says (to the second); tracked or
+            // parked → pending (0).
             event_state: format!(
                 "WITH e AS (SELECT * FROM {events} WHERE event_id = $1),
                  c AS (SELECT * FROM {cursor}),
@@ -216,6 +218,11 @@ impl Queries {
                      SELECT l.owner, l.expires_at FROM {leases} l, e
                      WHERE l.token >= {live_from}() AND cardinality(l.held) > 0
                        AND e.sequence = ANY(l.held) LIMIT 1
+                 ), laned AS (
+                     SELECT 1 AS laned FROM {lanes} l, e
+                     WHERE e.status = 0 AND l.partition_key = e.partition_key
+                       AND array_position(l.sequences, e.sequence) > l.taken
+                     LIMIT 1
                  ), stream AS (
                      SELECT o.first_position + array_position(o.sequences, e.sequence) - 1 AS position
                      FROM {order} o, e
@@ -229,19 +236,21 @@ impl Queries {
                                    WHERE l.token >= {kept_from}() AND s.position = ANY(l.positions))
                  )
                  SELECT CASE WHEN lease.owner IS NOT NULL THEN 1
+                             WHEN laned.laned IS NOT NULL THEN 0
                              WHEN passed.position IS NOT NULL THEN 2
                              WHEN e.status IN (0, 4, 5) THEN 0
                              ELSE e.status END::int2 AS status,
                         e.available_at, e.attempts, lease.owner AS lease_owner,
                         lease.expires_at AS lease_expires_at,
-                        CASE WHEN passed.position IS NOT NULL
+                        CASE WHEN laned.laned IS NOT NULL THEN NULL
+                             WHEN passed.position IS NOT NULL
                              THEN coalesce((SELECT g.at FROM {cursor_log} g
                                             WHERE g.position > passed.position
                                             ORDER BY g.position LIMIT 1), c.moved_at)
                              ELSE e.published_at END AS published_at,
                         e.blocks_key, e.superseded_by
                  FROM e LEFT JOIN c ON TRUE
-                 LEFT JOIN lease ON TRUE LEFT JOIN passed ON TRUE"
+                 LEFT JOIN lease ON TRUE LEFT JOIN laned ON TRUE LEFT JOIN passed ON TRUE"
             ),
             failed_events: format!(
                 "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
@@ -302,7 +311,8 @@ impl Queries {
             ),
             // Published rows at least a second older than the cutoff: rows
             // written published, then stream rows of runs the cursor had
-            // passed by then (the cursor log), walked in claim order until
+            // passed by then (the cursor log), neither in flight nor in a
+            // lane (set aside as the cursor passed), walked in claim order until
             // the batch is full. A call returns fewer than `$2` only when it
             // walked every such run, so "call again while it returns the
             // batch size" empties the history (a cap on runs read, whatever
@@ -324,6 +334,8 @@ impl Queries {
                  ), held AS (
                      SELECT unnest(held) AS sequence FROM {leases}
                      WHERE token >= {live_from}() AND cardinality(held) > 0
+                 ), laned AS (
+                     SELECT unnest(sequences[taken + 1 :]) AS sequence FROM {lanes}
                  ), written AS (
                      SELECT e.sequence FROM {events} e, cutoff
                      WHERE e.status = 2 AND e.published_at <= cutoff.at
@@ -339,6 +351,7 @@ impl Queries {
                                          WHERE x.sequence = u.sequence AND x.status = 0
                                          LIMIT 1) e
                      WHERE e.sequence NOT IN (SELECT sequence FROM held)
+                       AND e.sequence NOT IN (SELECT sequence FROM laned)
                      LIMIT greatest($2 - (SELECT count(*) FROM written), 0)
                  ), picked AS (
                      SELECT sequence FROM written UNION ALL SELECT sequence FROM streamed

@@ -21,6 +21,8 @@ pub fn unreachable(service: &str, url: &str, error: impl std::fmt::Display) -> !
     }
     panic!("{service} unreachable at {url}: {error} (start it with scripts/services.sh)");
 }
+#[cfg(feature = "postgres")]
+pub mod pg;
 pub mod private_pg;
 
 /// On a store whose pool was closed: `stats` and the inbox's `begin` fail

@@ -1,0 +1,173 @@
+//! A hot key's backlog on PostgreSQL (DESIGN.md §2, issue 31): claims set
+//! its rows aside in a lane, one entry per window instead of a row write
+//! per event, so other keys' events pass it in one claim; the hot key still
+//! goes in order, through a dead relay, a purge and a relay switched to
+//! unordered claims, and every admin read counts its lane as pending.
+#![cfg(feature = "postgres")]
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use outbox_core::store::{ClaimedEvent, EventState, OutboxAdmin, OutboxStore, OutboxWriter};
+use outbox_core::testing::store_suite::{LEASE, request};
+use outbox_core::testing::{event, events_over_keys};
+use outbox_core::{EventId, ManualClock, NewEvent, Ordering};
+use outbox_sqlx::postgres::PgStore;
+use support::pg::shared_store;
+
+const BATCH: usize = 100;
+
+fn ids(events: &[NewEvent]) -> Vec<EventId> {
+    events.iter().map(|e| e.event_id).collect()
+}
+
+fn claimed_ids(claimed: &[ClaimedEvent]) -> Vec<EventId> {
+    claimed.iter().map(|c| c.event.event_id).collect()
+}
+
+async fn ack(store: &PgStore, claimed: &[ClaimedEvent]) {
+    let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();
+    assert_eq!(store.ack(&leases).await.unwrap().applied, claimed.len());
+}
+
+/// `burst` events on key "hot" (transactions of 1,000), then one event on
+/// each of 20 other keys; the hot key's relay takes its first batch and
+/// keeps it in flight; another relay claims and must get the 20 others.
+async fn hot_key_in_flight_others_claimed(
+    store: &PgStore,
+    burst: usize,
+) -> (Vec<NewEvent>, Vec<ClaimedEvent>) {
+    let hot: Vec<NewEvent> = (0..burst).map(|n| event("hot", n)).collect();
+    for chunk in hot.chunks(1_000) {
+        OutboxWriter::enqueue(store, chunk).await.unwrap();
+    }
+    let others = events_over_keys(20, 20);
+    OutboxWriter::enqueue(store, &others).await.unwrap();
+    let first = store
+        .claim_batch(&request("hot-relay", BATCH))
+        .await
+        .unwrap()
+        .events;
+    assert_eq!(claimed_ids(&first), ids(&hot[..BATCH]));
+    let second = store
+        .claim_batch(&request("other-relay", BATCH))
+        .await
+        .unwrap()
+        .events;
+    assert_eq!(
+        claimed_ids(&second).into_iter().collect::<HashSet<_>>(),
+        ids(&others).into_iter().collect::<HashSet<_>>(),
+        "one claim passes the hot key's whole backlog to the other keys"
+    );
+    ack(store, &second).await;
+    (hot, first)
+}
+
+async fn scalar(store: &PgStore, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_keys_pass_a_hot_keys_backlog_without_a_row_written() {
+    let clock = ManualClock::at_epoch();
+    let (store, schema) = shared_store(clock.clone()).await;
+    let (hot, first) = hot_key_in_flight_others_claimed(&store, 3_000).await;
+    // Every hot row is as its producer wrote it: its inserting
+    // transaction's xmin (three of them), status 0.
+    let writers = scalar(
+        &store,
+        &format!(
+            "SELECT count(DISTINCT xmin::text) FROM {schema}.outbox_events
+             WHERE partition_key = 'hot' AND status = 0"
+        ),
+    )
+    .await;
+    assert_eq!(writers, 3, "no hot row was written after its insert");
+    let laned = scalar(
+        &store,
+        &format!("SELECT sum(cardinality(sequences) - taken)::int8 FROM {schema}.outbox_lanes"),
+    )
+    .await;
+    assert_eq!(laned, 2_900);
+    // Admin reads count the lane as pending.
+    let stats = store.stats().await.unwrap();
+    let claimable: u64 = stats.iter().map(|s| s.claimable).sum();
+    let in_flight: u64 = stats.iter().map(|s| s.in_flight).sum();
+    assert_eq!((claimable, in_flight), (2_900, 100), "{stats:?}");
+    let waiting = hot[1_500].event_id;
+    assert!(matches!(
+        store.event_state(waiting).await.unwrap(),
+        Some(EventState::Pending { .. })
+    ));
+    // A purge long after the cursor passed them deletes what was published
+    // (the others) and nothing of the lane.
+    ack(&store, &first).await;
+    clock.advance(Duration::from_secs(60));
+    let purged = store.purge_published(Duration::ZERO, 10_000).await.unwrap();
+    assert_eq!(purged, 120, "the 20 others and the hot key's first batch");
+    assert!(matches!(
+        store.event_state(waiting).await.unwrap(),
+        Some(EventState::Pending { .. })
+    ));
+    // The hot key's relay goes on from its lane, in order; one of its
+    // batches dies with it (the lease expires) and comes back first.
+    let mut published = Vec::new();
+    let mut died = false;
+    loop {
+        let claimed = store
+            .claim_batch(&request("hot-relay", BATCH))
+            .await
+            .unwrap()
+            .events;
+        if claimed.is_empty() {
+            break;
+        }
+        if !died && published.len() == 1_000 {
+            died = true;
+            clock.advance(LEASE + Duration::from_secs(1));
+            continue;
+        }
+        published.extend(claimed_ids(&claimed));
+        ack(&store, &claimed).await;
+    }
+    assert!(died);
+    assert_eq!(published, ids(&hot[BATCH..]), "the hot key in order, once");
+    assert!(matches!(
+        store.event_state(waiting).await.unwrap(),
+        Some(EventState::Published { .. })
+    ));
+    let left = scalar(
+        &store,
+        &format!("SELECT count(*) FROM {schema}.outbox_lanes"),
+    )
+    .await;
+    assert_eq!(left, 0, "emptied lanes are deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_switched_to_unordered_claims_takes_the_lanes() {
+    let (store, _) = shared_store(ManualClock::at_epoch()).await;
+    let (hot, first) = hot_key_in_flight_others_claimed(&store, 1_000).await;
+    ack(&store, &first).await;
+    let mut unordered = request("unordered-relay", BATCH);
+    unordered.ordering = Ordering::Unordered;
+    let mut published = HashSet::new();
+    loop {
+        let claimed = store.claim_batch(&unordered).await.unwrap().events;
+        if claimed.is_empty() {
+            break;
+        }
+        for id in claimed_ids(&claimed) {
+            assert!(published.insert(id), "claimed twice");
+        }
+        ack(&store, &claimed).await;
+    }
+    assert_eq!(published, ids(&hot[BATCH..]).into_iter().collect());
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.iter().map(|s| s.claimable).sum::<u64>(), 0);
+}
