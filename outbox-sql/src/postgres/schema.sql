@@ -866,12 +866,17 @@ BEGIN
         -- Rows after the last pick wait for the next claim if the batch is full.
         SELECT CASE WHEN count(*) >= p_limit THEN max(position) END AS position FROM picks
     ), shape AS MATERIALIZED (
-        -- Whether keys with young batches in flight fill the window (at
-        -- least half of it, and half a batch): a hot key's burst, with
-        -- other keys' events among or after it.
-        SELECT p_ordered AND count(*) FILTER (WHERE s.partition_key IN (SELECT key FROM young_keys))
-                             >= greatest(count(*) / 2, p_limit / 2, 32) AS dominated
-        FROM stream s
+        -- Whether keys with young batches in flight and runs of their own
+        -- in the window (32 rows or more each) fill it: at least half of
+        -- it, and half a batch. A hot key's burst, with other keys' events
+        -- among or after it; not the many keys of a relay's own batch in
+        -- flight, a few rows each (moving those would only cost writes).
+        SELECT p_ordered AND coalesce(sum(g.n) FILTER (WHERE g.n >= 32), 0)
+                             >= greatest((SELECT count(*) FROM stream) / 2, p_limit / 2, 32)
+               AS dominated
+        FROM (SELECT count(*) AS n FROM stream s
+              WHERE s.partition_key IN (SELECT key FROM young_keys)
+              GROUP BY s.partition_key) g
     ), defer AS MATERIALIZED (
         -- Young keys' rows leave the stream too when asked; when they fill
         -- the window and other keys' events are picked beside them; or
@@ -1291,7 +1296,9 @@ END
 $$;
 
 -- Whether a claim could find anything: rows in claim order the cursor has
--- not passed, committed rows not yet ticked, tracked rows due, lane rows,
+-- not passed, committed rows not yet ticked, tracked rows due, lane rows
+-- of a key not in flight (a hot key's lane while its relay publishes is
+-- nothing to claim: idle relays that took it for work claimed in a loop),
 -- leases expired with rows in flight, or a tick never taken on this
 -- cluster. The idle relay's one statement per poll. Every probe runs on
 -- an index and stops at its first row, whatever the statistics say (a
@@ -1319,8 +1326,11 @@ BEGIN
         OR EXISTS (SELECT 1 FROM {{schema}}outbox_events
                    WHERE status = 4 AND available_at <= {{schema}}outbox_now()
                    ORDER BY position LIMIT 1)
-        OR EXISTS (SELECT 1 FROM {{schema}}outbox_lanes
-                   ORDER BY partition_key, first_position LIMIT 1)
+        OR EXISTS (SELECT 1 FROM {{schema}}outbox_lanes l
+                   WHERE l.partition_key NOT IN (
+                       SELECT unnest(x.keys) FROM {{schema}}outbox_leases x
+                       WHERE x.token >= c.live_from AND cardinality(x.held) > 0)
+                   ORDER BY l.partition_key, l.first_position LIMIT 1)
         OR EXISTS (SELECT 1 FROM {{schema}}outbox_leases
                    WHERE token >= c.live_from
                      AND expires_at <= {{schema}}outbox_now() AND cardinality(held) > 0
