@@ -10,10 +10,13 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use outbox_core::store::{ClaimedEvent, EventState, OutboxAdmin, OutboxStore, OutboxWriter};
+use outbox_core::store::{
+    ClaimedEvent, EventState, FailReason, HeldBack, Nack, NackAction, OperatorAction,
+    OutboxAdmin, OutboxStore, OutboxWriter, Release,
+};
 use outbox_core::testing::store_suite::{LEASE, request};
 use outbox_core::testing::{event, events_over_keys};
-use outbox_core::{EventId, ManualClock, NewEvent, Ordering};
+use outbox_core::{ErrorClass, EventId, ManualClock, NewEvent, Ordering, PoisonPolicy};
 use outbox_sqlx::postgres::PgStore;
 use support::pg::shared_store;
 
@@ -170,4 +173,93 @@ async fn a_relay_switched_to_unordered_claims_takes_the_lanes() {
     assert_eq!(published, ids(&hot[BATCH..]).into_iter().collect());
     let stats = store.stats().await.unwrap();
     assert_eq!(stats.iter().map(|s| s.claimable).sum::<u64>(), 0);
+}
+
+/// Hands back `claimed` unstarted (the relay stops a key at its first
+/// failure and returns the rest of its batch).
+async fn release_unstarted(store: &PgStore, claimed: &[ClaimedEvent]) {
+    let releases: Vec<Release> = claimed
+        .iter()
+        .map(|c| Release {
+            lease: c.lease.clone(),
+            attempt_started: false,
+        })
+        .collect();
+    store.release(&releases).await.unwrap();
+}
+
+async fn nack(store: &PgStore, claimed: &ClaimedEvent, action: NackAction) {
+    let nack = Nack {
+        lease: claimed.lease.clone(),
+        action,
+        error_class: ErrorClass::Transient,
+        error: "broker said no".into(),
+    };
+    assert_eq!(store.nack(&[nack]).await.unwrap().applied, 1);
+}
+
+/// The hot key's head retried, then failed blocking its key: nothing of
+/// its lane goes before it, admin reads count the lane behind the block,
+/// and skipping the failed head lets the rest go on, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_waits_behind_its_keys_backoff_and_blocking_failure() {
+    let clock = ManualClock::at_epoch();
+    let (store, _) = shared_store(clock.clone()).await;
+    let (hot, first) = hot_key_in_flight_others_claimed(&store, 1_000).await;
+    let mut req = request("hot-relay", BATCH);
+    req.poison = PoisonPolicy::Block;
+    nack(
+        &store,
+        &first[0],
+        NackAction::Retry {
+            after: Duration::from_secs(30),
+        },
+    )
+    .await;
+    release_unstarted(&store, &first[1..]).await;
+    let early = store.claim_batch(&req).await.unwrap().events;
+    assert!(early.is_empty(), "nothing of the key before its head's backoff");
+    clock.advance(Duration::from_secs(31));
+    let again = store.claim_batch(&req).await.unwrap().events;
+    assert_eq!(claimed_ids(&again), ids(&hot[..BATCH]));
+    nack(
+        &store,
+        &again[0],
+        NackAction::Fail {
+            reason: FailReason::Permanent,
+            block_key: true,
+        },
+    )
+    .await;
+    release_unstarted(&store, &again[1..]).await;
+    let blocked = store.claim_batch(&req).await.unwrap().events;
+    assert!(blocked.is_empty(), "nothing of a blocked key");
+    let held = store.held_back().await.unwrap();
+    assert!(
+        held.iter().any(|h| matches!(
+            h,
+            HeldBack::BlockedKeys {
+                keys: 1,
+                waiting: 999
+            }
+        )),
+        "{held:?}"
+    );
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.iter().map(|s| s.blocked).sum::<u64>(), 999, "{stats:?}");
+    assert_eq!(stats.iter().map(|s| s.claimable).sum::<u64>(), 0, "{stats:?}");
+    store
+        .skip(hot[0].event_id, &OperatorAction::new("ops", "poison"))
+        .await
+        .unwrap();
+    let mut published = Vec::new();
+    loop {
+        let claimed = store.claim_batch(&req).await.unwrap().events;
+        if claimed.is_empty() {
+            break;
+        }
+        published.extend(claimed_ids(&claimed));
+        ack(&store, &claimed).await;
+    }
+    assert_eq!(published, ids(&hot[1..]), "the rest of the key, in order");
 }
