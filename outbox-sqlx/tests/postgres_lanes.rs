@@ -11,8 +11,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use outbox_core::store::{
-    ClaimedEvent, EventState, FailReason, HeldBack, Nack, NackAction, OperatorAction,
-    OutboxAdmin, OutboxStore, OutboxWriter, Release,
+    ClaimedEvent, EventState, FailReason, HeldBack, Nack, NackAction, OperatorAction, OutboxAdmin,
+    OutboxStore, OutboxWriter, Release,
 };
 use outbox_core::testing::store_suite::{LEASE, request};
 use outbox_core::testing::{event, events_over_keys};
@@ -218,7 +218,10 @@ async fn a_lane_waits_behind_its_keys_backoff_and_blocking_failure() {
     .await;
     release_unstarted(&store, &first[1..]).await;
     let early = store.claim_batch(&req).await.unwrap().events;
-    assert!(early.is_empty(), "nothing of the key before its head's backoff");
+    assert!(
+        early.is_empty(),
+        "nothing of the key before its head's backoff"
+    );
     clock.advance(Duration::from_secs(31));
     let again = store.claim_batch(&req).await.unwrap().events;
     assert_eq!(claimed_ids(&again), ids(&hot[..BATCH]));
@@ -246,8 +249,16 @@ async fn a_lane_waits_behind_its_keys_backoff_and_blocking_failure() {
         "{held:?}"
     );
     let stats = store.stats().await.unwrap();
-    assert_eq!(stats.iter().map(|s| s.blocked).sum::<u64>(), 999, "{stats:?}");
-    assert_eq!(stats.iter().map(|s| s.claimable).sum::<u64>(), 0, "{stats:?}");
+    assert_eq!(
+        stats.iter().map(|s| s.blocked).sum::<u64>(),
+        999,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.iter().map(|s| s.claimable).sum::<u64>(),
+        0,
+        "{stats:?}"
+    );
     store
         .skip(hot[0].event_id, &OperatorAction::new("ops", "poison"))
         .await
