@@ -769,11 +769,15 @@ BEGIN
           AND w.position NOT IN (SELECT position FROM taken)
     ), stream AS MATERIALIZED (
         SELECT * FROM window_rows
+    ), stream_keys AS MATERIALIZED (
+        -- Per key in the window: its rows, and its first row not due yet.
+        SELECT partition_key, count(*) AS n, min(position) FILTER (WHERE NOT due) AS late_position
+        FROM stream GROUP BY partition_key
     ), late AS MATERIALIZED (
-        -- Per key, its first stream row not due yet: nothing of the key
-        -- after it goes (rare: delayed events; no per-row sort otherwise).
-        SELECT partition_key, min(position) AS position FROM stream WHERE NOT due
-        GROUP BY partition_key
+        -- Nothing of a key after its first row not due yet goes (rare:
+        -- delayed events; no per-row sort otherwise).
+        SELECT partition_key, late_position AS position FROM stream_keys
+        WHERE late_position IS NOT NULL
     ), tracked AS (
         -- Per key waiting outside the stream, its first rows in claim
         -- order: tracked rows and lane rows merged. Only the lane entries
@@ -871,12 +875,11 @@ BEGIN
         -- it, and half a batch. A hot key's burst, with other keys' events
         -- among or after it; not the many keys of a relay's own batch in
         -- flight, a few rows each (moving those would only cost writes).
-        SELECT p_ordered AND coalesce(sum(g.n) FILTER (WHERE g.n >= 32), 0)
-                             >= greatest((SELECT count(*) FROM stream) / 2, p_limit / 2, 32)
-               AS dominated
-        FROM (SELECT count(*) AS n FROM stream s
-              WHERE s.partition_key IN (SELECT key FROM young_keys)
-              GROUP BY s.partition_key) g
+        SELECT p_ordered
+               AND coalesce(sum(g.n) FILTER (WHERE g.n >= 32
+                                               AND g.partition_key IN (SELECT key FROM young_keys)), 0)
+                   >= greatest(coalesce(sum(g.n), 0) / 2, p_limit / 2, 32) AS dominated
+        FROM stream_keys g
     ), defer AS MATERIALIZED (
         -- Young keys' rows leave the stream too when asked; when they fill
         -- the window and other keys' events are picked beside them; or
@@ -938,8 +941,10 @@ BEGIN
            -- The lease's one suspect, when it holds exactly one.
            (SELECT CASE WHEN count(*) = 1 THEN min(sequence) END FROM picks WHERE picks.suspect),
            least((SELECT min(position) FROM left_out WHERE new_status IS NULL),
-                 (SELECT min(s.position) FROM stream s, cut
-                  WHERE s.position > cut.position AND s.sequence NOT IN (SELECT sequence FROM picks)),
+                 CASE WHEN (SELECT position FROM cut) IS NOT NULL THEN
+                     (SELECT min(s.position) FROM stream s
+                      WHERE s.position > (SELECT position FROM cut)
+                        AND s.sequence NOT IN (SELECT sequence FROM picks)) END,
                  p_to),
            (SELECT array_agg(position) FROM left_out WHERE new_status IS NOT NULL),
            (SELECT young FROM defer),
@@ -1593,4 +1598,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('54d5e0180468830a');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('3674204dfb7fea33');
