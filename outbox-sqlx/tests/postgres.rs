@@ -10,52 +10,22 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use outbox_core::store::{EnqueueOutcome, EventState, OutboxAdmin};
 use outbox_core::testing::{InboxHarness, event, event_with_payload};
-use outbox_core::{EventId, InvalidEvent, ManualClock, StoreError, StoreTime};
+use outbox_core::{EventId, InvalidEvent, ManualClock, StoreError};
 use outbox_sqlx::postgres::{PgInbox, PgStore};
 use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
-
-fn url() -> String {
-    std::env::var("OUTBOX_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into())
-}
+// A migrated store in a schema of its own, and that schema's name (for
+// tests that look at the tables).
+use support::pg::{connect, shared_store as store_in_schema, shared_url as url};
 
 async fn pool() -> PgPool {
-    let url = url();
-    match outbox_sqlx::guard_cancelled_transactions(PgPoolOptions::new())
-        .max_connections(8)
-        .connect(&url)
-        .await
-    {
-        Ok(pool) => pool,
-        Err(e) => support::unreachable("PostgreSQL", &url, e),
-    }
+    connect(&url()).await
 }
 
 /// A store on fresh tables in a schema of its own.
 async fn store_on(clock: ManualClock) -> PgStore {
     store_in_schema(clock).await.0
-}
-
-/// A migrated store in a schema of its own, and that schema's name (for
-/// tests that look at the tables).
-async fn store_in_schema(clock: ManualClock) -> (PgStore, String) {
-    let pool = pool().await;
-    let schema = support::unique_name("t");
-    sqlx::query(&format!("CREATE SCHEMA {schema}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let tables = TableNames::default().in_schema(&schema).unwrap();
-    let store = PgStore::new(
-        pool,
-        StoreConfig::with_tables(tables)
-            .with_clock(Arc::new(clock.clone()))
-            .with_time(StoreTime::Shifted(clock)),
-    );
-    store.migrate().await.unwrap();
-    (store, schema)
 }
 
 /// Boxed as `dyn Future + Send`: works around rustc's "not general enough"

@@ -274,3 +274,55 @@ async fn a_lane_waits_behind_its_keys_backoff_and_blocking_failure() {
     }
     assert_eq!(published, ids(&hot[1..]), "the rest of the key, in order");
 }
+
+/// Other keys' events among a hot key's rows (one every 30 positions), the
+/// hot key's batch in flight: windows hold some of them, so claims are not
+/// empty, yet the cursor must not wait at the hot key and its rows must
+/// not be written one by one: all 50 others in a few claims, every hot row
+/// still as its producer wrote it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_pass_a_hot_key_its_runs_interleaved_with_other_keys() {
+    let (store, schema) = shared_store(ManualClock::at_epoch()).await;
+    let mut stream = Vec::new();
+    let mut others = Vec::new();
+    for n in 0..50 {
+        stream.extend((0..29).map(|i| event("hot", n * 29 + i)));
+        let other = event(&format!("k{n}"), n);
+        others.push(other.event_id);
+        stream.push(other);
+    }
+    OutboxWriter::enqueue(&store, &stream).await.unwrap();
+    let first = store
+        .claim_batch(&request("hot-relay", BATCH))
+        .await
+        .unwrap()
+        .events;
+    // Its batch takes the first other keys' events beside the hot rows.
+    let mut got: HashSet<EventId> = first
+        .iter()
+        .filter(|c| c.event.partition_key != "hot")
+        .map(|c| c.event.event_id)
+        .collect();
+    let mut claims = 0;
+    while got.len() < others.len() && claims < 20 {
+        claims += 1;
+        let claimed = store
+            .claim_batch(&request("other-relay", BATCH))
+            .await
+            .unwrap()
+            .events;
+        assert!(claimed.iter().all(|c| c.event.partition_key != "hot"));
+        got.extend(claimed_ids(&claimed));
+    }
+    assert_eq!(got, others.into_iter().collect::<HashSet<_>>());
+    assert!(claims <= 6, "{claims} claims to pass the hot key");
+    let writers = scalar(
+        &store,
+        &format!(
+            "SELECT count(DISTINCT xmin::text) FROM {schema}.outbox_events
+             WHERE partition_key = 'hot' AND status = 0"
+        ),
+    )
+    .await;
+    assert_eq!(writers, 1, "no hot row was written after its insert");
+}
