@@ -647,9 +647,12 @@ BEGIN
           AND y.owner = old.owner AND y.token > old.token AND y.expires_at > p_now
           AND cardinality(y.held) > 0
     ), emptied AS (
+        -- By token, probed: statistics of a table with a row or two live
+        -- made this a scan of every lease joined afterwards, dead versions
+        -- and all, on every claim while xmin was held.
         UPDATE outbox_leases l
         SET held = '{}', held_positions = '{}', tracked = '{}', keys = '{}', suspect = NULL
-        FROM old WHERE l.token = old.token
+        WHERE l.token = ANY ((SELECT array_agg(token) FROM old)::bigint[])
     ), blamed AS (
         SELECT CASE WHEN old.unstarted
                     THEN outbox_return(old.held, old.held_positions)
@@ -1022,8 +1025,14 @@ BEGIN
     -- Leases below the live watermark hold no row: those whose positions
     -- the cursor has passed are deleted. Then both watermarks move up to
     -- the first lease still live (or the next one) and the first left.
+    -- By token only: every lease ever deleted is below the cursor, so the
+    -- index by max_position holds their dead entries there while a
+    -- transaction anywhere keeps xmin back (25,000 stepped over per claim
+    -- after four minutes; the planner chose it once statistics said the
+    -- table holds a row or two). `+ 0` keeps that index out of the plan.
     DELETE FROM outbox_leases
-    WHERE token >= v_state.kept_from AND token < v_state.live_from AND max_position < v_cursor;
+    WHERE token >= v_state.kept_from AND token < v_state.live_from
+      AND max_position + 0 < v_cursor;
     v_live_from := coalesce(
         (SELECT min(token) FROM outbox_leases
          WHERE token >= v_state.live_from AND cardinality(held) > 0),
@@ -1146,7 +1155,7 @@ BEGIN
     ), locked AS (
         SELECT l.token, l.owner, l.held, l.held_positions, l.tracked, l.suspect
         FROM outbox_leases l
-        WHERE l.token IN (SELECT token FROM input)
+        WHERE l.token = ANY (p_tokens)
         FOR UPDATE
     ), held_rows AS MATERIALIZED (
         SELECT lk.token, lk.owner, u.s AS sequence, u.p AS position
@@ -1173,7 +1182,9 @@ BEGIN
             keys = CASE WHEN cardinality(r.held) = 0 THEN '{}' ELSE l.keys END,
             suspect = CASE WHEN l.suspect = ANY(r.held) THEN l.suspect END
         FROM rest r
-        WHERE l.token = r.token AND cardinality(r.held) < cardinality(l.held)
+        -- Leases probed by token (see outbox_reap's `emptied`).
+        WHERE l.token = ANY (p_tokens) AND l.token = r.token
+          AND cardinality(r.held) < cardinality(l.held)
     )
     SELECT v.sequence, v.token, v.position, v.tracked, v.owner FROM valid v;
 END
@@ -1598,4 +1609,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('3674204dfb7fea33');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('e9c11128a95316b5');
