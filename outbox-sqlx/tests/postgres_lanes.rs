@@ -75,6 +75,19 @@ async fn scalar(store: &PgStore, sql: &str) -> i64 {
         .unwrap()
 }
 
+/// Transactions that last wrote the hot key's waiting rows (their xmins):
+/// its producers' alone while no claim has written a row of it.
+async fn hot_row_writers(store: &PgStore, schema: &str) -> i64 {
+    scalar(
+        store,
+        &format!(
+            "SELECT count(DISTINCT xmin::text) FROM {schema}.outbox_events
+             WHERE partition_key = 'hot' AND status = 0"
+        ),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_keys_pass_a_hot_keys_backlog_without_a_row_written() {
     let clock = ManualClock::at_epoch();
@@ -82,14 +95,7 @@ async fn other_keys_pass_a_hot_keys_backlog_without_a_row_written() {
     let (hot, first) = hot_key_in_flight_others_claimed(&store, 3_000).await;
     // Every hot row is as its producer wrote it: its inserting
     // transaction's xmin (three of them), status 0.
-    let writers = scalar(
-        &store,
-        &format!(
-            "SELECT count(DISTINCT xmin::text) FROM {schema}.outbox_events
-             WHERE partition_key = 'hot' AND status = 0"
-        ),
-    )
-    .await;
+    let writers = hot_row_writers(&store, &schema).await;
     assert_eq!(writers, 3, "no hot row was written after its insert");
     let laned = scalar(
         &store,
@@ -316,13 +322,6 @@ async fn claims_pass_a_hot_key_its_runs_interleaved_with_other_keys() {
     }
     assert_eq!(got, others.into_iter().collect::<HashSet<_>>());
     assert!(claims <= 6, "{claims} claims to pass the hot key");
-    let writers = scalar(
-        &store,
-        &format!(
-            "SELECT count(DISTINCT xmin::text) FROM {schema}.outbox_events
-             WHERE partition_key = 'hot' AND status = 0"
-        ),
-    )
-    .await;
+    let writers = hot_row_writers(&store, &schema).await;
     assert_eq!(writers, 1, "no hot row was written after its insert");
 }
