@@ -99,6 +99,14 @@ impl LazyConnection {
             .map(|client| client.get_connection_info().addr.to_string())
     }
 
+    /// The longest one call may wait on Redis as a whole: connecting (when
+    /// there is no connection yet) and one reply. A publisher bounds each
+    /// batch by it, so its answer is an outage from Redis rather than the
+    /// relay's publish timeout (which burns an attempt per key).
+    pub fn call_limit(&self) -> Duration {
+        self.settings.connect_timeout + self.settings.response_timeout
+    }
+
     /// The connection, connecting now if there is none yet (bounded by the
     /// connect timeout).
     pub async fn get(&self) -> Result<ConnectionManager, RedisError> {

@@ -29,6 +29,9 @@ pub(crate) fn classify_code(code: &str) -> ErrorClass {
         // the right fail every event of the destination alike, so the relay
         // pauses instead of dead-lettering the backlog one by one.
         "OOM" | "WRONGTYPE" | "NOPERM" | "NOAUTH" | "WRONGPASS" => ErrorClass::Outage,
+        // The server cannot persist (a failed AOF write or RDB save) and
+        // refuses every write until it can.
+        "MISCONF" => ErrorClass::Outage,
         "TRYAGAIN" | "BUSY" => ErrorClass::Transient,
         _ => ErrorClass::Transient,
     }
@@ -45,6 +48,7 @@ mod tests {
         assert_eq!(classify_code("NOPERM"), ErrorClass::Outage);
         assert_eq!(classify_code("LOADING"), ErrorClass::Outage);
         assert_eq!(classify_code("CLUSTERDOWN"), ErrorClass::Outage);
+        assert_eq!(classify_code("MISCONF"), ErrorClass::Outage);
         assert_eq!(classify_code("TRYAGAIN"), ErrorClass::Transient);
     }
 }

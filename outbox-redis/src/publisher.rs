@@ -132,18 +132,37 @@ impl Publisher for RedisPublisher {
         if batch.is_empty() {
             return Vec::new();
         }
-        let every = |class: ErrorClass, message: String| -> Vec<PublishOutcome> {
-            batch
-                .iter()
-                .map(|_| Err(PublishError::new(class, message.clone())))
-                .collect()
-        };
+        // The manager's timeouts bound each step, not the call: a
+        // reconnection and the script loaded again after a restart add up.
+        // Past the limit the server is not answering, which is its state,
+        // not an event's (the script is atomic: it ran whole or not at all).
+        let limit = self.connection.call_limit();
+        match tokio::time::timeout(limit, self.append(batch)).await {
+            Ok(outcomes) => outcomes,
+            Err(_) => every(
+                batch,
+                ErrorClass::Outage,
+                format!("no answer from Redis within {limit:?}"),
+            ),
+        }
+    }
+}
+
+impl RedisPublisher {
+    /// One append script for `batch`, one outcome per event.
+    async fn append(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
         let mut connection = match self.connection.get().await {
             Ok(connection) => connection,
             // No connection at all (refused, timed out, a bad database
             // index or password): nothing this batch did; the destination
             // is unusable until someone or something fixes it.
-            Err(e) => return every(ErrorClass::Outage, format!("cannot connect to Redis: {e}")),
+            Err(e) => {
+                return every(
+                    batch,
+                    ErrorClass::Outage,
+                    format!("cannot connect to Redis: {e}"),
+                );
+            }
         };
         let entries: Vec<Entry> = batch.iter().map(|event| self.entry(event)).collect();
         let invocation =
@@ -167,10 +186,19 @@ impl Publisher for RedisPublisher {
                 })
                 .collect(),
             Ok(replies) => every(
+                batch,
                 ErrorClass::Transient,
                 format!("{} replies for {} XADDs", replies.len(), batch.len()),
             ),
-            Err(e) => every(classify(&e), format!("XADD script: {e}")),
+            Err(e) => every(batch, classify(&e), format!("XADD script: {e}")),
         }
     }
+}
+
+/// The same failure for every event of `batch`.
+fn every(batch: &[&StoredEvent], class: ErrorClass, message: String) -> Vec<PublishOutcome> {
+    batch
+        .iter()
+        .map(|_| Err(PublishError::new(class, message.clone())))
+        .collect()
 }

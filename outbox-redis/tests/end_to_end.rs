@@ -251,15 +251,17 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
     stop.cancel();
     consumer.await.unwrap().unwrap();
     assert!(report.outages >= 2, "{report:?}");
-    assert_eq!((report.retried, report.failed), (0, 0), "{report:?}");
     let all: Vec<NewEvent> = before.into_iter().chain(during).collect();
+    let mut burned = Vec::new();
     for e in &all {
-        assert!(
-            db.store.history(e.event_id).await.unwrap().is_empty(),
-            "attempt burned for {}",
-            e.event_id
-        );
+        let history = db.store.history(e.event_id).await.unwrap();
+        if !history.is_empty() {
+            burned.push((e.event_id, history));
+        }
     }
+    // The attempts' errors say which path took them, should this fail.
+    assert!(burned.is_empty(), "{report:?}, attempts burned: {burned:#?}");
+    assert_eq!((report.retried, report.failed), (0, 0), "{report:?}");
     assert_exactly_once_in_key_order(&db.effects().await, &all);
     let _ = RecordingPublisher::new();
 }
