@@ -598,6 +598,8 @@ $$;
 
 -- Rows of a lease whose publishing never started go back, unblamed: they
 -- leave the stream (status 4, at their claim position) as on a release.
+-- Rows already out of the stream are not written again (see
+-- outbox_release).
 CREATE OR REPLACE FUNCTION outbox_return(p_rows bigint[], p_positions bigint[])
     RETURNS bigint
     LANGUAGE plpgsql AS $$
@@ -608,7 +610,7 @@ BEGIN
     UPDATE outbox_events e
     SET status = 4, position = coalesce(e.position, u.position)
     FROM unnest(p_rows, p_positions) AS u(sequence, position)
-    WHERE e.sequence = u.sequence AND e.status IN (0, 4);
+    WHERE e.sequence = u.sequence AND e.status = 0;
     GET DIAGNOSTICS v_written = ROW_COUNT;
     RETURN v_written;
 END
@@ -1290,10 +1292,14 @@ BEGIN
     IF v_rows IS NULL THEN
         RETURN;
     END IF;
+    -- Stream rows leave the stream. A row already out of it (tracked, as
+    -- a released head is when claimed again) keeps its one version: an
+    -- unchanged rewrite is still a new version, and while a report holds
+    -- xmin every one stays for later claims to step through.
     UPDATE outbox_events e
     SET status = 4, position = coalesce(e.position, u.position)
     FROM unnest(v_rows, v_positions, v_started) AS u(sequence, position, started)
-    WHERE e.sequence = u.sequence AND NOT u.started AND e.status IN (0, 4);
+    WHERE e.sequence = u.sequence AND NOT u.started AND e.status = 0;
     FOR v_token IN
         SELECT DISTINCT u.token FROM unnest(v_tokens, v_started) AS u(token, started) WHERE u.started
     LOOP
@@ -1609,4 +1615,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('e9c11128a95316b5');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('9f610a156e4abfe4');
