@@ -260,7 +260,10 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
         }
     }
     // The attempts' errors say which path took them, should this fail.
-    assert!(burned.is_empty(), "{report:?}, attempts burned: {burned:#?}");
+    assert!(
+        burned.is_empty(),
+        "{report:?}, attempts burned: {burned:#?}"
+    );
     assert_eq!((report.retried, report.failed), (0, 0), "{report:?}");
     assert_exactly_once_in_key_order(&db.effects().await, &all);
     let _ = RecordingPublisher::new();
