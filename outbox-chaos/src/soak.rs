@@ -670,10 +670,7 @@ async fn probe(
             let releases: Vec<Release> = batch
                 .events
                 .iter()
-                .map(|c| Release {
-                    lease: c.lease.clone(),
-                    attempt_started: false,
-                })
+                .map(|c| Release::unstarted(c.lease.clone()))
                 .collect();
             let _ = store.release(&releases).await;
         }

@@ -186,10 +186,7 @@ async fn a_relay_switched_to_unordered_claims_takes_the_lanes() {
 async fn release_unstarted(store: &PgStore, claimed: &[ClaimedEvent]) {
     let releases: Vec<Release> = claimed
         .iter()
-        .map(|c| Release {
-            lease: c.lease.clone(),
-            attempt_started: false,
-        })
+        .map(|c| Release::unstarted(c.lease.clone()))
         .collect();
     store.release(&releases).await.unwrap();
 }

@@ -365,10 +365,7 @@ async fn a_row_released_again_and_again_is_written_once() {
         let releases: Vec<Release> = claimed
             .events
             .iter()
-            .map(|c| Release {
-                lease: c.lease.clone(),
-                attempt_started: false,
-            })
+            .map(|c| Release::unstarted(c.lease.clone()))
             .collect();
         store.release(&releases).await.unwrap();
         versions.push(version(pool.clone(), schema.clone()).await);

@@ -147,6 +147,16 @@ pub struct Release {
     pub attempt_started: bool,
 }
 
+impl Release {
+    /// `lease` handed back before publishing started (no crash to blame).
+    pub fn unstarted(lease: Lease) -> Self {
+        Self {
+            lease,
+            attempt_started: false,
+        }
+    }
+}
+
 /// What a settlement (ack, nack, release) did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SettleReport {
