@@ -203,15 +203,11 @@ async fn claim_pages_after(cycles: usize, hold_xmin: bool) -> PagesAfter {
     use outbox_core::testing::store_suite::request;
 
     let (store, schema, pool) = store_with_history(0, 0).await;
-    let mut holder = pool.begin().await.unwrap();
-    if hold_xmin {
-        sqlx::raw_sql(
-            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class",
-        )
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    }
+    let holder = if hold_xmin {
+        Some(report_holding_xmin(&pool).await)
+    } else {
+        None
+    };
     for n in 0..cycles {
         OutboxWriter::enqueue(&store, &[event("k", n)])
             .await
@@ -237,7 +233,9 @@ async fn claim_pages_after(cycles: usize, hold_xmin: bool) -> PagesAfter {
         .await
         .unwrap();
     let claim = claim_pages(&pool, &schema).await;
-    holder.rollback().await.unwrap();
+    if let Some(holder) = holder {
+        holder.rollback().await.unwrap();
+    }
     sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE"))
         .execute(&pool)
         .await
@@ -339,24 +337,13 @@ async fn a_row_released_again_and_again_is_written_once() {
     use outbox_core::testing::store_suite::request;
 
     let (store, schema, pool) = store_with_history(0, 0).await;
-    let mut holder = pool.begin().await.unwrap();
-    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = report_holding_xmin(&pool).await;
     let head = event("k", 0);
     OutboxWriter::enqueue(&store, &[head.clone(), event("k", 1)])
         .await
         .unwrap();
-    let version = |pool: PgPool, schema: String| async move {
-        sqlx::query_scalar::<_, String>(&format!(
-            "SELECT ctid::text FROM {schema}.outbox_events WHERE event_id = $1"
-        ))
-        .bind(*head.event_id.as_uuid())
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-    };
+    // Where the head's current version lies: a rewrite moves it.
+    let version = format!("SELECT ctid::text FROM {schema}.outbox_events WHERE event_id = $1");
     let mut versions = Vec::new();
     for _ in 0..200 {
         let claimed = store.claim_batch(&request("relay", 1)).await.unwrap();
@@ -368,7 +355,12 @@ async fn a_row_released_again_and_again_is_written_once() {
             .map(|c| Release::unstarted(c.lease.clone()))
             .collect();
         store.release(&releases).await.unwrap();
-        versions.push(version(pool.clone(), schema.clone()).await);
+        let at: String = sqlx::query_scalar(&version)
+            .bind(*head.event_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        versions.push(at);
     }
     versions.dedup();
     assert_eq!(
@@ -382,4 +374,15 @@ async fn a_row_released_again_and_again_is_written_once() {
         .execute(&pool)
         .await
         .unwrap();
+}
+
+/// A report left open on the server: a REPEATABLE READ transaction whose
+/// snapshot holds back xmin until it ends (roll it back).
+async fn report_holding_xmin(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder
 }
