@@ -26,7 +26,7 @@ use redis::AsyncCommands;
 
 use crate::Error;
 use crate::cluster::{PrivatePg, PrivateRedis};
-use crate::roles::{EFFECTS, STREAM};
+use crate::roles::{EFFECTS, GROUP, STREAM};
 use crate::run::{Broker, Committed, Role, account};
 
 /// The size and pace of a soak run.
@@ -245,6 +245,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     // Drain: every committed event applied.
     let total = committed.lock().expect("committed").total;
     let drain_started = Instant::now();
+    let mut next_report = drain_started + Duration::from_secs(30);
     let drained = tokio::time::timeout(Duration::from_secs(300), async {
         loop {
             let applied: i64 =
@@ -254,6 +255,14 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
                     .unwrap_or(0);
             if applied as usize >= total {
                 return;
+            }
+            if Instant::now() >= next_report {
+                next_report += Duration::from_secs(30);
+                println!(
+                    "  .. {:>6.1} s  draining: {applied} of {total} applied; {}",
+                    started.elapsed().as_secs_f64(),
+                    drain_progress(&store, &broker_url).await
+                );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -678,6 +687,46 @@ async fn probe(
 }
 
 /// Each event's first publication time (the stream entry id's milliseconds).
+/// Where a slow drain stands, for the run's log: the store's side (what is
+/// claimable, leased, parked or failed) and the broker's (the stream's
+/// length, and what the consumer group holds delivered but unacknowledged).
+async fn drain_progress(store: &PgStore, broker_url: &str) -> String {
+    let store_side = match store.stats().await {
+        Ok(stats) => {
+            let sum = |f: fn(&outbox_core::store::EventTypeStats) -> u64| stats.iter().map(f).sum::<u64>();
+            let oldest = stats
+                .iter()
+                .filter_map(|s| s.oldest_claimable_age)
+                .max()
+                .unwrap_or_default();
+            format!(
+                "store: {} claimable (oldest {:.1} s), {} in flight, {} parked, {} blocked, {} failed",
+                sum(|s| s.claimable),
+                oldest.as_secs_f64(),
+                sum(|s| s.in_flight),
+                sum(|s| s.parked),
+                sum(|s| s.blocked),
+                sum(|s| s.failed)
+            )
+        }
+        Err(e) => format!("store: {e}"),
+    };
+    let broker_side = async {
+        let client = redis::Client::open(broker_url)?;
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        let length: usize = redis::cmd("XLEN").arg(STREAM).query_async(&mut connection).await?;
+        let pending: redis::streams::StreamPendingReply =
+            connection.xpending(STREAM, GROUP).await?;
+        Ok::<_, redis::RedisError>(format!(
+            "stream: {length} entries, {} pending in the group",
+            pending.count()
+        ))
+    }
+    .await
+    .unwrap_or_else(|e| format!("stream: {e}"));
+    format!("{store_side}; {broker_side}")
+}
+
 async fn first_publications(url: &str) -> Result<HashMap<String, u128>, Error> {
     let client = redis::Client::open(url)?;
     let mut connection = client.get_multiplexed_async_connection().await?;
