@@ -4,7 +4,9 @@
 //! `XACK`. An entry is acknowledged only after its transaction committed; a
 //! consumer that dies in between leaves it pending, another consumer reclaims
 //! it with `XAUTOCLAIM` after `reclaim_idle`, and the inbox absorbs the
-//! redelivery.
+//! redelivery. New entries are applied up to `apply_batch` to a
+//! transaction and acknowledged with one `XACK` (one commit for many
+//! effects: a consumer's rate is its commits).
 //!
 //! **Ordering.** One consumer handles entries one at a time in stream order,
 //! retrying a failing entry in place (with backoff) before moving on, so a
@@ -25,7 +27,7 @@ use std::time::Duration;
 use outbox_core::consume::{Applied, Applier, default_store_outage};
 use outbox_core::policy::SplitMix64;
 use outbox_core::relay::OutagePolicy;
-use outbox_core::{ErrorClass, InboxStore, RetryPolicy, StoreError};
+use outbox_core::{ErrorClass, EventId, Headers, InboxStore, RetryPolicy, StoreError};
 use redis::aio::ConnectionManager;
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
@@ -52,6 +54,15 @@ pub struct ConsumerConfig {
     pub streams: Vec<String>,
     /// Entries per read. Default 64.
     pub batch_size: usize,
+    /// New entries applied in one inbox transaction, acknowledged with one
+    /// `XACK`: one commit for up to this many effects instead of one each
+    /// (a consumer's rate is bounded by its commits; 1 applies each alone).
+    /// If a handler fails or the store errs, the batch rolls back and its
+    /// entries are applied one at a time, each with its own retries and
+    /// give-up, so the handler may see an entry of it twice, the first
+    /// time rolled back. Entries re-read after an error are applied one at
+    /// a time. Default 32.
+    pub apply_batch: usize,
     /// How long a read blocks waiting for entries. Default 200 ms; the
     /// connection's response timeout must be longer.
     pub block: Duration,
@@ -80,6 +91,7 @@ impl ConsumerConfig {
             consumer: consumer.into(),
             streams,
             batch_size: 64,
+            apply_batch: 32,
             block: Duration::from_millis(200),
             reclaim_idle: Duration::from_secs(30),
             max_deliveries: 10,
@@ -100,6 +112,9 @@ impl ConsumerConfig {
         }
         if self.batch_size == 0 {
             return fail("batch_size must be at least 1".into());
+        }
+        if self.apply_batch == 0 {
+            return fail("apply_batch must be at least 1 (1 applies each entry alone)".into());
         }
         // BLOCK 0 would wait forever; the connection's response timeout
         // must also be longer than a blocking read.
@@ -361,6 +376,15 @@ where
         };
         let mut handed = 0usize;
         for key in read.map(|r| r.keys).unwrap_or_default() {
+            if reading == Reading::New && self.config.apply_batch > 1 {
+                handed += key.ids.len();
+                for chunk in key.ids.chunks(self.config.apply_batch) {
+                    if !self.process_batch(&key.key, chunk, shutdown).await? {
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
             for entry in key.ids {
                 if shutdown.is_cancelled() {
                     // Left pending: read again (in order) by the next run.
@@ -412,6 +436,92 @@ where
             .xpending_count(stream, &self.config.group, id, id, 1)
             .await?;
         Ok(pending.ids.first().map(|p| p.times_delivered).unwrap_or(1))
+    }
+
+    /// New entries (delivered once), applied in one inbox transaction
+    /// (`apply_batch`) and acknowledged with one `XACK`, in stream order. An
+    /// entry that does not decode is dead-lettered in its place, between
+    /// the batches before and after it. Returns `false` if shutdown left
+    /// entries unacknowledged (delivered again later, in order).
+    async fn process_batch(
+        &mut self,
+        stream: &str,
+        entries: &[StreamId],
+        shutdown: &CancellationToken,
+    ) -> Result<bool, ConsumerError> {
+        let mut ready: Vec<(&StreamId, StreamEvent)> = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match StreamEvent::decode(stream, &entry.id, &entry.map) {
+                Ok(event) => ready.push((entry, event)),
+                Err(_) => {
+                    if !self.apply_ready(stream, &mut ready, shutdown).await? {
+                        return Ok(false);
+                    }
+                    // Decodes again, fails again: dead-lettered and acked.
+                    self.process(stream, entry.clone(), 1, shutdown).await?;
+                }
+            }
+        }
+        self.apply_ready(stream, &mut ready, shutdown).await
+    }
+
+    /// Applies `ready` as one batch, then acknowledges what it settled.
+    async fn apply_ready(
+        &mut self,
+        stream: &str,
+        ready: &mut Vec<(&StreamId, StreamEvent)>,
+        shutdown: &CancellationToken,
+    ) -> Result<bool, ConsumerError> {
+        if ready.is_empty() {
+            return Ok(true);
+        }
+        if shutdown.is_cancelled() {
+            return Ok(false);
+        }
+        let batch: Vec<(EventId, &Headers, &StreamEvent)> = ready
+            .iter()
+            .map(|(_, event)| (event.event_id, &event.headers, event))
+            .collect();
+        let mut applier = Applier {
+            inbox: &self.inbox,
+            consumer: &self.config.group,
+            handler: &self.handler,
+            handler_retry: &self.config.handler_retry,
+            store_outage: &self.config.store_outage,
+            random: &self.random,
+            shutdown,
+            store_retries: 0,
+        };
+        let outcomes = applier.apply_batch(&batch).await;
+        self.report.store_retries += applier.store_retries;
+        let mut settled = Vec::with_capacity(ready.len());
+        let mut finished = true;
+        for ((entry, _), outcome) in ready.iter().zip(outcomes?) {
+            match outcome {
+                Applied::Applied => self.report.applied += 1,
+                Applied::Duplicate => self.report.duplicates += 1,
+                Applied::GaveUp(reason) => {
+                    self.dead_letter(stream, entry, &reason, 1).await?;
+                    self.report.dead_lettered += 1;
+                }
+                Applied::Interrupted => {
+                    finished = false;
+                    break;
+                }
+            }
+            settled.push(entry.id.as_str());
+        }
+        if !settled.is_empty() {
+            // Only now, after the effects committed (or the entries were
+            // dead-lettered).
+            let _: usize = self
+                .redis()
+                .await?
+                .xack(stream, &self.config.group, &settled)
+                .await?;
+        }
+        ready.clear();
+        Ok(finished)
     }
 
     async fn process(

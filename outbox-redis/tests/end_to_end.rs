@@ -166,9 +166,13 @@ async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
     relays.stop(DEADLINE).await;
 
     let died = Arc::new(Notify::new());
+    // It dies after its fifth commit: one entry to a transaction, so five
+    // effects and the fifth entry unacknowledged.
+    let mut doomed_config = consumer_config(&prefix, "doomed");
+    doomed_config.apply_batch = 1;
     let doomed = RedisConsumer::new(
         support::connect(support::REDIS_URL).await,
-        consumer_config(&prefix, "doomed"),
+        doomed_config,
         DieAfterCommit::new(db.store.inbox(), 5, died.clone()),
         RecordEffect {
             log: db.log.clone(),
@@ -433,6 +437,13 @@ async fn consumer_settings_that_cannot_work_are_refused() {
             "batch_size",
             ConsumerConfig {
                 batch_size: 0,
+                ..base()
+            },
+        ),
+        (
+            "apply_batch",
+            ConsumerConfig {
+                apply_batch: 0,
                 ..base()
             },
         ),
