@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
-use outbox_core::testing::event;
+use outbox_core::testing::{DieAfterCommit, event};
 use outbox_core::{CancellationToken, EventId, Publisher, RetryPolicy, StoredEvent};
 use outbox_redis::{
     ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher, StreamEvent, StreamRouter,
 };
 use redis::AsyncCommands;
+use tokio::sync::Notify;
 
 /// Records effects in commit order; rejects one event, fails another once.
 struct Picky {
@@ -46,6 +47,94 @@ impl Handler<MemoryInboxTx, StreamEvent> for Picky {
         tx.on_commit(move || committed.lock().unwrap().push(id));
         Ok(())
     }
+}
+
+/// Publishes `n` events on key "a" to the `invoice.paid` stream of a fresh
+/// prefix: (stream, the events in stream order).
+async fn published(n: usize) -> (String, Vec<StoredEvent>) {
+    let connection = support::connect(support::REDIS_URL).await;
+    let publisher = RedisPublisher::new(connection, StreamRouter::with_prefix(support::prefix()));
+    let now = chrono::Utc::now();
+    let stored: Vec<StoredEvent> = (1..=n)
+        .map(|n| StoredEvent {
+            sequence: n as i64,
+            event: event("a", n),
+            created_at: now,
+            available_at: now,
+            attempts: 0,
+        })
+        .collect();
+    let all: Vec<&StoredEvent> = stored.iter().collect();
+    assert!(publisher.publish(&all).await.iter().all(Result::is_ok));
+    (publisher.stream_for("invoice.paid"), stored)
+}
+
+/// A consumer that dies after committing a batch and before its `XACK`:
+/// another reclaims every entry of it, and the inbox recognises each, so
+/// no effect is applied twice and nothing stays pending.
+#[tokio::test]
+async fn a_consumer_dead_between_a_batch_commit_and_its_ack_leaves_no_effect_twice() {
+    let (stream, stored) = published(6).await;
+    let committed = Arc::new(Mutex::new(Vec::new()));
+    let handler = || Picky {
+        committed: committed.clone(),
+        reject: EventId::random(),
+        blip: Mutex::new(None),
+    };
+    let config = |name: &str| {
+        let mut config = ConsumerConfig::new("g", name, vec![stream.clone()]);
+        config.block = Duration::from_millis(50);
+        config.reclaim_idle = Duration::from_millis(50);
+        config
+    };
+    let inbox = MemoryInbox::new();
+    let died = Arc::new(Notify::new());
+    let doomed = RedisConsumer::new(
+        support::connect(support::REDIS_URL).await,
+        config("doomed"),
+        DieAfterCommit::new(inbox.clone(), 1, died.clone()),
+        handler(),
+    )
+    .expect("valid consumer settings");
+    let doomed = tokio::spawn(doomed.run(CancellationToken::new()));
+    tokio::time::timeout(Duration::from_secs(30), died.notified())
+        .await
+        .expect("the first batch committed");
+    doomed.abort();
+    let _ = doomed.await;
+    assert_eq!(committed.lock().unwrap().len(), 6, "one commit for the six");
+
+    let stop = CancellationToken::new();
+    let survivor = RedisConsumer::new(
+        support::connect(support::REDIS_URL).await,
+        config("survivor"),
+        inbox,
+        handler(),
+    )
+    .expect("valid consumer settings");
+    let survivor = tokio::spawn(survivor.run(stop.clone()));
+    let mut connection = support::connect(support::REDIS_URL).await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let pending: redis::streams::StreamPendingReply =
+                connection.xpending(&stream, "g").await.unwrap();
+            if pending.count() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the dead consumer's entries reclaimed and acknowledged");
+    stop.cancel();
+    let report = survivor.await.unwrap().unwrap();
+    assert_eq!((report.applied, report.duplicates), (0, 6), "{report:?}");
+    let ids: Vec<EventId> = stored.iter().map(|s| s.event.event_id).collect();
+    assert_eq!(
+        *committed.lock().unwrap(),
+        ids,
+        "each effect once, in order"
+    );
 }
 
 /// Nine events and an entry that does not decode, read in one batch: the
