@@ -553,6 +553,13 @@ mod tests {
         applier.apply_batch(&batch).await.unwrap()
     }
 
+    /// Three new events, one batch, retried at once, no shutdown.
+    async fn deliver_three(handler: &Recording) -> Vec<Applied> {
+        let ids: Vec<EventId> = (0..3).map(|_| EventId::random()).collect();
+        let running = (&RetryPolicy::immediate(3), &CancellationToken::new());
+        deliver_batch(&MemoryInbox::new(), &ids, handler, running).await
+    }
+
     fn recording(fail_at: u32, failure: HandlerError, times: u32) -> Recording {
         Recording {
             committed: Arc::default(),
@@ -580,34 +587,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_failure_in_a_batch_rolls_it_back_and_each_event_is_applied_once_alone() {
-        let inbox = MemoryInbox::new();
         // Event 1 fails once: the batch rolls back (event 0's effect with
         // it), then each is applied alone, event 1 after one retry.
         let handler = recording(1, HandlerError::Retry("blip".into()), 1);
-        let ids: Vec<EventId> = (0..3).map(|_| EventId::random()).collect();
-        let got = deliver_batch(
-            &inbox,
-            &ids,
-            &handler,
-            (&RetryPolicy::immediate(3), &CancellationToken::new()),
-        )
-        .await;
+        let got = deliver_three(&handler).await;
         assert_eq!(got, [Applied::Applied, Applied::Applied, Applied::Applied]);
         assert_eq!(*handler.committed.lock().unwrap(), [0, 1, 2]);
     }
 
     #[tokio::test]
     async fn a_rejected_event_in_a_batch_gives_up_alone_and_the_others_apply() {
-        let inbox = MemoryInbox::new();
         let handler = recording(1, HandlerError::Reject("bad".into()), u32::MAX);
-        let ids: Vec<EventId> = (0..3).map(|_| EventId::random()).collect();
-        let got = deliver_batch(
-            &inbox,
-            &ids,
-            &handler,
-            (&RetryPolicy::immediate(3), &CancellationToken::new()),
-        )
-        .await;
+        let got = deliver_three(&handler).await;
         assert_eq!(
             got,
             [

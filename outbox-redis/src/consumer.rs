@@ -482,16 +482,7 @@ where
             .iter()
             .map(|(_, event)| (event.event_id, &event.headers, event))
             .collect();
-        let mut applier = Applier {
-            inbox: &self.inbox,
-            consumer: &self.config.group,
-            handler: &self.handler,
-            handler_retry: &self.config.handler_retry,
-            store_outage: &self.config.store_outage,
-            random: &self.random,
-            shutdown,
-            store_retries: 0,
-        };
+        let mut applier = self.applier(shutdown);
         let outcomes = applier.apply_batch(&batch).await;
         self.report.store_retries += applier.store_retries;
         let mut settled = Vec::with_capacity(ready.len());
@@ -570,7 +561,20 @@ where
         deliveries: usize,
         shutdown: &CancellationToken,
     ) -> Result<Handled, ConsumerError> {
-        let mut applier = Applier {
+        let mut applier = self.applier(shutdown);
+        let applied = applier.apply(event.event_id, &event.headers, event).await;
+        self.report.store_retries += applier.store_retries;
+        match applied? {
+            Applied::Applied => Ok(Handled::Applied),
+            Applied::Duplicate => Ok(Handled::Duplicate),
+            Applied::Interrupted => Ok(Handled::Interrupted),
+            Applied::GaveUp(reason) => self.dead_letter(stream, entry, &reason, deliveries).await,
+        }
+    }
+
+    /// The core's applier, over this consumer's inbox, handler and policies.
+    fn applier<'a>(&'a self, shutdown: &'a CancellationToken) -> Applier<'a, I, H> {
+        Applier {
             inbox: &self.inbox,
             consumer: &self.config.group,
             handler: &self.handler,
@@ -579,14 +583,6 @@ where
             random: &self.random,
             shutdown,
             store_retries: 0,
-        };
-        let applied = applier.apply(event.event_id, &event.headers, event).await;
-        self.report.store_retries += applier.store_retries;
-        match applied? {
-            Applied::Applied => Ok(Handled::Applied),
-            Applied::Duplicate => Ok(Handled::Duplicate),
-            Applied::Interrupted => Ok(Handled::Interrupted),
-            Applied::GaveUp(reason) => self.dead_letter(stream, entry, &reason, deliveries).await,
         }
     }
 

@@ -49,13 +49,10 @@ impl Handler<MemoryInboxTx, StreamEvent> for Picky {
     }
 }
 
-/// Publishes `n` events on key "a" to the `invoice.paid` stream of a fresh
-/// prefix: (stream, the events in stream order).
-async fn published(n: usize) -> (String, Vec<StoredEvent>) {
-    let connection = support::connect(support::REDIS_URL).await;
-    let publisher = RedisPublisher::new(connection, StreamRouter::with_prefix(support::prefix()));
+/// `n` events on key "a", as a relay hands them to the publisher.
+fn stored_events(n: usize) -> Vec<StoredEvent> {
     let now = chrono::Utc::now();
-    let stored: Vec<StoredEvent> = (1..=n)
+    (1..=n)
         .map(|n| StoredEvent {
             sequence: n as i64,
             event: event("a", n),
@@ -63,7 +60,15 @@ async fn published(n: usize) -> (String, Vec<StoredEvent>) {
             available_at: now,
             attempts: 0,
         })
-        .collect();
+        .collect()
+}
+
+/// Publishes `n` events on key "a" to the `invoice.paid` stream of a fresh
+/// prefix: (stream, the events in stream order).
+async fn published(n: usize) -> (String, Vec<StoredEvent>) {
+    let connection = support::connect(support::REDIS_URL).await;
+    let publisher = RedisPublisher::new(connection, StreamRouter::with_prefix(support::prefix()));
+    let stored = stored_events(n);
     let all: Vec<&StoredEvent> = stored.iter().collect();
     assert!(publisher.publish(&all).await.iter().all(Result::is_ok));
     (publisher.stream_for("invoice.paid"), stored)
@@ -144,20 +149,13 @@ async fn a_consumer_dead_between_a_batch_commit_and_its_ack_leaves_no_effect_twi
 /// pending.
 #[tokio::test]
 async fn a_batch_with_a_bad_entry_a_rejection_and_a_blip_applies_the_rest_once_in_order() {
-    let prefix = support::prefix();
     let mut connection = support::connect(support::REDIS_URL).await;
-    let publisher = RedisPublisher::new(connection.clone(), StreamRouter::with_prefix(&prefix));
+    let publisher = RedisPublisher::new(
+        connection.clone(),
+        StreamRouter::with_prefix(support::prefix()),
+    );
     let stream = publisher.stream_for("invoice.paid");
-    let now = chrono::Utc::now();
-    let stored: Vec<StoredEvent> = (1..=9)
-        .map(|n| StoredEvent {
-            sequence: n as i64,
-            event: event("a", n),
-            created_at: now,
-            available_at: now,
-            attempts: 0,
-        })
-        .collect();
+    let stored = stored_events(9);
     let first: Vec<&StoredEvent> = stored[..4].iter().collect();
     assert!(publisher.publish(&first).await.iter().all(Result::is_ok));
     let _: String = connection
