@@ -347,24 +347,16 @@ where
         let mut tx = self.inbox.begin().await?;
         let mut outcomes = Vec::with_capacity(events.len());
         for &(event_id, headers, event) in events {
-            let outcome = match self.inbox.claim(&mut tx, self.consumer, event_id).await {
-                Ok(false) => Ok(Applied::Duplicate),
-                Ok(true) => {
-                    let span = crate::trace::consume_span(self.consumer, &event_id, headers);
-                    let started = std::time::Instant::now();
-                    let handled =
-                        tracing::Instrument::instrument(self.handler.handle(&mut tx, event), span)
-                            .await;
-                    metrics::handler_seconds(self.consumer, started.elapsed());
-                    handled.map(|()| Applied::Applied).map_err(|_| None)
-                }
-                Err(error) => Err(Some(error)),
-            };
-            match outcome {
-                Ok(outcome) => outcomes.push(outcome),
-                Err(failure) => {
+            let span = crate::trace::consume_span(self.consumer, &event_id, headers);
+            let step = self.claim_and_handle(&mut tx, event_id, event);
+            match tracing::Instrument::instrument(step, span).await {
+                Attempt::Done(outcome) => outcomes.push(outcome),
+                failure => {
                     let _ = self.inbox.rollback(tx).await;
-                    return Err(failure);
+                    return Err(match failure {
+                        Attempt::StoreFailed(error) => Some(error),
+                        _ => None,
+                    });
                 }
             }
         }
@@ -382,32 +374,47 @@ where
             Ok(tx) => tx,
             Err(error) => return Attempt::StoreFailed(error),
         };
-        match self.inbox.claim(&mut tx, self.consumer, event_id).await {
-            Ok(true) => {}
-            Ok(false) => {
-                return match self.inbox.rollback(tx).await {
-                    Ok(()) => Attempt::Done(Applied::Duplicate),
-                    Err(error) => Attempt::StoreFailed(error),
-                };
-            }
-            Err(error) => {
-                // The claim failed; the transaction is unusable either way.
-                let _ = self.inbox.rollback(tx).await;
-                return Attempt::StoreFailed(error);
-            }
-        }
-        let started = std::time::Instant::now();
-        let handled = self.handler.handle(&mut tx, event).await;
-        metrics::handler_seconds(self.consumer, started.elapsed());
-        match handled {
-            Ok(()) => match self.inbox.commit(tx).await {
+        match self.claim_and_handle(&mut tx, event_id, event).await {
+            Attempt::Done(Applied::Applied) => match self.inbox.commit(tx).await {
                 Ok(()) => Attempt::Done(Applied::Applied),
                 Err(error) => Attempt::StoreFailed(error),
             },
-            Err(failure) => match self.inbox.rollback(tx).await {
-                Ok(()) => Attempt::HandlerFailed(failure),
+            Attempt::StoreFailed(error) => {
+                // The transaction is unusable either way.
+                let _ = self.inbox.rollback(tx).await;
+                Attempt::StoreFailed(error)
+            }
+            // A duplicate or a handler's failure: nothing to keep.
+            other => match self.inbox.rollback(tx).await {
+                Ok(()) => other,
                 Err(error) => Attempt::StoreFailed(error),
             },
+        }
+    }
+
+    /// Inside `tx`: the inbox claim, then (if the event is new) the handler.
+    /// `Done` is `Applied` or `Duplicate`; the caller ends the transaction.
+    async fn claim_and_handle<E>(
+        &self,
+        tx: &mut I::Transaction,
+        event_id: EventId,
+        event: &E,
+    ) -> Attempt
+    where
+        H: Handler<I::Transaction, E>,
+        E: Sync,
+    {
+        match self.inbox.claim(tx, self.consumer, event_id).await {
+            Ok(true) => {}
+            Ok(false) => return Attempt::Done(Applied::Duplicate),
+            Err(error) => return Attempt::StoreFailed(error),
+        }
+        let started = std::time::Instant::now();
+        let handled = self.handler.handle(tx, event).await;
+        metrics::handler_seconds(self.consumer, started.elapsed());
+        match handled {
+            Ok(()) => Attempt::Done(Applied::Applied),
+            Err(failure) => Attempt::HandlerFailed(failure),
         }
     }
 }
