@@ -11,6 +11,8 @@ pub mod codes;
 pub mod config;
 /// An enqueue as column arrays, and its outcomes.
 pub mod enqueue;
+/// `delegate_sql_store!`: the core's store traits on an adapter's store type.
+mod delegate;
 /// Naming the operation and table in a store error.
 pub mod error;
 /// Attempt-history rows as the stores append them in batches.
@@ -28,7 +30,7 @@ pub mod validate;
 
 pub use config::{DEFAULT_PREFIX, Migrated, StoreConfig, TableNames};
 
-/// What [`delegate_mysql_store!`] names; not part of the API.
+/// What [`delegate_sql_store!`] names; not part of the API.
 #[doc(hidden)]
 pub mod __private {
     pub use async_trait::async_trait;

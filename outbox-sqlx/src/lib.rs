@@ -8,10 +8,8 @@
 // What the SQL adapters share (schema, statements, codes, validation) is
 // `outbox-sql`'s; these aliases keep the `crate::…` paths the stores use.
 use outbox_sql::config;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-use outbox_sql::{admin_common, codes, validate};
 #[cfg(feature = "sqlite")]
-use outbox_sql::{blame, history};
+use outbox_sql::{admin_common, blame, codes, history, validate};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
 mod pool;

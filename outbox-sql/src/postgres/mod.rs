@@ -1,8 +1,14 @@
 //! PostgreSQL: the schema template (tables, indexes, trigger and the
 //! functions that run the protocol), its version, and every statement.
 
+mod admin;
+pub mod driver;
+mod protocol;
 mod queries;
+mod traits;
 
+pub use driver::{Driver, Exec, Param, Row, Value};
+pub use protocol::{Probe, Protocol, Statements, WakeState, raw_event};
 pub use queries::{EVENT_COLUMNS, Queries};
 
 use crate::config::StoreConfig;

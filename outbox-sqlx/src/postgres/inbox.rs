@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use outbox_core::{EventId, InboxStore, StoreError};
 use sqlx::{Postgres, Transaction};
 
+use super::driver::Sqlx;
 use super::store::PgStore;
 use crate::error::ResultExt;
 
@@ -34,13 +35,10 @@ impl PgInbox {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.store.queries.inbox_claim)
-            .bind(consumer)
-            .bind(event_id.as_uuid())
-            .execute(conn)
+        self.store
+            .protocol
+            .inbox_claim(&mut Sqlx(conn), consumer, event_id)
             .await
-            .store()?;
-        Ok(done.rows_affected() == 1)
     }
 }
 
@@ -53,8 +51,8 @@ impl InboxStore for PgInbox {
             "inbox begin",
             || self.store.config().tables.inbox(),
             async move {
-                self.store.sync_clock().await?;
-                crate::pool::begin(&self.store.pool).await
+                self.store.protocol.sync_clock().await?;
+                crate::pool::begin(self.store.pool()).await
             },
         )
         .await
@@ -101,20 +99,9 @@ impl InboxStore for PgInbox {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        crate::error::during(
-            "inbox purge_older_than",
-            || self.store.config().tables.inbox(),
-            async move {
-                self.store.sync_clock().await?;
-                let done = sqlx::query(&self.store.queries.inbox_purge)
-                    .bind(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX))
-                    .bind(batch_size.min(i64::MAX as usize) as i64)
-                    .execute(&self.store.pool)
-                    .await
-                    .store()?;
-                Ok(done.rows_affected())
-            },
-        )
-        .await
+        self.store
+            .protocol
+            .inbox_purge(older_than, batch_size)
+            .await
     }
 }

@@ -46,19 +46,16 @@ impl std::fmt::Debug for PgWakeUp {
 impl PgStore {
     /// A wake-up source for one relay (it holds one connection of its own).
     pub async fn wake_up(&self) -> Result<PgWakeUp, StoreError> {
-        let mut listener = PgListener::connect_with(&self.pool).await.store()?;
-        listener.listen(&self.queries.channel).await.store()?;
-        self.wake.listeners.fetch_add(1, AtomicOrdering::Relaxed);
+        let mut listener = PgListener::connect_with(self.pool()).await.store()?;
+        listener.listen(self.channel()).await.store()?;
+        self.protocol
+            .wake
+            .listeners
+            .fetch_add(1, AtomicOrdering::Relaxed);
         Ok(PgWakeUp {
             listener,
             store: self.clone(),
         })
-    }
-
-    /// The next claim goes straight to its transaction: whoever calls this
-    /// has just learnt there is something to claim.
-    fn expect_work(&self) {
-        self.idle.store(false, AtomicOrdering::Relaxed);
     }
 }
 
@@ -67,15 +64,12 @@ impl Drop for PgWakeUp {
     /// until the next claim: clear the flag (best effort; another relay
     /// waiting sets it again at its next idle poll).
     fn drop(&mut self) {
-        let store = &self.store;
-        store.wake.listeners.fetch_sub(1, AtomicOrdering::Relaxed);
+        let protocol = &self.store.protocol;
+        protocol.wake.listeners.fetch_sub(1, AtomicOrdering::Relaxed);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let store = store.clone();
+            let protocol = protocol.clone();
             runtime.spawn(async move {
-                let cleared = sqlx::query(&store.queries.stop_waiting)
-                    .execute(&store.pool)
-                    .await;
-                if let Err(error) = cleared {
+                if let Err(error) = protocol.stop_waiting().await {
                     tracing::debug!(%error, "could not clear relay_waiting");
                 }
             });
@@ -87,14 +81,14 @@ impl PgWakeUp {
     /// Whether there is work now; sets `relay_waiting` on the way (the idle
     /// probe of the claim that just found nothing may have done both).
     async fn registered_and_idle(&self) -> Result<(bool, bool), StoreError> {
-        let wake = &self.store.wake;
+        let wake = &self.store.protocol.wake;
         if wake.probed_idle.swap(false, AtomicOrdering::Relaxed) {
             return Ok((
                 false,
                 wake.registered_now.swap(false, AtomicOrdering::Relaxed),
             ));
         }
-        let probe = self.store.probe().await?;
+        let probe = self.store.protocol.probe().await?;
         wake.probed_idle.store(false, AtomicOrdering::Relaxed);
         wake.registered_now.store(false, AtomicOrdering::Relaxed);
         Ok((probe.anything, probe.registered))
@@ -109,7 +103,7 @@ impl PgWakeUp {
         let mut watched: Option<Vec<String>> = None;
         let mut pause = Duration::ZERO;
         loop {
-            let (in_flight, anything) = match self.store.watch_producers(watched.as_deref()).await {
+            let (in_flight, anything) = match self.store.protocol.watch_producers(watched.as_deref()).await {
                 Ok(seen) => seen,
                 Err(error) => {
                     tracing::warn!(%error, "could not watch producers; relying on polling");
@@ -118,6 +112,7 @@ impl PgWakeUp {
             };
             if anything {
                 self.store
+                    .protocol
                     .wake
                     .probed_idle
                     .store(false, AtomicOrdering::Relaxed);
@@ -155,7 +150,7 @@ impl WakeUp for PgWakeUp {
     async fn wait(&mut self) {
         let registered_now = match self.registered_and_idle().await {
             Ok((true, _)) => {
-                self.store.expect_work();
+                self.store.protocol.expect_work();
                 return;
             }
             Ok((false, registered_now)) => registered_now,
@@ -165,11 +160,11 @@ impl WakeUp for PgWakeUp {
             }
         };
         if registered_now && self.watched_producers_committed().await {
-            self.store.expect_work();
+            self.store.protocol.expect_work();
             return;
         }
         self.notified().await;
-        self.store.expect_work();
+        self.store.protocol.expect_work();
     }
 }
 

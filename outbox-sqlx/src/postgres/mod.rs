@@ -1,14 +1,15 @@
 //! PostgreSQL (feature `postgres`).
 
-mod admin;
+mod driver;
 mod inbox;
-mod kept;
 mod listen;
-use outbox_sql::postgres as queries;
-mod row;
 mod store;
 #[cfg(feature = "testing")]
 mod testing;
+
+/// The version of the schema the store creates; tables of another version
+/// are refused by `migrate` (see the CHANGELOG's upgrade notes).
+pub use outbox_sql::postgres::SCHEMA_VERSION;
 
 pub use inbox::PgInbox;
 pub use listen::PgWakeUp;

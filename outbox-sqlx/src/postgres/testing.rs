@@ -30,7 +30,7 @@ impl OpenWrite for PgOpenWrite {
     async fn read(&mut self) -> Result<(), StoreError> {
         sqlx::query(&format!(
             "SELECT count(*) FROM {}",
-            self.store.config.tables.events()
+            self.store.config().tables.events()
         ))
         .execute(&mut *self.tx)
         .await
@@ -48,7 +48,7 @@ impl OpenWrite for PgOpenWrite {
 #[async_trait]
 impl BeginWrite for PgStore {
     async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError> {
-        let tx = self.pool.begin().await.store()?;
+        let tx = self.pool().begin().await.store()?;
         Ok(Box::new(PgOpenWrite {
             store: self.clone(),
             tx,
@@ -60,7 +60,8 @@ impl BeginWrite for PgStore {
 impl FaultSeams for PgStore {
     fn with_host_clock(&self, host_clock: Arc<dyn Clock>) -> Arc<Self> {
         let mut handle = self.clone();
-        handle.config = handle.config.with_clock(host_clock);
+        let config = handle.protocol.statements.config.clone();
+        handle.protocol.statements.config = config.with_clock(host_clock);
         Arc::new(handle)
     }
 
@@ -72,11 +73,11 @@ impl FaultSeams for PgStore {
             "INSERT INTO {} (event_id, aggregate_type, aggregate_id, event_type, partition_key,
                  payload, headers)
              VALUES ($1, 'bad', $2, 'bad.row', $2, '{{}}', '{{\"traceparent\": 5}}')",
-            self.config.tables.events()
+            self.config().tables.events()
         ))
         .bind(id.as_uuid())
         .bind(partition_key)
-        .execute(&self.pool)
+        .execute(self.pool())
         .await
         .expect("insert an unreadable row");
         id
@@ -88,8 +89,11 @@ impl FaultSeams for PgStore {
         ready: tokio::sync::oneshot::Sender<()>,
         release: BoxFuture<'static, ()>,
     ) -> Result<SettleReport, StoreError> {
-        let mut tx = self.pool.begin().await.store()?;
-        let report = self.ack_in(&mut tx, leases).await?;
+        let mut tx = self.pool().begin().await.store()?;
+        let report = self
+            .protocol
+            .ack_in(&mut super::driver::Sqlx(&mut *tx), leases)
+            .await?;
         let _ = ready.send(());
         release.await;
         tx.commit().await.store()?;

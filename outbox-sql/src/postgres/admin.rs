@@ -1,0 +1,436 @@
+//! [`OutboxAdmin`] on [`Protocol`]: lag, what holds publication back,
+//! failures, blocked keys, operator actions.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::clock::elapsed_between;
+use outbox_core::store::{
+    AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
+    FailedEvent, HeldBack, OpenTransaction, OperatorAction, OutboxAdmin, RelayOutage, RelayStatus,
+};
+use outbox_core::{EventId, NewEvent, StoreError};
+
+use super::driver::{Driver, Exec, Param, Row};
+use super::protocol::{Protocol, during, raw_event};
+use crate::codes;
+use crate::validate::{check_event, headers_json};
+
+fn attempt_record(row: &Row) -> Result<(EventId, AttemptRecord), StoreError> {
+    Ok((
+        row.event_id("event_id")?,
+        AttemptRecord {
+            kind: codes::attempt_kind(&row.text("kind")?)?,
+            at: row.time("at")?,
+            actor: row.text("actor")?,
+            error_class: row
+                .opt_text("error_class")?
+                .as_deref()
+                .map(codes::error_class)
+                .transpose()?,
+            detail: row.text("detail")?,
+            attempts: row.int("attempts")? as u32,
+        },
+    ))
+}
+
+fn event_state(row: &Row) -> Result<EventState, StoreError> {
+    let status = row.int("status")?;
+    Ok(match status {
+        s if s == i64::from(codes::PENDING) => EventState::Pending {
+            available_at: row.time("available_at")?,
+            attempts: row.int("attempts")? as u32,
+        },
+        s if s == i64::from(codes::IN_FLIGHT) => EventState::InFlight {
+            owner: row.opt_text("lease_owner")?.unwrap_or_default(),
+            lease_expires_at: row.time("lease_expires_at")?,
+        },
+        s if s == i64::from(codes::PUBLISHED) => EventState::Published {
+            published_at: row.time("published_at")?,
+        },
+        _ => EventState::Failed {
+            blocks_key: row.bool("blocks_key")?,
+            superseded_by: row.opt_event_id("superseded_by")?,
+        },
+    })
+}
+
+impl<D: Driver> Protocol<D> {
+    /// Appends an operator action to the event's history.
+    async fn record_action(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        event_id: EventId,
+        kind: AttemptKind,
+        action: &OperatorAction,
+        detail: &str,
+        attempts: i64,
+    ) -> Result<(), StoreError> {
+        let params = vec![
+            event_id.into(),
+            codes::attempt_kind_code(kind).into(),
+            action.operator.as_str().into(),
+            detail.into(),
+            Param::Int(attempts as i32),
+        ];
+        conn.execute(&self.queries.record, params).await?;
+        Ok(())
+    }
+
+    /// Runs an operator update that returns `attempts` and the key, records
+    /// it, and lets the key's parked rows go if nothing blocks it any more.
+    /// `NotFound` or `WrongState` if it matched no row.
+    async fn operator_update(
+        &self,
+        sql: &str,
+        event_id: EventId,
+        kind: AttemptKind,
+        action: &OperatorAction,
+    ) -> Result<(), StoreError> {
+        self.sync_clock().await?;
+        let mut tx = self.driver.begin().await?;
+        let rows = tx.fetch(sql, vec![event_id.into()]).await?;
+        let Some(row) = rows.first() else {
+            drop(tx);
+            return Err(crate::admin_common::explain_miss(self, event_id).await);
+        };
+        let key = row.text("partition_key")?;
+        self.record_action(
+            &mut tx,
+            event_id,
+            kind,
+            action,
+            &action.reason,
+            row.int("attempts")?,
+        )
+        .await?;
+        tx.execute(&self.queries.unpark_key, vec![key.into()])
+            .await?;
+        D::commit(tx).await
+    }
+
+    async fn fetch(&self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
+        let mut conn = self.driver.connect().await?;
+        conn.fetch(sql, params).await
+    }
+
+    async fn held_back_now(&self) -> Result<Vec<HeldBack>, StoreError> {
+        self.sync_clock().await?;
+        let rows = self.fetch(&self.queries.held_back, vec![]).await?;
+        let r = rows
+            .first()
+            .ok_or_else(|| StoreError::fatal("no row from the held-back query"))?;
+        let mut held = Vec::new();
+        if r.count("blocked_keys")? > 0 {
+            held.push(HeldBack::BlockedKeys {
+                keys: r.count("blocked_keys")?,
+                waiting: r.count("blocked_waiting")?,
+            });
+        }
+        if let Some(next_due) = r.opt_time("next_due")? {
+            held.push(HeldBack::BackingOff {
+                keys: r.count("backoff_keys")?,
+                waiting: r.count("backoff_waiting")?,
+                next_due,
+            });
+        }
+        if let Some(first_expired_at) = r.opt_time("first_expired_at")? {
+            held.push(HeldBack::ExpiredLeases {
+                leases: r.count("expired_leases")?,
+                events: r.count("expired_events")?,
+                first_expired_at,
+            });
+        }
+        if let (Some(oldest_claimed_at), Some(first_expires_at)) =
+            (r.opt_time("long_claimed_at")?, r.opt_time("long_expires_at")?)
+        {
+            held.push(HeldBack::LongLeases {
+                owners: r.texts("long_owners")?,
+                events: r.count("long_events")?,
+                oldest_claimed_at,
+                first_expires_at,
+            });
+        }
+        if r.count("suspects")? > 0 {
+            held.push(HeldBack::CrashSuspects {
+                events: r.count("suspects")?,
+            });
+        }
+        // Seeing other sessions needs pg_read_all_stats (or the same role);
+        // without it the list is what the server shows.
+        let transactions = self
+            .fetch(&self.queries.open_transactions, vec![])
+            .await?
+            .iter()
+            .map(|t| {
+                Ok(OpenTransaction {
+                    pid: t.int("pid")?,
+                    database: t.text("database")?,
+                    started_at: t.time("xact_start")?,
+                    state: t.text("state")?,
+                    query_started_at: t.opt_time("query_start")?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if !transactions.is_empty() {
+            held.push(HeldBack::OpenTransactions { transactions });
+        }
+        Ok(held)
+    }
+
+    async fn failed_now(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
+        let rows = self
+            .fetch(
+                &self.queries.failed_events,
+                vec![Param::BigInt(limit.min(i64::MAX as usize) as i64)],
+            )
+            .await?;
+        let ids = rows
+            .iter()
+            .map(|r| r.event_id("event_id").map(|id| *id.as_uuid()))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let mut histories: HashMap<EventId, Vec<AttemptRecord>> = HashMap::new();
+        for r in self
+            .fetch(&self.queries.history_many, vec![Param::Uuids(ids)])
+            .await?
+        {
+            let (id, record) = attempt_record(&r)?;
+            histories.entry(id).or_default().push(record);
+        }
+        rows.iter()
+            .map(|r| {
+                // A row that does not decode is listed as far as it reads;
+                // its history says why it failed.
+                let event = raw_event(r)?.decode().unwrap_or_else(|u| u.event);
+                Ok(FailedEvent {
+                    history: histories.remove(&event.event_id).unwrap_or_default(),
+                    blocks_key: r.bool("blocks_key")?,
+                    superseded_by: r.opt_event_id("superseded_by")?,
+                    event,
+                })
+            })
+            .collect()
+    }
+
+    async fn supersede_now(
+        &self,
+        event_id: EventId,
+        replacement: NewEvent,
+        action: &OperatorAction,
+    ) -> Result<EnqueueOutcome, StoreError> {
+        check_event(&replacement, &self.config.limits, true)?;
+        self.sync_clock().await?;
+        let mut tx = self.driver.begin().await?;
+        let old = tx
+            .fetch(&self.queries.supersede_lock, vec![event_id.into()])
+            .await?;
+        let Some(old) = old.first() else {
+            drop(tx);
+            return Err(crate::admin_common::explain_miss(self, event_id).await);
+        };
+        let key = old.text("partition_key")?;
+        let params = vec![
+            Param::OptBigInt(old.opt_int("position")?),
+            replacement.event_id.into(),
+            replacement.aggregate_type.as_str().into(),
+            replacement.aggregate_id.as_str().into(),
+            replacement.event_type.as_str().into(),
+            replacement.partition_key.as_str().into(),
+            replacement.payload.as_str().into(),
+            Param::Int(replacement.payload_version as i32),
+            headers_json(&replacement).into(),
+            Param::OptBigInt(self.config.delay_ms(replacement.available_at)),
+        ];
+        let inserted = tx.fetch(&self.queries.supersede_insert, params).await?;
+        let Some(inserted) = inserted.first() else {
+            return Ok(EnqueueOutcome::AlreadyExists);
+        };
+        tx.execute(
+            &self.queries.supersede_mark,
+            vec![event_id.into(), replacement.event_id.into()],
+        )
+        .await?;
+        let detail = format!("superseded by {}: {}", replacement.event_id, action.reason);
+        self.record_action(
+            &mut tx,
+            event_id,
+            AttemptKind::Superseded,
+            action,
+            &detail,
+            old.int("attempts")?,
+        )
+        .await?;
+        tx.execute(&self.queries.unpark_key, vec![key.into()])
+            .await?;
+        let sequence = inserted.int("sequence")?;
+        D::commit(tx).await?;
+        Ok(EnqueueOutcome::Inserted { sequence })
+    }
+
+    async fn purge_now(&self, older_than: Duration, batch_size: usize) -> Result<u64, StoreError> {
+        self.sync_clock().await?;
+        let mut conn = self.driver.connect().await?;
+        let params = vec![
+            Param::BigInt(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX)),
+            Param::BigInt(batch_size.min(i64::MAX as usize) as i64),
+        ];
+        let purged = conn
+            .fetch(&self.queries.purge, params)
+            .await?
+            .first()
+            .map(|r| r.count("count"))
+            .transpose()?
+            .unwrap_or(0);
+        if purged < batch_size as u64 {
+            // Nothing the cutoff allows is left: older cursor-log entries
+            // describe no row any more.
+            conn.execute(&self.queries.prune_cursor_log, vec![]).await?;
+        }
+        Ok(purged)
+    }
+}
+
+#[async_trait]
+impl<D: Driver> OutboxAdmin for Protocol<D> {
+    async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
+        during("stats", || self.events(), async move {
+            self.sync_clock().await?;
+            self.fetch(&self.queries.stats, vec![])
+                .await?
+                .iter()
+                .map(|r| {
+                    let now = r.time("now")?;
+                    Ok(EventTypeStats {
+                        event_type: r.text("event_type")?,
+                        claimable: r.count("claimable")?,
+                        oldest_claimable_age: r
+                            .opt_time("oldest")?
+                            .map(|t| elapsed_between(now, t)),
+                        parked: r.count("parked")?,
+                        in_flight: r.count("in_flight")?,
+                        failed: r.count("failed")?,
+                        blocked: r.count("blocked")?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError> {
+        during("held_back", || self.events(), self.held_back_now()).await
+    }
+
+    async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
+        during("event_state", || self.events(), async move {
+            let rows = self
+                .fetch(&self.queries.event_state, vec![event_id.into()])
+                .await?;
+            rows.first().map(event_state).transpose()
+        })
+        .await
+    }
+
+    async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
+        during("failed_events", || self.events(), self.failed_now(limit)).await
+    }
+
+    async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
+        during("history", || self.events(), async move {
+            if self.event_state(event_id).await?.is_none() {
+                return Err(StoreError::NotFound(event_id));
+            }
+            self.fetch(&self.queries.history, vec![event_id.into()])
+                .await?
+                .iter()
+                .map(|r| attempt_record(r).map(|(_, record)| record))
+                .collect()
+        })
+        .await
+    }
+
+    async fn blocked_keys(&self) -> Result<Vec<BlockedKey>, StoreError> {
+        during("blocked_keys", || self.events(), async move {
+            self.fetch(&self.queries.blocked_keys, vec![])
+                .await?
+                .iter()
+                .map(|r| {
+                    Ok(BlockedKey {
+                        partition_key: r.text("partition_key")?,
+                        blocking_event_id: r.event_id("event_id")?,
+                        backlog: r.count("backlog")?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
+        during(
+            "requeue",
+            || self.events(),
+            self.operator_update(&self.queries.requeue, event_id, AttemptKind::Requeued, action),
+        )
+        .await
+    }
+
+    async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
+        during(
+            "skip",
+            || self.events(),
+            self.operator_update(&self.queries.skip, event_id, AttemptKind::Skipped, action),
+        )
+        .await
+    }
+
+    async fn supersede(
+        &self,
+        event_id: EventId,
+        replacement: NewEvent,
+        action: &OperatorAction,
+    ) -> Result<EnqueueOutcome, StoreError> {
+        during(
+            "supersede",
+            || self.events(),
+            self.supersede_now(event_id, replacement, action),
+        )
+        .await
+    }
+
+    async fn purge_published(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        during(
+            "purge_published",
+            || self.events(),
+            self.purge_now(older_than, batch_size),
+        )
+        .await
+    }
+
+    async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
+        during("relays", || self.events(), async move {
+            self.fetch(&self.queries.relays, vec![])
+                .await?
+                .iter()
+                .map(|r| {
+                    Ok(RelayStatus {
+                        relay: r.text("relay")?,
+                        last_seen: r.time("last_seen")?,
+                        clock_skew: chrono::Duration::milliseconds(r.int("clock_skew_ms")?),
+                        outage: RelayOutage::from_columns(
+                            r.opt_time("outage_since")?,
+                            r.opt_text("outage_destination")?,
+                            r.opt_text("outage_reason")?,
+                        ),
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+}

@@ -1,0 +1,686 @@
+//! The PostgreSQL store's protocol, once for every driver: which statement
+//! runs when, with which parameters, and what its rows mean.
+//!
+//! The claim, tick, settlement and blame logic is SQL (the functions of
+//! `schema.sql`); what is left for Rust is binding their parameters,
+//! batching settlements, sorting a claim's rows, the idle probe and the
+//! connections kept for claims and settlements.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
+
+use outbox_core::store::{
+    ClaimRequest, ClaimedBatch, EnqueueOutcome, FencingToken, Heartbeat, Lease, Nack, Release,
+    SettleReport,
+};
+use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, RawEvent, StoreError, UnreadableEvent};
+use tokio::sync::{Mutex, MutexGuard};
+
+use super::driver::{Driver, Exec, Param, Row, texts};
+use super::{
+    MIGRATE_ATTEMPTS, Queries, SCHEMA_VERSION, migrate_lock_timeout, migrate_locks_unavailable,
+    migrate_pause, schema_fingerprint, schema_sql,
+};
+use crate::config::{Migrated, StoreConfig};
+use crate::enqueue::{EnqueueColumns, outcomes};
+pub(super) use crate::error::during;
+use crate::settle::{ClaimRow, NackColumns, SortedClaim, settled_report, sort_claim};
+
+/// The settings and statements: what runs on a connection the caller
+/// holds (enqueue, an inbox claim, migrate), with no pool of its own.
+#[derive(Clone)]
+pub struct Statements {
+    /// The settings.
+    pub config: StoreConfig,
+    /// The statements for the settings' names.
+    pub queries: Arc<Queries>,
+}
+
+fn millis(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn limit(n: usize) -> Param {
+    Param::BigInt(n.min(i64::MAX as usize) as i64)
+}
+
+/// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event:
+/// decoding is [`RawEvent::decode`], per row.
+pub fn raw_event(row: &Row) -> Result<RawEvent, StoreError> {
+    Ok(RawEvent {
+        sequence: row.int("sequence")?,
+        event_id: row.event_id("event_id")?,
+        aggregate_type: row.text("aggregate_type")?,
+        aggregate_id: row.text("aggregate_id")?,
+        event_type: row.text("event_type")?,
+        partition_key: row.text("partition_key")?,
+        payload: row.text("payload")?,
+        payload_version: row.int("payload_version")?,
+        headers: row.text("headers")?,
+        created_at: row.time("created_at")?,
+        available_at: row.time("available_at")?,
+        attempts: row.int("attempts")?,
+    })
+}
+
+impl Statements {
+    /// The statements for `config`'s names (validated when it was built).
+    pub fn new(config: StoreConfig) -> Self {
+        let queries = Arc::new(Queries::new(&config.tables));
+        Self { config, queries }
+    }
+
+    /// The events table's name, for errors.
+    pub fn events(&self) -> String {
+        self.config.tables.events()
+    }
+
+    /// The schema DDL and functions for these names and limits (what
+    /// `migrate` runs).
+    pub fn schema_sql(&self) -> String {
+        schema_sql(&self.config, &self.queries)
+    }
+
+    /// Enqueues `events` on `conn` (the caller's transaction) in one
+    /// statement. Invalid events are refused before anything is sent, so
+    /// the caller's transaction stays usable.
+    pub async fn enqueue(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        during("enqueue", || self.events(), async move {
+            let columns = EnqueueColumns::checked(events, &self.config, true)?;
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            let params = vec![
+                Param::Uuids(columns.event_ids),
+                texts(columns.aggregate_types),
+                texts(columns.aggregate_ids),
+                texts(columns.event_types),
+                texts(columns.partition_keys),
+                texts(columns.payloads),
+                Param::Ints(columns.payload_versions),
+                Param::Texts(columns.headers),
+                Param::OptBigInts(columns.delays_ms),
+            ];
+            let rows = conn.fetch(&self.queries.enqueue, params).await?;
+            let inserted = rows
+                .iter()
+                .map(|r| Ok((*r.event_id("event_id")?.as_uuid(), r.int("sequence")?)))
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            Ok(outcomes(events, inserted))
+        })
+        .await
+    }
+
+    /// The schema version of the outbox tables: `None` if there are none,
+    /// 1 for tables made before the version record existed.
+    pub async fn installed_version(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+    ) -> Result<Option<i32>, StoreError> {
+        let tables = conn.fetch(&self.queries.installed_tables, vec![]).await?;
+        let tables = tables
+            .first()
+            .ok_or_else(|| StoreError::fatal("no row from the installed-tables query"))?;
+        let events = tables.opt_text("events")?.is_some();
+        let record = tables.opt_text("record")?.is_some();
+        let version = if events && record {
+            let rows = conn.fetch(&self.queries.installed_version, vec![]).await?;
+            match rows.first() {
+                Some(row) => row.opt_int("version")?.map(|v| v as i32),
+                None => None,
+            }
+        } else {
+            None
+        };
+        Ok(crate::config::installed_version(events, record, version))
+    }
+
+    /// One attempt of `migrate` inside the caller's transaction on `tx`:
+    /// nothing to do on tables that recorded this schema's fingerprint (no
+    /// DDL, no lock but the migrations' own advisory one); otherwise the
+    /// DDL, each lock waited for at most `MIGRATE_LOCK_TIMEOUT_MS` so
+    /// producers never queue behind it long. `None` when a lock was not
+    /// granted in time: the caller rolls back and tries again.
+    pub async fn migrate_in(
+        &self,
+        tx: &mut (impl Exec + ?Sized),
+    ) -> Result<Option<Migrated>, StoreError> {
+        tx.execute(&self.queries.migrate_lock, vec![]).await?;
+        let found = self.installed_version(tx).await?;
+        let migrated =
+            crate::config::check_schema_version(&self.events(), found, SCHEMA_VERSION)?;
+        let fingerprint = schema_fingerprint(&self.config, &self.queries);
+        let present = tx.fetch(&self.queries.applied_table, vec![]).await?;
+        if present.first().map(|r| r.bool("present")).transpose()? == Some(true) {
+            let applied = tx.fetch(&self.queries.applied_fingerprint, vec![]).await?;
+            let applied = applied
+                .first()
+                .map(|r| r.opt_text("fingerprint"))
+                .transpose()?
+                .flatten();
+            if applied.as_deref() == Some(fingerprint.as_str()) {
+                return Ok(Some(migrated));
+            }
+        }
+        tx.execute(&migrate_lock_timeout(), vec![]).await?;
+        if !tx.run_script(&self.schema_sql()).await? {
+            return Ok(None);
+        }
+        Ok(Some(migrated))
+    }
+
+    /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
+    /// shift is kept in the database, so every handle agrees.
+    pub async fn sync_clock_on(&self, conn: &mut (impl Exec + ?Sized)) -> Result<(), StoreError> {
+        if let Some(shift) = self.config.shift_micros() {
+            conn.execute(&self.queries.sync_clock, vec![Param::BigInt(shift)])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Claims `(consumer, event_id)` in the inbox on `conn`, inside the
+    /// caller's transaction: `true` means "apply the effect now". A
+    /// concurrent claim of the same pair waits on the primary key until
+    /// the first commits, then finds the row and inserts nothing.
+    pub async fn inbox_claim(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        let inserted = conn
+            .execute(
+                &self.queries.inbox_claim,
+                vec![consumer.into(), event_id.into()],
+            )
+            .await?;
+        Ok(inserted == 1)
+    }
+}
+
+/// What the idle probe and the wake-ups of one store share.
+#[derive(Debug, Default)]
+pub struct WakeState {
+    /// Wake-ups listening: the idle probe (re)registers for NOTIFY.
+    pub listeners: AtomicUsize,
+    /// The last idle probe found nothing and set `relay_waiting` itself:
+    /// a producer may have read the flag just before, so look again soon.
+    pub registered_now: AtomicBool,
+    /// The last idle probe found nothing (a wake-up need not ask again).
+    pub probed_idle: AtomicBool,
+}
+
+/// What the idle probe learnt.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    /// Something is claimable.
+    pub anything: bool,
+    /// This probe set `relay_waiting`.
+    pub registered: bool,
+}
+
+/// A connection kept for one kind of relay statement (see
+/// [`Driver::keep`]).
+struct Kept<C>(Arc<Mutex<Option<C>>>);
+
+impl<C> Clone for Kept<C> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<C> Default for Kept<C> {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(None)))
+    }
+}
+
+/// A connection for a relay statement: the kept one, or one from the pool.
+enum RelayConn<'a, C> {
+    Kept(MutexGuard<'a, Option<C>>),
+    Pooled(C),
+}
+
+impl<C: Exec> RelayConn<'_, C> {
+    fn exec(&mut self) -> &mut C {
+        match self {
+            Self::Kept(slot) => slot.as_mut().expect("a kept connection"),
+            Self::Pooled(conn) => conn,
+        }
+    }
+
+    /// Runs `work` on the connection; after an error a kept connection is
+    /// let go (it may be broken): the next statement takes a fresh one.
+    async fn run<T>(
+        mut self,
+        work: impl AsyncFnOnce(&mut C) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let done = work(self.exec()).await;
+        if done.is_err()
+            && let Self::Kept(slot) = &mut self
+        {
+            **slot = None;
+        }
+        done
+    }
+}
+
+/// The store over driver `D`: its pool, the state its relays share, and
+/// (by `Deref`) its [`Statements`]. Clones share all of it.
+pub struct Protocol<D: Driver> {
+    /// The driver's pool.
+    pub driver: D,
+    /// The settings and statements.
+    pub statements: Statements,
+    /// The last claim found nothing: the next one asks first whether there
+    /// is anything to claim (one statement instead of the claim). A
+    /// wake-up that already knows (it asked, or was notified) clears it.
+    pub idle: Arc<AtomicBool>,
+    /// What the idle probe and the wake-ups share.
+    pub wake: Arc<WakeState>,
+    claims: Kept<D::Conn>,
+    settlements: Kept<D::Conn>,
+}
+
+impl<D: Driver> Clone for Protocol<D> {
+    fn clone(&self) -> Self {
+        Self {
+            driver: self.driver.clone(),
+            statements: self.statements.clone(),
+            idle: self.idle.clone(),
+            wake: self.wake.clone(),
+            claims: self.claims.clone(),
+            settlements: self.settlements.clone(),
+        }
+    }
+}
+
+impl<D: Driver> std::ops::Deref for Protocol<D> {
+    type Target = Statements;
+    fn deref(&self) -> &Statements {
+        &self.statements
+    }
+}
+
+impl<D: Driver> std::ops::DerefMut for Protocol<D> {
+    fn deref_mut(&mut self) -> &mut Statements {
+        &mut self.statements
+    }
+}
+
+impl<D: Driver> Protocol<D> {
+    /// The store over `driver`'s pool on `config`'s tables.
+    pub fn new(driver: D, config: StoreConfig) -> Self {
+        Self {
+            driver,
+            statements: Statements::new(config),
+            idle: Arc::default(),
+            wake: Arc::default(),
+            claims: Kept::default(),
+            settlements: Kept::default(),
+        }
+    }
+
+    async fn relay_conn<'a>(
+        &self,
+        kept: &'a Kept<D::Conn>,
+    ) -> Result<RelayConn<'a, D::Conn>, StoreError> {
+        let mut slot = kept.0.lock().await;
+        if self.driver.is_closed() {
+            *slot = None;
+        }
+        if slot.is_none() {
+            match self.driver.keep().await? {
+                Some(conn) => *slot = Some(conn),
+                None => return Ok(RelayConn::Pooled(self.driver.connect().await?)),
+            }
+        }
+        Ok(RelayConn::Kept(slot))
+    }
+
+    /// [`Statements::sync_clock_on`] on a pooled connection.
+    pub async fn sync_clock(&self) -> Result<(), StoreError> {
+        if self.config.shift_micros().is_some() {
+            let mut conn = self.driver.connect().await?;
+            self.sync_clock_on(&mut conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates or updates the tables, indexes, trigger and functions, in
+    /// one transaction per attempt. Idempotent and quiet; concurrent
+    /// callers take turns. Tables of another schema version are refused
+    /// with [`StoreError::Config`] naming the upgrade notes, before
+    /// anything is changed.
+    pub async fn migrate(&self) -> Result<Migrated, StoreError> {
+        during("migrate", || self.events(), async move {
+            for attempt in 1..=MIGRATE_ATTEMPTS {
+                let mut tx = self.driver.begin().await?;
+                if let Some(migrated) = self.migrate_in(&mut tx).await? {
+                    D::commit(tx).await?;
+                    return Ok(migrated);
+                }
+                drop(tx);
+                tokio::time::sleep(migrate_pause(attempt)).await;
+            }
+            Err(migrate_locks_unavailable())
+        })
+        .await
+    }
+
+    /// The schema version of the outbox tables (see
+    /// [`Statements::installed_version`]).
+    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
+        let mut conn = self.driver.connect().await?;
+        self.installed_version(&mut conn).await
+    }
+
+    /// Enqueues `events` in a transaction of its own.
+    pub async fn enqueue_alone(
+        &self,
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        during("enqueue", || self.events(), async move {
+            self.sync_clock().await?;
+            let mut tx = self.driver.begin().await?;
+            let outcomes = self.enqueue(&mut tx, events).await?;
+            D::commit(tx).await?;
+            Ok(outcomes)
+        })
+        .await
+    }
+
+    /// One statement: is there anything to claim? With a wake-up attached,
+    /// it also (re)sets `relay_waiting`.
+    pub async fn probe(&self) -> Result<Probe, StoreError> {
+        let register = self.wake.listeners.load(AtomicOrdering::Relaxed) > 0;
+        let rows = self
+            .relay_conn(&self.claims)
+            .await?
+            .run(async |conn| conn.fetch(&self.queries.probe, vec![register.into()]).await)
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::fatal("no row from the idle probe"))?;
+        let probe = Probe {
+            anything: row.bool("anything")?,
+            registered: row.bool("registered")?,
+        };
+        self.wake
+            .probed_idle
+            .store(!probe.anything, AtomicOrdering::Relaxed);
+        self.wake
+            .registered_now
+            .store(probe.registered, AtomicOrdering::Relaxed);
+        Ok(probe)
+    }
+
+    /// Producer transactions still open among `watched` (every one that
+    /// inserted events, if `None`), and whether anything is claimable once
+    /// they are seen.
+    pub async fn watch_producers(
+        &self,
+        watched: Option<&[String]>,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        let params = vec![Param::OptTexts(watched.map(<[String]>::to_vec))];
+        let rows = self
+            .relay_conn(&self.claims)
+            .await?
+            .run(async |conn| conn.fetch(&self.queries.watch_producers, params).await)
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::fatal("no row from the producer watch"))?;
+        Ok((row.texts("in_flight")?, row.bool("anything")?))
+    }
+
+    /// Clears `relay_waiting` (a wake-up going away).
+    pub async fn stop_waiting(&self) -> Result<(), StoreError> {
+        let mut conn = self.driver.connect().await?;
+        conn.execute(&self.queries.stop_waiting, vec![]).await?;
+        Ok(())
+    }
+
+    /// The next claim goes straight to its transaction: whoever calls this
+    /// has just learnt there is something to claim.
+    pub fn expect_work(&self) {
+        self.idle.store(false, AtomicOrdering::Relaxed);
+    }
+
+    /// Claims a batch (`OutboxStore::claim_batch`).
+    pub async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
+        during("claim_batch", || self.events(), async move {
+            self.sync_clock().await?;
+            // While idle, one cheap statement instead of a claim.
+            if self.idle.load(AtomicOrdering::Relaxed) && !self.probe().await?.anything {
+                return Ok(ClaimedBatch::default());
+            }
+            let params = vec![
+                request.owner.as_str().into(),
+                Param::Int(i32::try_from(request.limit).unwrap_or(i32::MAX)),
+                Param::BigInt(millis(request.lease_duration)),
+                Param::Int(i32::try_from(request.crash_loop_limit).unwrap_or(i32::MAX)),
+                (request.ordering == Ordering::PerKey).into(),
+                (request.poison == PoisonPolicy::Block).into(),
+            ];
+            let rows = self
+                .relay_conn(&self.claims)
+                .await?
+                .run(async |conn| conn.fetch(&self.queries.claim, params).await)
+                .await?;
+            let rows = rows
+                .iter()
+                .map(|r| {
+                    Ok(ClaimRow {
+                        raw: raw_event(r)?,
+                        crash_looped: r.bool("crash_looped")?,
+                        fencing_token: r.opt_int("fencing_token")?,
+                        lease_expires_at: r.opt_time("lease_expires_at")?,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            let block = request.poison == PoisonPolicy::Block;
+            let SortedClaim {
+                mut batch,
+                held_back,
+                unreadable,
+            } = sort_claim(rows, block)?;
+            // Release first: failing an unreadable row under Block parks its
+            // key's later rows, which must be back out of their lease by then.
+            self.release(&held_back).await?;
+            self.fail_unreadable(&unreadable, block).await?;
+            batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
+            self.idle.store(
+                batch.events.is_empty() && batch.unreadable.is_empty(),
+                AtomicOrdering::Relaxed,
+            );
+            Ok(batch)
+        })
+        .await
+    }
+
+    /// Runs a settlement statement returning the `sequence` of each row it
+    /// settled, on the connection kept for settlements; the rest of `asked`
+    /// (sequence, event id) was fenced.
+    async fn settle(
+        &self,
+        sql: &str,
+        params: Vec<Param>,
+        asked: impl Iterator<Item = (i64, EventId)>,
+    ) -> Result<SettleReport, StoreError> {
+        let rows = self
+            .relay_conn(&self.settlements)
+            .await?
+            .run(async |conn| conn.fetch(sql, params).await)
+            .await?;
+        settled(&rows, asked)
+    }
+
+    fn ack_params(leases: &[Lease]) -> Vec<Param> {
+        vec![
+            Param::BigInts(leases.iter().map(|l| l.sequence).collect()),
+            Param::BigInts(leases.iter().map(|l| l.fencing_token.0).collect()),
+        ]
+    }
+
+    /// Acks (`OutboxStore::ack`).
+    pub async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
+        during("ack", || self.events(), async move {
+            if leases.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            self.sync_clock().await?;
+            self.settle(
+                &self.queries.ack,
+                Self::ack_params(leases),
+                leases.iter().map(|l| (l.sequence, l.event_id)),
+            )
+            .await
+        })
+        .await
+    }
+
+    /// Acks `leases` on `conn` (a transaction of the caller's, for tests
+    /// that hold a settlement open).
+    pub async fn ack_in(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        leases: &[Lease],
+    ) -> Result<SettleReport, StoreError> {
+        let rows = conn
+            .fetch(&self.queries.ack, Self::ack_params(leases))
+            .await?;
+        settled(&rows, leases.iter().map(|l| (l.sequence, l.event_id)))
+    }
+
+    /// Nacks (`OutboxStore::nack`).
+    pub async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
+        during("nack", || self.events(), async move {
+            if nacks.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            self.sync_clock().await?;
+            let columns = NackColumns::of(nacks);
+            let params = vec![
+                Param::BigInts(columns.sequences),
+                Param::BigInts(columns.tokens),
+                Param::OptBigInts(columns.retry_after_ms),
+                Param::Bools(columns.block_key),
+                texts(columns.kinds),
+                texts(columns.classes),
+                Param::Texts(columns.errors),
+            ];
+            self.settle(
+                &self.queries.nack,
+                params,
+                nacks.iter().map(|n| (n.lease.sequence, n.lease.event_id)),
+            )
+            .await
+        })
+        .await
+    }
+
+    /// Releases (`OutboxStore::release`).
+    pub async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
+        during("release", || self.events(), async move {
+            if releases.is_empty() {
+                return Ok(SettleReport::default());
+            }
+            let params = vec![
+                Param::BigInts(releases.iter().map(|r| r.lease.sequence).collect()),
+                Param::BigInts(releases.iter().map(|r| r.lease.fencing_token.0).collect()),
+                Param::Bools(releases.iter().map(|r| r.attempt_started).collect()),
+            ];
+            self.settle(
+                &self.queries.release,
+                params,
+                releases
+                    .iter()
+                    .map(|r| (r.lease.sequence, r.lease.event_id)),
+            )
+            .await
+        })
+        .await
+    }
+
+    /// Records a relay's heartbeat (`OutboxStore::heartbeat`).
+    pub async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+        during("heartbeat", || self.events(), async move {
+            self.sync_clock().await?;
+            let outage = beat.outage.as_ref();
+            let params = vec![
+                beat.relay.as_str().into(),
+                Param::Time(self.config.clock.now()),
+                Param::OptText(outage.map(|o| o.destination.clone())),
+                Param::OptText(outage.map(|o| o.reason.clone())),
+            ];
+            let mut conn = self.driver.connect().await?;
+            conn.execute(&self.queries.heartbeat, params).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Fails claimed rows that do not decode, each on its own (history kind
+    /// `Unreadable`), out of the lease that holds them.
+    async fn fail_unreadable(
+        &self,
+        unreadable: &[(UnreadableEvent, FencingToken)],
+        block_key: bool,
+    ) -> Result<(), StoreError> {
+        if unreadable.is_empty() {
+            return Ok(());
+        }
+        let params = vec![
+            Param::BigInts(unreadable.iter().map(|(u, _)| u.event.sequence).collect()),
+            Param::BigInts(unreadable.iter().map(|(_, t)| t.0).collect()),
+            block_key.into(),
+            Param::Texts(unreadable.iter().map(|(u, _)| u.reason.clone()).collect()),
+        ];
+        let mut conn = self.driver.connect().await?;
+        conn.execute(&self.queries.fail_unreadable, params).await?;
+        Ok(())
+    }
+
+    /// Deletes inbox claims older than `older_than`, at most `batch_size`.
+    pub async fn inbox_purge(
+        &self,
+        older_than: std::time::Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        during(
+            "inbox purge_older_than",
+            || self.config.tables.inbox(),
+            async move {
+                self.sync_clock().await?;
+                let mut conn = self.driver.connect().await?;
+                conn.execute(
+                    &self.queries.inbox_purge,
+                    vec![Param::BigInt(millis(older_than)), limit(batch_size)],
+                )
+                .await
+            },
+        )
+        .await
+    }
+}
+
+/// What a settlement did: the `sequence` of each row it returned was
+/// settled, the rest of `asked` (sequence, event id) was fenced.
+fn settled(
+    rows: &[Row],
+    asked: impl Iterator<Item = (i64, EventId)>,
+) -> Result<SettleReport, StoreError> {
+    let mut sequences = Vec::with_capacity(rows.len());
+    for row in rows {
+        if let Some(sequence) = row.opt_int("sequence")? {
+            sequences.push(sequence);
+        }
+    }
+    Ok(settled_report(sequences, asked))
+}
