@@ -9,10 +9,10 @@ pub mod blame;
 pub mod codes;
 /// Table names, store settings, schema versions.
 pub mod config;
-/// An enqueue as column arrays, and its outcomes.
-pub mod enqueue;
 /// `delegate_sql_store!`: the core's store traits on an adapter's store type.
 mod delegate;
+/// An enqueue as column arrays, and its outcomes.
+pub mod enqueue;
 /// Naming the operation and table in a store error.
 pub mod error;
 /// Attempt-history rows as the stores append them in batches.

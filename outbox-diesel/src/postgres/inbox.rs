@@ -7,11 +7,11 @@ use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use diesel::sql_types::{BigInt, Text, Uuid as SqlUuid};
 use diesel_async::pooled_connection::deadpool::Object;
-use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
+use diesel_async::{AnsiTransactionManager, AsyncPgConnection, TransactionManager};
 use outbox_core::{EventId, InboxStore, StoreError};
 
+use super::driver::Diesel;
 use super::store::PgStore;
 use crate::Effect;
 use crate::error::ResultExt;
@@ -59,13 +59,10 @@ impl PgInbox {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
-        let inserted = diesel::sql_query(self.store.queries().inbox_claim.as_str())
-            .bind::<Text, _>(consumer)
-            .bind::<SqlUuid, _>(*event_id.as_uuid())
-            .execute(conn)
+        self.store
+            .protocol
+            .inbox_claim(&mut Diesel(conn), consumer, event_id)
             .await
-            .store()?;
-        Ok(inserted == 1)
     }
 
     fn table(&self) -> String {
@@ -162,19 +159,9 @@ impl InboxStore for PgInbox {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        let purge = async {
-            let mut conn = self.store.conn().await?;
-            self.store.sync_clock(&mut conn).await?;
-            let purged = diesel::sql_query(self.store.queries().inbox_purge.as_str())
-                .bind::<BigInt, _>(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX))
-                .bind::<BigInt, _>(batch_size.min(i64::MAX as usize) as i64)
-                .execute(&mut conn)
-                .await
-                .store()?;
-            Ok(purged as u64)
-        };
-        purge
+        self.store
+            .protocol
+            .inbox_purge(older_than, batch_size)
             .await
-            .map_err(|e: StoreError| e.during("inbox purge", self.table()))
     }
 }

@@ -4,9 +4,8 @@
 //! diesel-async; the statements are `outbox-sql`'s, the same the sqlx
 //! store runs.
 
-mod admin;
+mod driver;
 mod inbox;
-mod rows;
 mod statements;
 mod store;
 mod sync;
@@ -17,24 +16,13 @@ pub use crate::Effect;
 pub use inbox::{PgInbox, PgInboxTx};
 pub use store::PgStore;
 
-use std::sync::Arc;
-
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_core::store::EnqueueOutcome;
 use outbox_core::{NewEvent, StoreError};
-use outbox_sql::enqueue::{EnqueueColumns, outcomes};
-use outbox_sql::postgres::Queries;
+use outbox_sql::postgres::Statements;
 use outbox_sql::{Migrated, StoreConfig};
 
-use crate::error::ResultExt;
-use statements::{Applied, AppliedTable, Inserted, Installed, InstalledVersion};
-
-/// A statement cancelled by `lock_timeout` (Diesel keeps the server's
-/// message, not its SQLSTATE 55P03).
-fn is_lock_timeout(error: &diesel::result::Error) -> bool {
-    matches!(error, diesel::result::Error::DatabaseError(_, info)
-        if info.message().contains("lock timeout"))
-}
+use driver::{Diesel, is_lock_timeout};
 
 pub use outbox_sql::postgres::SCHEMA_VERSION;
 
@@ -57,14 +45,13 @@ pub const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
 /// the same statement.
 #[derive(Clone)]
 pub struct PgOutbox {
-    config: StoreConfig,
-    queries: Arc<Queries>,
+    statements: Statements,
 }
 
 impl std::fmt::Debug for PgOutbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgOutbox")
-            .field("tables", &self.config.tables)
+            .field("tables", &self.statements.config.tables)
             .finish_non_exhaustive()
     }
 }
@@ -72,13 +59,14 @@ impl std::fmt::Debug for PgOutbox {
 impl PgOutbox {
     /// The outbox on `config`'s tables (names were validated when built).
     pub fn new(config: StoreConfig) -> Self {
-        let queries = Arc::new(Queries::new(&config.tables));
-        Self { config, queries }
+        Self {
+            statements: Statements::new(config),
+        }
     }
 
     /// The settings.
     pub fn config(&self) -> &StoreConfig {
-        &self.config
+        &self.statements.config
     }
 
     /// Enqueues `events` on `conn`, inside your transaction
@@ -91,24 +79,14 @@ impl PgOutbox {
         conn: &mut AsyncPgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        // Bad input is refused here, before anything is sent.
-        let columns = EnqueueColumns::checked(events, &self.config, true)?;
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows: Vec<Inserted> =
-            diesel_async::RunQueryDsl::load(statements::enqueue(&self.queries, columns), conn)
-                .await
-                .store()
-                .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
-        Ok(outcomes(events, rows.into_iter().map(Inserted::pair)))
+        self.statements.enqueue(&mut Diesel(conn), events).await
     }
 
     /// The schema DDL and functions for these names and limits (what
     /// [`PgOutbox::migrate`] runs; the sqlx store's `schema_sql` is the
     /// same text).
     pub fn schema_sql(&self) -> String {
-        outbox_sql::postgres::schema_sql(&self.config, &self.queries)
+        self.statements.schema_sql()
     }
 
     /// Creates or updates the tables, indexes, trigger and functions, in
@@ -126,82 +104,46 @@ impl PgOutbox {
             }
             tokio::time::sleep(migrate_pause(attempt)).await;
         }
-        Err(migrate_locks_unavailable().during("migrate", self.config.tables.events()))
+        Err(migrate_locks_unavailable().during("migrate", self.config().tables.events()))
     }
 
-    /// One attempt of [`PgOutbox::migrate`]; `None` when a lock was not
-    /// granted in time (rolled back).
+    /// One attempt of [`PgOutbox::migrate`] in a Diesel transaction (a
+    /// savepoint inside one of yours); `None` when a lock was not granted
+    /// in time (rolled back).
     async fn migrate_once(
         &self,
         conn: &mut AsyncPgConnection,
     ) -> Result<Option<Migrated>, StoreError> {
-        let schema = self.schema_sql();
-        let fingerprint = outbox_sql::postgres::schema_fingerprint(&self.config, &self.queries);
         let migrated = conn
             .transaction::<_, crate::Error, _>(async |conn| {
-                diesel_async::RunQueryDsl::execute(
-                    diesel::sql_query(self.queries.migrate_lock.as_str()),
-                    &mut *conn,
-                )
-                .await?;
-                let installed: Installed = diesel_async::RunQueryDsl::get_result(
-                    diesel::sql_query(self.queries.installed_tables.as_str()),
-                    &mut *conn,
-                )
-                .await?;
-                let version = if installed.both() {
-                    diesel_async::RunQueryDsl::get_result::<InstalledVersion>(
-                        diesel::sql_query(self.queries.installed_version.as_str()),
-                        &mut *conn,
-                    )
-                    .await?
-                    .version
-                } else {
-                    None
-                };
-                let migrated = self.check(&installed, version)?;
-                let present = diesel_async::RunQueryDsl::get_result::<AppliedTable>(
-                    diesel::sql_query(self.queries.applied_table.as_str()),
-                    &mut *conn,
-                )
-                .await?
-                .present;
-                if present {
-                    let applied = diesel_async::RunQueryDsl::get_result::<Applied>(
-                        diesel::sql_query(self.queries.applied_fingerprint.as_str()),
-                        &mut *conn,
-                    )
-                    .await?;
-                    if applied.fingerprint.as_deref() == Some(fingerprint.as_str()) {
-                        return Ok(Some(migrated));
-                    }
+                match self.statements.migrate_in(&mut Diesel(conn)).await? {
+                    Some(migrated) => Ok(migrated),
+                    // Rolls the attempt back.
+                    None => Err(diesel::result::Error::RollbackTransaction.into()),
                 }
-                diesel_async::RunQueryDsl::execute(
-                    diesel::sql_query(outbox_sql::postgres::migrate_lock_timeout()),
-                    &mut *conn,
-                )
-                .await?;
-                conn.batch_execute(&schema).await?;
-                Ok(Some(migrated))
             })
             .await;
         match migrated {
-            Err(crate::Error::Diesel(e)) if is_lock_timeout(&e) => Ok(None),
-            other => other.map_err(|e| {
-                e.into_store_error()
-                    .during("migrate", self.config.tables.events())
-            }),
+            Ok(migrated) => Ok(Some(migrated)),
+            Err(crate::Error::Diesel(diesel::result::Error::RollbackTransaction)) => Ok(None),
+            Err(e) => Err(e
+                .into_store_error()
+                .during("migrate", self.config().tables.events())),
         }
     }
 
-    fn check(&self, installed: &Installed, version: Option<i32>) -> Result<Migrated, StoreError> {
+    fn check(
+        &self,
+        installed: &statements::Installed,
+        version: Option<i32>,
+    ) -> Result<Migrated, StoreError> {
         let found = outbox_sql::config::installed_version(
             installed.events.is_some(),
             installed.record.is_some(),
             version,
         );
         outbox_sql::config::check_schema_version(
-            &self.config.tables.events(),
+            &self.config().tables.events(),
             found,
             SCHEMA_VERSION,
         )

@@ -36,14 +36,14 @@ impl PgOutbox {
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
         // Bad input is refused here, before anything is sent.
-        let columns = EnqueueColumns::checked(events, &self.config, true)?;
+        let columns = EnqueueColumns::checked(events, &self.statements.config, true)?;
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let rows: Vec<Inserted> = statements::enqueue(&self.queries, columns)
+        let rows: Vec<Inserted> = statements::enqueue(&self.statements.queries, columns)
             .load(conn)
             .store()
-            .map_err(|e| e.during("enqueue", self.config.tables.events()))?;
+            .map_err(|e| e.during("enqueue", self.statements.config.tables.events()))?;
         Ok(outcomes(events, rows.into_iter().map(Inserted::pair)))
     }
 
@@ -60,7 +60,7 @@ impl PgOutbox {
             }
             std::thread::sleep(migrate_pause(attempt));
         }
-        Err(migrate_locks_unavailable().during("migrate", self.config.tables.events()))
+        Err(migrate_locks_unavailable().during("migrate", self.statements.config.tables.events()))
     }
 
     fn migrate_sync_once(
@@ -68,25 +68,30 @@ impl PgOutbox {
         conn: &mut impl LoadConnection<Backend = Pg>,
     ) -> Result<Option<Migrated>, StoreError> {
         let schema = self.schema_sql();
-        let fingerprint = outbox_sql::postgres::schema_fingerprint(&self.config, &self.queries);
+        let fingerprint = outbox_sql::postgres::schema_fingerprint(
+            &self.statements.config,
+            &self.statements.queries,
+        );
         let migrated = conn.transaction::<_, crate::Error, _>(|conn| {
-            diesel::sql_query(self.queries.migrate_lock.as_str()).execute(conn)?;
+            diesel::sql_query(self.statements.queries.migrate_lock.as_str()).execute(conn)?;
             let installed: Installed =
-                diesel::sql_query(self.queries.installed_tables.as_str()).get_result(conn)?;
+                diesel::sql_query(self.statements.queries.installed_tables.as_str())
+                    .get_result(conn)?;
             let version = if installed.both() {
-                diesel::sql_query(self.queries.installed_version.as_str())
+                diesel::sql_query(self.statements.queries.installed_version.as_str())
                     .get_result::<InstalledVersion>(conn)?
                     .version
             } else {
                 None
             };
             let migrated = self.check(&installed, version)?;
-            let present = diesel::sql_query(self.queries.applied_table.as_str())
+            let present = diesel::sql_query(self.statements.queries.applied_table.as_str())
                 .get_result::<AppliedTable>(conn)?
                 .present;
             if present {
-                let applied = diesel::sql_query(self.queries.applied_fingerprint.as_str())
-                    .get_result::<Applied>(conn)?;
+                let applied =
+                    diesel::sql_query(self.statements.queries.applied_fingerprint.as_str())
+                        .get_result::<Applied>(conn)?;
                 if applied.fingerprint.as_deref() == Some(fingerprint.as_str()) {
                     return Ok(Some(migrated));
                 }
@@ -99,7 +104,7 @@ impl PgOutbox {
             Err(crate::Error::Diesel(e)) if super::is_lock_timeout(&e) => Ok(None),
             other => other.map_err(|e| {
                 e.into_store_error()
-                    .during("migrate", self.config.tables.events())
+                    .during("migrate", self.statements.config.tables.events())
             }),
         }
     }
@@ -114,12 +119,12 @@ impl PgOutbox {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
-        let inserted = diesel::sql_query(self.queries.inbox_claim.as_str())
+        let inserted = diesel::sql_query(self.statements.queries.inbox_claim.as_str())
             .bind::<Text, _>(consumer)
             .bind::<SqlUuid, _>(*event_id.as_uuid())
             .execute(conn)
             .store()
-            .map_err(|e| e.during("inbox claim", self.config.tables.inbox()))?;
+            .map_err(|e| e.during("inbox claim", self.statements.config.tables.inbox()))?;
         Ok(inserted == 1)
     }
 
@@ -170,8 +175,8 @@ impl PgOutbox {
     /// The store-time shift of a configured clock skew (tests), as the
     /// async store's connections carry it.
     fn sync_clock_sync(&self, conn: &mut impl Connection<Backend = Pg>) -> Result<(), StoreError> {
-        if let Some(shift) = self.config.shift_micros() {
-            diesel::sql_query(self.queries.sync_clock.as_str())
+        if let Some(shift) = self.statements.config.shift_micros() {
+            diesel::sql_query(self.statements.queries.sync_clock.as_str())
                 .bind::<BigInt, _>(shift)
                 .execute(conn)
                 .store()?;

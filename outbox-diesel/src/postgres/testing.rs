@@ -75,10 +75,10 @@ impl BeginWrite for PgStore {
 impl FaultSeams for PgStore {
     fn with_host_clock(&self, host_clock: Arc<dyn Clock>) -> Arc<Self> {
         let config = self.config().clone().with_clock(host_clock);
-        Arc::new(Self {
-            pool: self.pool.clone(),
-            outbox: PgOutbox::new(config),
-        })
+        let mut handle = self.clone();
+        handle.protocol.statements.config = config.clone();
+        handle.outbox = PgOutbox::new(config);
+        Arc::new(handle)
     }
 
     async fn write_unreadable_row(&self, partition_key: &str) -> EventId {
@@ -110,7 +110,10 @@ impl FaultSeams for PgStore {
         AnsiTransactionManager::begin_transaction(&mut *conn)
             .await
             .store()?;
-        let report = self.ack_on(&mut conn, leases).await?;
+        let report = self
+            .protocol
+            .ack_in(&mut super::driver::Diesel(&mut *conn), leases)
+            .await?;
         let _ = ready.send(());
         release.await;
         AnsiTransactionManager::commit_transaction(&mut *conn)

@@ -142,9 +142,10 @@ impl<D: Driver> Protocol<D> {
                 first_expired_at,
             });
         }
-        if let (Some(oldest_claimed_at), Some(first_expires_at)) =
-            (r.opt_time("long_claimed_at")?, r.opt_time("long_expires_at")?)
-        {
+        if let (Some(oldest_claimed_at), Some(first_expires_at)) = (
+            r.opt_time("long_claimed_at")?,
+            r.opt_time("long_expires_at")?,
+        ) {
             held.push(HeldBack::LongLeases {
                 owners: r.texts("long_owners")?,
                 events: r.count("long_events")?,
@@ -371,7 +372,12 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
         during(
             "requeue",
             || self.events(),
-            self.operator_update(&self.queries.requeue, event_id, AttemptKind::Requeued, action),
+            self.operator_update(
+                &self.queries.requeue,
+                event_id,
+                AttemptKind::Requeued,
+                action,
+            ),
         )
         .await
     }

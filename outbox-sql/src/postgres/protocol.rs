@@ -13,7 +13,9 @@ use outbox_core::store::{
     ClaimRequest, ClaimedBatch, EnqueueOutcome, FencingToken, Heartbeat, Lease, Nack, Release,
     SettleReport,
 };
-use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, RawEvent, StoreError, UnreadableEvent};
+use outbox_core::{
+    EventId, NewEvent, Ordering, PoisonPolicy, RawEvent, StoreError, UnreadableEvent,
+};
 use tokio::sync::{Mutex, MutexGuard};
 
 use super::driver::{Driver, Exec, Param, Row, texts};
@@ -151,8 +153,7 @@ impl Statements {
     ) -> Result<Option<Migrated>, StoreError> {
         tx.execute(&self.queries.migrate_lock, vec![]).await?;
         let found = self.installed_version(tx).await?;
-        let migrated =
-            crate::config::check_schema_version(&self.events(), found, SCHEMA_VERSION)?;
+        let migrated = crate::config::check_schema_version(&self.events(), found, SCHEMA_VERSION)?;
         let fingerprint = schema_fingerprint(&self.config, &self.queries);
         let present = tx.fetch(&self.queries.applied_table, vec![]).await?;
         if present.first().map(|r| r.bool("present")).transpose()? == Some(true) {

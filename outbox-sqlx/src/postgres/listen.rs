@@ -65,7 +65,10 @@ impl Drop for PgWakeUp {
     /// waiting sets it again at its next idle poll).
     fn drop(&mut self) {
         let protocol = &self.store.protocol;
-        protocol.wake.listeners.fetch_sub(1, AtomicOrdering::Relaxed);
+        protocol
+            .wake
+            .listeners
+            .fetch_sub(1, AtomicOrdering::Relaxed);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let protocol = protocol.clone();
             runtime.spawn(async move {
@@ -103,7 +106,12 @@ impl PgWakeUp {
         let mut watched: Option<Vec<String>> = None;
         let mut pause = Duration::ZERO;
         loop {
-            let (in_flight, anything) = match self.store.protocol.watch_producers(watched.as_deref()).await {
+            let (in_flight, anything) = match self
+                .store
+                .protocol
+                .watch_producers(watched.as_deref())
+                .await
+            {
                 Ok(seen) => seen,
                 Err(error) => {
                     tracing::warn!(%error, "could not watch producers; relying on polling");

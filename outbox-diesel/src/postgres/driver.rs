@@ -1,0 +1,188 @@
+//! Diesel as `outbox-sql`'s PostgreSQL driver: binds the protocol's
+//! parameters and reads its rows; the protocol itself is
+//! `outbox_sql::postgres::Protocol`, the one the sqlx store runs.
+
+use std::ops::DerefMut;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use diesel::deserialize::{FromSql, QueryableByName};
+use diesel::pg::Pg;
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::row::{Field, NamedRow};
+use diesel::sql_types::{
+    Array, BigInt, Bool, Integer, Nullable, SmallInt, Text, Timestamptz, Uuid as SqlUuid,
+};
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use diesel_async::{
+    AnsiTransactionManager, AsyncPgConnection, SimpleAsyncConnection, TransactionManager,
+};
+use outbox_core::StoreError;
+use outbox_sql::postgres::{Driver, Exec, Param, Row, Value};
+
+use crate::error::{ResultExt, store_error};
+
+/// A statement with the protocol's parameters bound.
+fn bind(sql: &str, params: Vec<Param>) -> BoxedSqlQuery<'static, Pg, SqlQuery> {
+    params.into_iter().fold(
+        diesel::sql_query(sql).into_boxed(),
+        |query, param| match param {
+            Param::BigInt(n) => query.bind::<BigInt, _>(n),
+            Param::Int(n) => query.bind::<Integer, _>(n),
+            Param::Bool(b) => query.bind::<Bool, _>(b),
+            Param::Text(t) => query.bind::<Text, _>(t),
+            Param::OptText(t) => query.bind::<Nullable<Text>, _>(t),
+            Param::OptBigInt(n) => query.bind::<Nullable<BigInt>, _>(n),
+            Param::Uuid(u) => query.bind::<SqlUuid, _>(u),
+            Param::Time(t) => query.bind::<Timestamptz, _>(t),
+            Param::BigInts(v) => query.bind::<Array<BigInt>, _>(v),
+            Param::OptBigInts(v) => query.bind::<Array<Nullable<BigInt>>, _>(v),
+            Param::Ints(v) => query.bind::<Array<Integer>, _>(v),
+            Param::Bools(v) => query.bind::<Array<Bool>, _>(v),
+            Param::Texts(v) => query.bind::<Array<Text>, _>(v),
+            Param::OptTexts(v) => query.bind::<Nullable<Array<Text>>, _>(v),
+            Param::Uuids(v) => query.bind::<Array<SqlUuid>, _>(v),
+        },
+    )
+}
+
+/// Type oids of the columns the statements return.
+mod oid {
+    pub(super) const BOOL: u32 = 16;
+    pub(super) const NAME: u32 = 19;
+    pub(super) const INT8: u32 = 20;
+    pub(super) const INT2: u32 = 21;
+    pub(super) const INT4: u32 = 23;
+    pub(super) const TEXT: u32 = 25;
+    pub(super) const NAME_ARRAY: u32 = 1003;
+    pub(super) const TEXT_ARRAY: u32 = 1009;
+    pub(super) const VARCHAR_ARRAY: u32 = 1015;
+    pub(super) const BPCHAR: u32 = 1042;
+    pub(super) const VARCHAR: u32 = 1043;
+    pub(super) const TIMESTAMPTZ: u32 = 1184;
+    pub(super) const UUID: u32 = 2950;
+}
+
+/// Any row, read column by column by each column's type.
+struct AnyRow(Row);
+
+impl QueryableByName<Pg> for AnyRow {
+    fn build<'a>(row: &impl NamedRow<'a, Pg>) -> diesel::deserialize::Result<Self> {
+        let count = diesel::row::Row::field_count(row);
+        let mut names = Vec::with_capacity(count);
+        let mut values = Vec::with_capacity(count);
+        for index in 0..count {
+            let field = diesel::row::Row::get(row, index).ok_or("a column went missing")?;
+            names.push(field.field_name().unwrap_or_default().to_owned());
+            let Some(value) = field.value() else {
+                values.push(Value::Null);
+                continue;
+            };
+            values.push(match value.get_oid().get() {
+                oid::INT8 => Value::Int(<i64 as FromSql<BigInt, Pg>>::from_sql(value)?),
+                oid::INT4 => Value::Int(i64::from(<i32 as FromSql<Integer, Pg>>::from_sql(value)?)),
+                oid::INT2 => {
+                    Value::Int(i64::from(<i16 as FromSql<SmallInt, Pg>>::from_sql(value)?))
+                }
+                oid::BOOL => Value::Bool(<bool as FromSql<Bool, Pg>>::from_sql(value)?),
+                oid::TEXT | oid::VARCHAR | oid::NAME | oid::BPCHAR => {
+                    Value::Text(<String as FromSql<Text, Pg>>::from_sql(value)?)
+                }
+                oid::UUID => Value::Uuid(<uuid::Uuid as FromSql<SqlUuid, Pg>>::from_sql(value)?),
+                oid::TIMESTAMPTZ => Value::Time(
+                    <DateTime<Utc> as FromSql<Timestamptz, Pg>>::from_sql(value)?,
+                ),
+                oid::TEXT_ARRAY | oid::VARCHAR_ARRAY | oid::NAME_ARRAY => {
+                    Value::Texts(<Vec<String> as FromSql<Array<Text>, Pg>>::from_sql(value)?)
+                }
+                other => {
+                    return Err(
+                        format!("column {index}: no protocol value for type oid {other}").into(),
+                    );
+                }
+            });
+        }
+        Ok(Self(Row::new(Arc::from(names), values)))
+    }
+}
+
+/// A statement cancelled by `lock_timeout` (Diesel keeps the server's
+/// message, not its SQLSTATE 55P03).
+pub(super) fn is_lock_timeout(error: &diesel::result::Error) -> bool {
+    matches!(error, diesel::result::Error::DatabaseError(_, info)
+        if info.message().contains("lock timeout"))
+}
+
+/// A diesel-async connection the protocol runs statements on: pooled, in
+/// a transaction, or the caller's `&mut AsyncPgConnection`.
+pub(crate) struct Diesel<C>(pub(crate) C);
+
+#[async_trait]
+impl<C> Exec for Diesel<C>
+where
+    C: DerefMut<Target = AsyncPgConnection> + Send,
+{
+    async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
+        let changed = diesel_async::RunQueryDsl::execute(bind(sql, params), &mut *self.0)
+            .await
+            .store()?;
+        Ok(changed as u64)
+    }
+
+    async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
+        let rows = diesel_async::RunQueryDsl::load::<AnyRow>(bind(sql, params), &mut *self.0)
+            .await
+            .store()?;
+        Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+
+    async fn run_script(&mut self, sql: &str) -> Result<bool, StoreError> {
+        match self.0.batch_execute(sql).await {
+            Ok(()) => Ok(true),
+            Err(error) if is_lock_timeout(&error) => Ok(false),
+            Err(error) => Err(store_error(error)),
+        }
+    }
+}
+
+/// A deadpool pool of [`AsyncPgConnection`]s as the protocol's driver.
+#[derive(Clone)]
+pub(crate) struct DieselDriver(pub(crate) Pool<AsyncPgConnection>);
+
+impl DieselDriver {
+    /// A pooled connection; a pool that cannot give one is unavailable.
+    pub(crate) async fn conn(&self) -> Result<Object<AsyncPgConnection>, StoreError> {
+        self.0
+            .get()
+            .await
+            .map_err(|e| StoreError::Unavailable(Box::new(e)))
+    }
+}
+
+#[async_trait]
+impl Driver for DieselDriver {
+    type Conn = Diesel<Object<AsyncPgConnection>>;
+    /// Diesel's transaction manager knows the transaction: dropped
+    /// uncommitted, the connection counts as broken and the pool discards
+    /// it (the server rolls back).
+    type Tx = Diesel<Object<AsyncPgConnection>>;
+
+    async fn connect(&self) -> Result<Self::Conn, StoreError> {
+        self.conn().await.map(Diesel)
+    }
+
+    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+        let mut conn = self.conn().await?;
+        AnsiTransactionManager::begin_transaction(&mut *conn)
+            .await
+            .store()?;
+        Ok(Diesel(conn))
+    }
+
+    async fn commit(mut tx: Self::Tx) -> Result<(), StoreError> {
+        AnsiTransactionManager::commit_transaction(&mut *tx.0)
+            .await
+            .store()
+    }
+}
