@@ -13,7 +13,8 @@ use outbox_core::store::{
 use outbox_core::{EventId, NewEvent, StoreError};
 
 use super::driver::{Driver, Exec, Param, Row};
-use super::protocol::{Protocol, during, raw_event};
+use super::protocol::{Protocol, during};
+use super::statements::raw_event;
 use crate::codes;
 use crate::validate::{check_event, headers_json};
 

@@ -5,11 +5,13 @@ mod admin;
 pub mod driver;
 mod protocol;
 mod queries;
+mod statements;
 mod traits;
 
 pub use driver::{Driver, Exec, Param, Row, Value};
-pub use protocol::{Probe, Protocol, Statements, WakeState, raw_event};
+pub use protocol::{Probe, Protocol, WakeState};
 pub use queries::{EVENT_COLUMNS, Queries};
+pub use statements::{Statements, raw_event};
 
 use crate::config::StoreConfig;
 

@@ -1,0 +1,190 @@
+//! The PostgreSQL statements that run on a connection the caller holds
+//! (enqueue in the business transaction, an inbox claim, migrate), and
+//! what their rows mean.
+
+use std::sync::Arc;
+
+use outbox_core::store::EnqueueOutcome;
+use outbox_core::{EventId, NewEvent, RawEvent, StoreError};
+
+use super::driver::{Exec, Param, Row, texts};
+use super::{Queries, SCHEMA_VERSION, migrate_lock_timeout, schema_fingerprint, schema_sql};
+use crate::config::{Migrated, StoreConfig};
+use crate::enqueue::{EnqueueColumns, outcomes};
+use crate::error::during;
+
+/// The settings and statements: what runs on a connection the caller
+/// holds (enqueue, an inbox claim, migrate), with no pool of its own.
+#[derive(Clone)]
+pub struct Statements {
+    /// The settings.
+    pub config: StoreConfig,
+    /// The statements for the settings' names.
+    pub queries: Arc<Queries>,
+}
+
+pub(super) fn millis(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(super) fn limit(n: usize) -> Param {
+    Param::BigInt(n.min(i64::MAX as usize) as i64)
+}
+
+/// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event:
+/// decoding is [`RawEvent::decode`], per row.
+pub fn raw_event(row: &Row) -> Result<RawEvent, StoreError> {
+    Ok(RawEvent {
+        sequence: row.int("sequence")?,
+        event_id: row.event_id("event_id")?,
+        aggregate_type: row.text("aggregate_type")?,
+        aggregate_id: row.text("aggregate_id")?,
+        event_type: row.text("event_type")?,
+        partition_key: row.text("partition_key")?,
+        payload: row.text("payload")?,
+        payload_version: row.int("payload_version")?,
+        headers: row.text("headers")?,
+        created_at: row.time("created_at")?,
+        available_at: row.time("available_at")?,
+        attempts: row.int("attempts")?,
+    })
+}
+
+impl Statements {
+    /// The statements for `config`'s names (validated when it was built).
+    pub fn new(config: StoreConfig) -> Self {
+        let queries = Arc::new(Queries::new(&config.tables));
+        Self { config, queries }
+    }
+
+    /// The events table's name, for errors.
+    pub fn events(&self) -> String {
+        self.config.tables.events()
+    }
+
+    /// The schema DDL and functions for these names and limits (what
+    /// `migrate` runs).
+    pub fn schema_sql(&self) -> String {
+        schema_sql(&self.config, &self.queries)
+    }
+
+    /// Enqueues `events` on `conn` (the caller's transaction) in one
+    /// statement. Invalid events are refused before anything is sent, so
+    /// the caller's transaction stays usable.
+    pub async fn enqueue(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        during("enqueue", || self.events(), async move {
+            let columns = EnqueueColumns::checked(events, &self.config, true)?;
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            let params = vec![
+                Param::Uuids(columns.event_ids),
+                texts(columns.aggregate_types),
+                texts(columns.aggregate_ids),
+                texts(columns.event_types),
+                texts(columns.partition_keys),
+                texts(columns.payloads),
+                Param::Ints(columns.payload_versions),
+                Param::Texts(columns.headers),
+                Param::OptBigInts(columns.delays_ms),
+            ];
+            let rows = conn.fetch(&self.queries.enqueue, params).await?;
+            let inserted = rows
+                .iter()
+                .map(|r| Ok((*r.event_id("event_id")?.as_uuid(), r.int("sequence")?)))
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            Ok(outcomes(events, inserted))
+        })
+        .await
+    }
+
+    /// The schema version of the outbox tables: `None` if there are none,
+    /// 1 for tables made before the version record existed.
+    pub async fn installed_version(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+    ) -> Result<Option<i32>, StoreError> {
+        let tables = conn.fetch(&self.queries.installed_tables, vec![]).await?;
+        let tables = tables
+            .first()
+            .ok_or_else(|| StoreError::fatal("no row from the installed-tables query"))?;
+        let events = tables.opt_text("events")?.is_some();
+        let record = tables.opt_text("record")?.is_some();
+        let version = if events && record {
+            let rows = conn.fetch(&self.queries.installed_version, vec![]).await?;
+            match rows.first() {
+                Some(row) => row.opt_int("version")?.map(|v| v as i32),
+                None => None,
+            }
+        } else {
+            None
+        };
+        Ok(crate::config::installed_version(events, record, version))
+    }
+
+    /// One attempt of `migrate` inside the caller's transaction on `tx`:
+    /// nothing to do on tables that recorded this schema's fingerprint (no
+    /// DDL, no lock but the migrations' own advisory one); otherwise the
+    /// DDL, each lock waited for at most `MIGRATE_LOCK_TIMEOUT_MS` so
+    /// producers never queue behind it long. `None` when a lock was not
+    /// granted in time: the caller rolls back and tries again.
+    pub async fn migrate_in(
+        &self,
+        tx: &mut (impl Exec + ?Sized),
+    ) -> Result<Option<Migrated>, StoreError> {
+        tx.execute(&self.queries.migrate_lock, vec![]).await?;
+        let found = self.installed_version(tx).await?;
+        let migrated = crate::config::check_schema_version(&self.events(), found, SCHEMA_VERSION)?;
+        let fingerprint = schema_fingerprint(&self.config, &self.queries);
+        let present = tx.fetch(&self.queries.applied_table, vec![]).await?;
+        if present.first().map(|r| r.bool("present")).transpose()? == Some(true) {
+            let applied = tx.fetch(&self.queries.applied_fingerprint, vec![]).await?;
+            let applied = applied
+                .first()
+                .map(|r| r.opt_text("fingerprint"))
+                .transpose()?
+                .flatten();
+            if applied.as_deref() == Some(fingerprint.as_str()) {
+                return Ok(Some(migrated));
+            }
+        }
+        tx.execute(&migrate_lock_timeout(), vec![]).await?;
+        if !tx.run_script(&self.schema_sql()).await? {
+            return Ok(None);
+        }
+        Ok(Some(migrated))
+    }
+
+    /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
+    /// shift is kept in the database, so every handle agrees.
+    pub async fn sync_clock_on(&self, conn: &mut (impl Exec + ?Sized)) -> Result<(), StoreError> {
+        if let Some(shift) = self.config.shift_micros() {
+            conn.execute(&self.queries.sync_clock, vec![Param::BigInt(shift)])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Claims `(consumer, event_id)` in the inbox on `conn`, inside the
+    /// caller's transaction: `true` means "apply the effect now". A
+    /// concurrent claim of the same pair waits on the primary key until
+    /// the first commits, then finds the row and inserts nothing.
+    pub async fn inbox_claim(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        let inserted = conn
+            .execute(
+                &self.queries.inbox_claim,
+                vec![consumer.into(), event_id.into()],
+            )
+            .await?;
+        Ok(inserted == 1)
+    }
+}
