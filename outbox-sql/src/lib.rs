@@ -21,6 +21,8 @@ pub mod history;
 pub mod mysql;
 /// PostgreSQL schema and statements.
 pub mod postgres;
+/// A result row as drivers hand it to their dialect's protocol.
+pub mod row;
 /// A claim's and a settlement's rows, and a nack's parameters, for any driver.
 pub mod settle;
 /// SQLite schema and statements.

@@ -5,11 +5,8 @@
 //! in which order, what a row means) is the protocol's, so both run the
 //! same store.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use outbox_core::{EventId, StoreError};
+use outbox_core::StoreError;
 
 /// A statement parameter. The MySQL statements bind only these.
 #[derive(Clone, Debug, PartialEq)]
@@ -72,118 +69,7 @@ impl From<Option<String>> for Param {
     }
 }
 
-/// A value as a row carries it: every column the statements read is an
-/// integer (booleans are TINYINT, times are microseconds) or text.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Value {
-    /// SQL NULL.
-    Null,
-    /// Any integer type.
-    Int(i64),
-    /// Text, valid UTF-8.
-    Text(String),
-    /// Bytes that are not UTF-8.
-    Bytes(Vec<u8>),
-}
-
-impl Value {
-    /// Text or binary as the server sent it (binary-collated text arrives
-    /// flagged binary): UTF-8 is kept as text, checked once here.
-    pub fn from_bytes(bytes: Vec<u8>) -> Self {
-        match String::from_utf8(bytes) {
-            Ok(text) => Self::Text(text),
-            Err(e) => Self::Bytes(e.into_bytes()),
-        }
-    }
-}
-
-/// One result row: values by column name.
-#[derive(Clone, Debug)]
-pub struct Row {
-    names: Arc<[String]>,
-    values: Vec<Value>,
-}
-
-impl Row {
-    /// A row of `values`, named by `names` in the same order (drivers share
-    /// one `names` among the rows of a result).
-    pub fn new(names: Arc<[String]>, values: Vec<Value>) -> Self {
-        debug_assert_eq!(names.len(), values.len());
-        Self { names, values }
-    }
-
-    fn value(&self, column: &str) -> Result<&Value, StoreError> {
-        self.names
-            .iter()
-            .position(|n| n == column)
-            .map(|i| &self.values[i])
-            .ok_or_else(|| StoreError::fatal(format!("no column {column} in the row")))
-    }
-
-    /// A nullable integer.
-    pub fn opt_int(&self, column: &str) -> Result<Option<i64>, StoreError> {
-        match self.value(column)? {
-            Value::Null => Ok(None),
-            Value::Int(n) => Ok(Some(*n)),
-            // A DECIMAL (what SUM gives) travels as text.
-            Value::Text(t) => t
-                .parse()
-                .map(Some)
-                .map_err(|_| StoreError::fatal(format!("column {column} is not an integer"))),
-            Value::Bytes(_) => Err(StoreError::fatal(format!(
-                "column {column} is not an integer"
-            ))),
-        }
-    }
-
-    /// An integer.
-    pub fn int(&self, column: &str) -> Result<i64, StoreError> {
-        self.opt_int(column)?
-            .ok_or_else(|| StoreError::fatal(format!("column {column} is NULL")))
-    }
-
-    /// A BOOLEAN.
-    pub fn bool(&self, column: &str) -> Result<bool, StoreError> {
-        Ok(self.int(column)? != 0)
-    }
-
-    /// Nullable text, as UTF-8.
-    pub fn opt_text(&self, column: &str) -> Result<Option<String>, StoreError> {
-        match self.value(column)? {
-            Value::Null => Ok(None),
-            Value::Int(n) => Ok(Some(n.to_string())),
-            Value::Text(t) => Ok(Some(t.clone())),
-            Value::Bytes(_) => Err(StoreError::fatal(format!(
-                "column {column} is not UTF-8 text"
-            ))),
-        }
-    }
-
-    /// Text, as UTF-8.
-    pub fn text(&self, column: &str) -> Result<String, StoreError> {
-        self.opt_text(column)?
-            .ok_or_else(|| StoreError::fatal(format!("column {column} is NULL")))
-    }
-
-    /// An event id stored as text.
-    pub fn event_id(&self, column: &str) -> Result<EventId, StoreError> {
-        let text = self.text(column)?;
-        text.parse()
-            .map_err(|e| StoreError::fatal(format!("stored event id {text:?}: {e}")))
-    }
-
-    /// A time stored as microseconds since the epoch.
-    pub fn time(&self, column: &str) -> Result<DateTime<Utc>, StoreError> {
-        from_micros(self.int(column)?)
-    }
-}
-
-/// Times are stored as microseconds since the Unix epoch: integers compare
-/// and index exactly, unlike text timestamps of varying precision.
-pub fn from_micros(micros: i64) -> Result<DateTime<Utc>, StoreError> {
-    DateTime::from_timestamp_micros(micros)
-        .ok_or_else(|| StoreError::fatal(format!("stored time {micros} out of range")))
-}
+pub use crate::row::{Row, Value, from_micros};
 
 /// Runs statements: a connection, an open transaction, or the caller's
 /// connection inside their own transaction. Errors are already the core's,

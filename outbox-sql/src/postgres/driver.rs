@@ -5,8 +5,6 @@
 //! when, and what its rows mean, is the protocol's, so both run the same
 //! store.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{EventId, StoreError};
@@ -89,137 +87,7 @@ pub fn texts<S: AsRef<str>>(values: impl IntoIterator<Item = S>) -> Param {
     Param::Texts(values.into_iter().map(|s| s.as_ref().to_owned()).collect())
 }
 
-/// A value as a row carries it: the column types the statements return.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Value {
-    /// SQL NULL.
-    Null,
-    /// `smallint`, `integer` or `bigint`.
-    Int(i64),
-    /// `boolean`.
-    Bool(bool),
-    /// `text`, `varchar`, `name`.
-    Text(String),
-    /// `uuid`.
-    Uuid(Uuid),
-    /// `timestamptz`.
-    Time(DateTime<Utc>),
-    /// `text[]` (also `name[]`, `varchar[]`).
-    Texts(Vec<String>),
-}
-
-/// One result row: values by column name.
-#[derive(Clone, Debug)]
-pub struct Row {
-    names: Arc<[String]>,
-    values: Vec<Value>,
-}
-
-fn wrong_type(column: &str, expected: &str, found: &Value) -> StoreError {
-    StoreError::fatal(format!(
-        "column {column}: expected {expected}, found {found:?}"
-    ))
-}
-
-fn null(column: &str) -> StoreError {
-    StoreError::fatal(format!("column {column} is NULL"))
-}
-
-impl Row {
-    /// A row of `values`, named by `names` in the same order (drivers share
-    /// one `names` among the rows of a result).
-    pub fn new(names: Arc<[String]>, values: Vec<Value>) -> Self {
-        debug_assert_eq!(names.len(), values.len());
-        Self { names, values }
-    }
-
-    fn value(&self, column: &str) -> Result<&Value, StoreError> {
-        self.names
-            .iter()
-            .position(|n| n == column)
-            .map(|i| &self.values[i])
-            .ok_or_else(|| StoreError::fatal(format!("no column {column} in the row")))
-    }
-
-    /// A nullable integer.
-    pub fn opt_int(&self, column: &str) -> Result<Option<i64>, StoreError> {
-        match self.value(column)? {
-            Value::Null => Ok(None),
-            Value::Int(n) => Ok(Some(*n)),
-            other => Err(wrong_type(column, "an integer", other)),
-        }
-    }
-
-    /// An integer.
-    pub fn int(&self, column: &str) -> Result<i64, StoreError> {
-        self.opt_int(column)?.ok_or_else(|| null(column))
-    }
-
-    /// A count: NULL (an empty aggregate) is zero.
-    pub fn count(&self, column: &str) -> Result<u64, StoreError> {
-        Ok(self.opt_int(column)?.unwrap_or(0).max(0) as u64)
-    }
-
-    /// A boolean.
-    pub fn bool(&self, column: &str) -> Result<bool, StoreError> {
-        match self.value(column)? {
-            Value::Bool(b) => Ok(*b),
-            Value::Null => Err(null(column)),
-            other => Err(wrong_type(column, "a boolean", other)),
-        }
-    }
-
-    /// Nullable text.
-    pub fn opt_text(&self, column: &str) -> Result<Option<String>, StoreError> {
-        match self.value(column)? {
-            Value::Null => Ok(None),
-            Value::Text(t) => Ok(Some(t.clone())),
-            other => Err(wrong_type(column, "text", other)),
-        }
-    }
-
-    /// Text.
-    pub fn text(&self, column: &str) -> Result<String, StoreError> {
-        self.opt_text(column)?.ok_or_else(|| null(column))
-    }
-
-    /// A nullable event id (`uuid`).
-    pub fn opt_event_id(&self, column: &str) -> Result<Option<EventId>, StoreError> {
-        match self.value(column)? {
-            Value::Null => Ok(None),
-            Value::Uuid(u) => Ok(Some(EventId::from_uuid(*u))),
-            other => Err(wrong_type(column, "a uuid", other)),
-        }
-    }
-
-    /// An event id (`uuid`).
-    pub fn event_id(&self, column: &str) -> Result<EventId, StoreError> {
-        self.opt_event_id(column)?.ok_or_else(|| null(column))
-    }
-
-    /// A nullable `timestamptz`.
-    pub fn opt_time(&self, column: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
-        match self.value(column)? {
-            Value::Null => Ok(None),
-            Value::Time(t) => Ok(Some(*t)),
-            other => Err(wrong_type(column, "a timestamptz", other)),
-        }
-    }
-
-    /// A `timestamptz`.
-    pub fn time(&self, column: &str) -> Result<DateTime<Utc>, StoreError> {
-        self.opt_time(column)?.ok_or_else(|| null(column))
-    }
-
-    /// A `text[]`; NULL is empty.
-    pub fn texts(&self, column: &str) -> Result<Vec<String>, StoreError> {
-        match self.value(column)? {
-            Value::Null => Ok(Vec::new()),
-            Value::Texts(t) => Ok(t.clone()),
-            other => Err(wrong_type(column, "a text array", other)),
-        }
-    }
-}
+pub use crate::row::{Row, Value};
 
 /// Runs statements: a pooled connection, an open transaction, or the
 /// caller's connection inside their own transaction. Errors are already
