@@ -6,16 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox_core::consume::Consumed;
 use outbox_core::relay::OutagePolicy;
 use outbox_core::store::RelayId;
 use outbox_core::{CancellationToken, Relay, RelayConfig};
 use outbox_kafka::{
-    KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher, KafkaPublisherConfig,
-    TopicRouter,
+    KafkaConsumer, KafkaConsumerConfig, KafkaPublisher, KafkaPublisherConfig, TopicRouter,
 };
 use outbox_redis::{
     ConnectionSettings, ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher,
-    StreamEvent, StreamRouter,
+    StreamRouter,
 };
 use outbox_sqlx::StoreConfig;
 use outbox_sqlx::postgres::PgStore;
@@ -145,25 +145,15 @@ impl RecordEffect {
     }
 }
 
+/// Events from either broker: one handler.
 #[async_trait]
-impl Handler<Transaction<'static, Postgres>, StreamEvent> for RecordEffect {
+impl<E: Consumed + Sync> Handler<Transaction<'static, Postgres>, E> for RecordEffect {
     async fn handle(
         &self,
         tx: &mut Transaction<'static, Postgres>,
-        event: &StreamEvent,
+        event: &E,
     ) -> Result<(), HandlerError> {
-        Self::record(tx, &event.partition_key, event.event_id).await
-    }
-}
-
-#[async_trait]
-impl Handler<Transaction<'static, Postgres>, KafkaEvent> for RecordEffect {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        event: &KafkaEvent,
-    ) -> Result<(), HandlerError> {
-        Self::record(tx, &event.partition_key, event.event_id).await
+        Self::record(tx, event.partition_key(), event.event_id()).await
     }
 }
 

@@ -105,6 +105,16 @@ pub trait Handler<Tx: Send, E: Sync>: Send + Sync {
     async fn handle(&self, tx: &mut Tx, event: &E) -> Result<(), HandlerError>;
 }
 
+/// What names an event a consumer runner hands its handler: the inbox's
+/// key and the ordering key. Every broker's event type implements it, so
+/// one handler can serve events from any of them.
+pub trait Consumed {
+    /// The event id (the inbox's key).
+    fn event_id(&self) -> EventId;
+    /// The ordering key.
+    fn partition_key(&self) -> &str;
+}
+
 /// Metric names every consumer runner reports through (the `metrics`
 /// facade; labelled by `consumer`, the inbox's consumer name).
 pub mod metrics {

@@ -26,6 +26,7 @@
 //! applied ([`ConsumerReport::resumed`], `skipped_behind`), instead of
 //! sending each to its inbox again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::consume::{Applied, Applier, default_store_outage};
@@ -74,6 +75,15 @@ pub struct KafkaEvent {
     pub payload: Vec<u8>,
     /// Correlation, causation, trace context and free headers.
     pub headers: Headers,
+}
+
+impl outbox_core::consume::Consumed for KafkaEvent {
+    fn event_id(&self) -> EventId {
+        self.event_id
+    }
+    fn partition_key(&self) -> &str {
+        &self.partition_key
+    }
 }
 
 impl KafkaEvent {
@@ -312,7 +322,9 @@ impl ConsumerContext for CommitWatch {
 
 /// Reads a consumer group and applies each event once through an inbox.
 pub struct KafkaConsumer<I, H> {
-    consumer: StreamConsumer<CommitWatch>,
+    /// Shared with the blocking task that asks the coordinator for the
+    /// committed offsets at shutdown.
+    consumer: Arc<StreamConsumer<CommitWatch>>,
     dead_letters: FutureProducer,
     config: KafkaConsumerConfig,
     inbox: I,
@@ -360,7 +372,7 @@ where
             producer.set(key, value);
         }
         Ok(Self {
-            consumer: consumer.create_with_context(CommitWatch::default())?,
+            consumer: Arc::new(consumer.create_with_context(CommitWatch::default())?),
             dead_letters: producer.create()?,
             config,
             inbox,
@@ -578,11 +590,18 @@ where
                 );
                 return positions.count() as u64;
             }
-            // Blocks for at most a second: asks the coordinator what it holds.
-            match self
-                .consumer
-                .committed_offsets(positions.clone(), Duration::from_secs(1))
-            {
+            // Asks the coordinator what it holds: a call that blocks for up
+            // to a second, so on a blocking thread, not an async worker.
+            let (consumer, asked) = (self.consumer.clone(), positions.clone());
+            let query = tokio::task::spawn_blocking(move || {
+                consumer.committed_offsets(asked, Duration::from_secs(1))
+            });
+            let held = match query.await {
+                Ok(held) => held,
+                // The runtime is shutting down: nothing is confirmed.
+                Err(_) => Err(KafkaError::Canceled),
+            };
+            match held {
                 Ok(held) if holds(&held, &positions) => {
                     let committed: Vec<String> = positions
                         .elements()

@@ -15,7 +15,7 @@ use outbox_kafka::{
     Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
     KafkaPublisherConfig, TopicRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, EndToEndDb};
+use outbox_sqlx::postgres::{EffectLog, EndToEndDb, RecordEffect};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -120,25 +120,6 @@ impl Setup {
 
     async fn wait_for_effects(&self, n: usize) {
         self.db.wait_for_effects(n, DEADLINE).await;
-    }
-}
-
-struct RecordEffect {
-    log: EffectLog,
-}
-
-#[async_trait]
-impl Handler<Transaction<'static, Postgres>, KafkaEvent> for RecordEffect {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        event: &KafkaEvent,
-    ) -> Result<(), HandlerError> {
-        self.log
-            .record(tx, &event.partition_key, event.event_id)
-            .await
-            .map_err(|e| HandlerError::Retry(e.to_string()))?;
-        Ok(())
     }
 }
 

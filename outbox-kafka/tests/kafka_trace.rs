@@ -19,7 +19,7 @@ use outbox_kafka::{
     Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
     KafkaPublisherConfig, TopicRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, EndToEndDb};
+use outbox_sqlx::postgres::{EffectLog, EndToEndDb, RecordEffect};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -27,26 +27,6 @@ use sqlx::{Postgres, Transaction};
 use tracing::Instrument;
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-/// Records the effect inside a span of its own, as application code does.
-struct RecordEffect {
-    log: EffectLog,
-}
-
-#[async_trait]
-impl Handler<Transaction<'static, Postgres>, KafkaEvent> for RecordEffect {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        event: &KafkaEvent,
-    ) -> Result<(), HandlerError> {
-        self.log
-            .record(tx, &event.partition_key, event.event_id)
-            .instrument(tracing::info_span!("record_effect"))
-            .await
-            .map_err(|e| HandlerError::Retry(e.to_string()))
-    }
-}
 
 /// Current-thread runtime: the relay and consumer tasks report to the
 /// recorder this thread installed.

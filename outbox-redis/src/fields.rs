@@ -72,6 +72,15 @@ pub struct DecodeError {
     pub reason: String,
 }
 
+impl outbox_core::consume::Consumed for StreamEvent {
+    fn event_id(&self) -> EventId {
+        self.event_id
+    }
+    fn partition_key(&self) -> &str {
+        &self.partition_key
+    }
+}
+
 impl StreamEvent {
     /// Reads an entry's fields.
     pub fn decode(

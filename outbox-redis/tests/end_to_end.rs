@@ -21,7 +21,7 @@ use outbox_redis::{
     ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, RedisConsumer,
     RedisPublisher, StreamEvent, StreamRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, EndToEndDb};
+use outbox_sqlx::postgres::{EffectLog, EndToEndDb, RecordEffect};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 use tracing::Instrument;
@@ -36,29 +36,6 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 
 async fn database() -> EndToEndDb {
     EndToEndDb::create("e2e").await
-}
-
-/// The consumer's effect: a row in the same transaction as the inbox claim.
-struct RecordEffect {
-    log: EffectLog,
-}
-
-#[async_trait]
-impl Handler<Transaction<'static, Postgres>, StreamEvent> for RecordEffect {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        event: &StreamEvent,
-    ) -> Result<(), HandlerError> {
-        // A span of the handler's own, as application code opens: the trace
-        // test finds it under the consumer's span.
-        self.log
-            .record(tx, &event.partition_key, event.event_id)
-            .instrument(tracing::info_span!("record_effect"))
-            .await
-            .map_err(|e| HandlerError::Retry(e.to_string()))?;
-        Ok(())
-    }
 }
 
 /// OpenTelemetry across the hop: the span around the enqueue, the relay's

@@ -20,7 +20,7 @@ use outbox_sns::{
     ConsumerConfig, ConsumerReport, Handler, HandlerError, SnsPublisher, SqsConsumer, SqsEvent,
     TopicRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, EndToEndDb};
+use outbox_sqlx::postgres::{EffectLog, EndToEndDb, RecordEffect};
 use sqlx::{Postgres, Transaction};
 use support::{Aws, OwnEmulator, Subscribed, unique};
 use tokio::sync::Notify;
@@ -35,28 +35,6 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(DEADLINE, fut)
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-/// The consumer's effect: a row in the same transaction as the inbox claim.
-struct RecordEffect {
-    log: EffectLog,
-}
-
-#[async_trait]
-impl Handler<Transaction<'static, Postgres>, SqsEvent> for RecordEffect {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        event: &SqsEvent,
-    ) -> Result<(), HandlerError> {
-        // A span of the handler's own, as application code opens: the trace
-        // test finds it under the consumer's span.
-        self.log
-            .record(tx, &event.partition_key, event.event_id)
-            .instrument(tracing::info_span!("record_effect"))
-            .await
-            .map_err(|e| HandlerError::Retry(e.to_string()))
-    }
 }
 
 struct Setup {

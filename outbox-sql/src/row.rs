@@ -7,6 +7,7 @@
 //! text; PostgreSQL has `boolean`, `timestamptz` and `uuid`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chrono::{DateTime, Utc};
 use outbox_core::{EventId, StoreError};
@@ -53,10 +54,19 @@ pub fn from_micros(micros: i64) -> Result<DateTime<Utc>, StoreError> {
 }
 
 /// One result row: values by column name.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Row {
     names: Arc<[String]>,
     values: Vec<Value>,
+    /// Where the next lookup starts: readers take columns mostly in the
+    /// statement's order, so each name is found at the first comparison.
+    next: AtomicUsize,
+}
+
+impl Clone for Row {
+    fn clone(&self) -> Self {
+        Self::new(self.names.clone(), self.values.clone())
+    }
 }
 
 fn wrong_type(column: &str, expected: &str, found: &Value) -> StoreError {
@@ -78,15 +88,39 @@ impl Row {
     /// one `names` among the rows of a result).
     pub fn new(names: Arc<[String]>, values: Vec<Value>) -> Self {
         debug_assert_eq!(names.len(), values.len());
-        Self { names, values }
+        Self {
+            names,
+            values,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn index(&self, column: &str) -> Result<usize, StoreError> {
+        let count = self.names.len();
+        let start = self.next.load(Ordering::Relaxed);
+        let index = (0..count)
+            .map(|i| (start + i) % count)
+            .find(|&i| self.names[i] == column)
+            .ok_or_else(|| StoreError::fatal(format!("no column {column} in the row")))?;
+        self.next.store(index + 1, Ordering::Relaxed);
+        Ok(index)
     }
 
     fn value(&self, column: &str) -> Result<&Value, StoreError> {
-        self.names
-            .iter()
-            .position(|n| n == column)
-            .map(|i| &self.values[i])
-            .ok_or_else(|| StoreError::fatal(format!("no column {column} in the row")))
+        Ok(&self.values[self.index(column)?])
+    }
+
+    /// Text moved out of the row, which keeps NULL in its place: for the
+    /// large columns (payloads, headers) a reader takes once, without a
+    /// copy.
+    pub fn take_text(&mut self, column: &str) -> Result<String, StoreError> {
+        let index = self.index(column)?;
+        match &mut self.values[index] {
+            Value::Text(t) => Ok(std::mem::take(t)),
+            Value::Int(n) => Ok(n.to_string()),
+            Value::Null => Err(null(column)),
+            other => Err(wrong_type(column, "text", other)),
+        }
     }
 
     /// A nullable integer.

@@ -18,8 +18,9 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::{
     AnsiTransactionManager, AsyncPgConnection, SimpleAsyncConnection, TransactionManager,
 };
-use outbox_core::StoreError;
+use outbox_core::{EventId, RawEvent, StoreError};
 use outbox_sql::postgres::{Driver, Exec, Param, Row, Value};
+use outbox_sql::settle::ClaimRow;
 
 use crate::error::{ResultExt, store_error};
 
@@ -67,14 +68,41 @@ mod oid {
 /// Any row, read column by column by each column's type.
 struct AnyRow(Row);
 
+thread_local! {
+    /// The column names of the last row built on this thread: the rows of
+    /// one result share them (compared, not allocated, per row).
+    static NAMES: std::cell::RefCell<Arc<[String]>> = std::cell::RefCell::new(Arc::from(Vec::new()));
+}
+
+/// `row`'s column names, shared with the previous row's when the same.
+fn names<'a>(row: &impl NamedRow<'a, Pg>, count: usize) -> Arc<[String]> {
+    let name = |index| {
+        diesel::row::Row::get(row, index)
+            .and_then(|f| f.field_name().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    NAMES.with(|last| {
+        let same = {
+            let last = last.borrow();
+            last.len() == count
+                && (0..count).all(|i| {
+                    diesel::row::Row::get(row, i)
+                        .is_some_and(|f| f.field_name() == Some(last[i].as_str()))
+                })
+        };
+        if !same {
+            *last.borrow_mut() = (0..count).map(name).collect();
+        }
+        last.borrow().clone()
+    })
+}
+
 impl QueryableByName<Pg> for AnyRow {
     fn build<'a>(row: &impl NamedRow<'a, Pg>) -> diesel::deserialize::Result<Self> {
         let count = diesel::row::Row::field_count(row);
-        let mut names = Vec::with_capacity(count);
         let mut values = Vec::with_capacity(count);
         for index in 0..count {
             let field = diesel::row::Row::get(row, index).ok_or("a column went missing")?;
-            names.push(field.field_name().unwrap_or_default().to_owned());
             let Some(value) = field.value() else {
                 values.push(Value::Null);
                 continue;
@@ -103,8 +131,75 @@ impl QueryableByName<Pg> for AnyRow {
                 }
             });
         }
-        Ok(Self(Row::new(Arc::from(names), values)))
+        Ok(Self(Row::new(names(row, count), values)))
     }
+}
+
+/// A claim's row, typed (see `Exec::fetch_claimed`): the columns of
+/// `EVENT_COLUMNS`, then the lease's.
+#[derive(QueryableByName)]
+struct ClaimedRow {
+    #[diesel(sql_type = BigInt)]
+    sequence: i64,
+    #[diesel(sql_type = SqlUuid)]
+    event_id: uuid::Uuid,
+    #[diesel(sql_type = Text)]
+    aggregate_type: String,
+    #[diesel(sql_type = Text)]
+    aggregate_id: String,
+    #[diesel(sql_type = Text)]
+    event_type: String,
+    #[diesel(sql_type = Text)]
+    partition_key: String,
+    #[diesel(sql_type = Text)]
+    payload: String,
+    #[diesel(sql_type = Integer)]
+    payload_version: i32,
+    #[diesel(sql_type = Text)]
+    headers: String,
+    #[diesel(sql_type = Timestamptz)]
+    created_at: DateTime<Utc>,
+    #[diesel(sql_type = Timestamptz)]
+    available_at: DateTime<Utc>,
+    #[diesel(sql_type = Integer)]
+    attempts: i32,
+    #[diesel(sql_type = Bool)]
+    crash_looped: bool,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    fencing_token: Option<i64>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    lease_expires_at: Option<DateTime<Utc>>,
+}
+
+impl ClaimedRow {
+    fn into_claim_row(self) -> ClaimRow {
+        ClaimRow {
+            raw: RawEvent {
+                sequence: self.sequence,
+                event_id: EventId::from_uuid(self.event_id),
+                aggregate_type: self.aggregate_type,
+                aggregate_id: self.aggregate_id,
+                event_type: self.event_type,
+                partition_key: self.partition_key,
+                payload: self.payload,
+                payload_version: i64::from(self.payload_version),
+                headers: self.headers,
+                created_at: self.created_at,
+                available_at: self.available_at,
+                attempts: i64::from(self.attempts),
+            },
+            crash_looped: self.crash_looped,
+            fencing_token: self.fencing_token,
+            lease_expires_at: self.lease_expires_at,
+        }
+    }
+}
+
+/// A settlement's row.
+#[derive(QueryableByName)]
+struct Settled {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    sequence: Option<i64>,
 }
 
 /// A statement cancelled by `lock_timeout` (Diesel keeps the server's
@@ -135,6 +230,28 @@ where
             .await
             .store()?;
         Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+
+    async fn fetch_claimed(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<Vec<ClaimRow>, StoreError> {
+        let rows = diesel_async::RunQueryDsl::load::<ClaimedRow>(bind(sql, params), &mut *self.0)
+            .await
+            .store()?;
+        Ok(rows.into_iter().map(ClaimedRow::into_claim_row).collect())
+    }
+
+    async fn fetch_sequences(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<Vec<Option<i64>>, StoreError> {
+        let rows = diesel_async::RunQueryDsl::load::<Settled>(bind(sql, params), &mut *self.0)
+            .await
+            .store()?;
+        Ok(rows.into_iter().map(|r| r.sequence).collect())
     }
 
     async fn run_script(&mut self, sql: &str) -> Result<bool, StoreError> {

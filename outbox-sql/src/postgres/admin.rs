@@ -200,11 +200,11 @@ impl<D: Driver> Protocol<D> {
             let (id, record) = attempt_record(&r)?;
             histories.entry(id).or_default().push(record);
         }
-        rows.iter()
-            .map(|r| {
+        rows.into_iter()
+            .map(|mut r| {
                 // A row that does not decode is listed as far as it reads;
                 // its history says why it failed.
-                let event = raw_event(r)?.decode().unwrap_or_else(|u| u.event);
+                let event = raw_event(&mut r)?.decode().unwrap_or_else(|u| u.event);
                 Ok(FailedEvent {
                     history: histories.remove(&event.event_id).unwrap_or_default(),
                     blocks_key: r.bool("blocks_key")?,

@@ -11,7 +11,7 @@ mod traits;
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::{Probe, Protocol, WakeState};
 pub use queries::{EVENT_COLUMNS, Queries};
-pub use statements::{Statements, raw_event};
+pub use statements::{Statements, claim_row, raw_event};
 
 use crate::config::StoreConfig;
 

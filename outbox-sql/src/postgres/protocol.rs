@@ -16,12 +16,12 @@ use outbox_core::store::{
 use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError, UnreadableEvent};
 use tokio::sync::{Mutex, MutexGuard};
 
-use super::driver::{Driver, Exec, Param, Row, texts};
-use super::statements::{Statements, limit, millis, raw_event};
+use super::driver::{Driver, Exec, Param, texts};
+use super::statements::{Statements, limit, millis};
 use super::{MIGRATE_ATTEMPTS, migrate_locks_unavailable, migrate_pause};
 use crate::config::{Migrated, StoreConfig};
 pub(super) use crate::error::during;
-use crate::settle::{ClaimRow, NackColumns, SortedClaim, settled_report, sort_claim};
+use crate::settle::{NackColumns, SortedClaim, settled_report, sort_claim};
 
 /// What the idle probe and the wake-ups of one store share.
 #[derive(Debug, Default)]
@@ -291,19 +291,8 @@ impl<D: Driver> Protocol<D> {
             let rows = self
                 .relay_conn(&self.claims)
                 .await?
-                .run(async |conn| conn.fetch(&self.queries.claim, params).await)
+                .run(async |conn| conn.fetch_claimed(&self.queries.claim, params).await)
                 .await?;
-            let rows = rows
-                .iter()
-                .map(|r| {
-                    Ok(ClaimRow {
-                        raw: raw_event(r)?,
-                        crash_looped: r.bool("crash_looped")?,
-                        fencing_token: r.opt_int("fencing_token")?,
-                        lease_expires_at: r.opt_time("lease_expires_at")?,
-                    })
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
             let block = request.poison == PoisonPolicy::Block;
             let SortedClaim {
                 mut batch,
@@ -333,12 +322,12 @@ impl<D: Driver> Protocol<D> {
         params: Vec<Param>,
         asked: impl Iterator<Item = (i64, EventId)>,
     ) -> Result<SettleReport, StoreError> {
-        let rows = self
+        let sequences = self
             .relay_conn(&self.settlements)
             .await?
-            .run(async |conn| conn.fetch(sql, params).await)
+            .run(async |conn| conn.fetch_sequences(sql, params).await)
             .await?;
-        settled(&rows, asked)
+        Ok(settled_report(sequences.into_iter().flatten(), asked))
     }
 
     fn ack_params(leases: &[Lease]) -> Vec<Param> {
@@ -372,10 +361,13 @@ impl<D: Driver> Protocol<D> {
         conn: &mut (impl Exec + ?Sized),
         leases: &[Lease],
     ) -> Result<SettleReport, StoreError> {
-        let rows = conn
-            .fetch(&self.queries.ack, Self::ack_params(leases))
+        let sequences = conn
+            .fetch_sequences(&self.queries.ack, Self::ack_params(leases))
             .await?;
-        settled(&rows, leases.iter().map(|l| (l.sequence, l.event_id)))
+        Ok(settled_report(
+            sequences.into_iter().flatten(),
+            leases.iter().map(|l| (l.sequence, l.event_id)),
+        ))
     }
 
     /// Nacks (`OutboxStore::nack`).
@@ -488,19 +480,4 @@ impl<D: Driver> Protocol<D> {
         )
         .await
     }
-}
-
-/// What a settlement did: the `sequence` of each row it returned was
-/// settled, the rest of `asked` (sequence, event id) was fenced.
-fn settled(
-    rows: &[Row],
-    asked: impl Iterator<Item = (i64, EventId)>,
-) -> Result<SettleReport, StoreError> {
-    let mut sequences = Vec::with_capacity(rows.len());
-    for row in rows {
-        if let Some(sequence) = row.opt_int("sequence")? {
-            sequences.push(sequence);
-        }
-    }
-    Ok(settled_report(sequences, asked))
 }

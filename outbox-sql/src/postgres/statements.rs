@@ -12,6 +12,7 @@ use super::{Queries, SCHEMA_VERSION, migrate_lock_timeout, schema_fingerprint, s
 use crate::config::{Migrated, StoreConfig};
 use crate::enqueue::{EnqueueColumns, outcomes};
 use crate::error::during;
+use crate::settle::ClaimRow;
 
 /// The settings and statements: what runs on a connection the caller
 /// holds (enqueue, an inbox claim, migrate), with no pool of its own.
@@ -32,21 +33,32 @@ pub(super) fn limit(n: usize) -> Param {
 }
 
 /// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event:
-/// decoding is [`RawEvent::decode`], per row.
-pub fn raw_event(row: &Row) -> Result<RawEvent, StoreError> {
+/// decoding is [`RawEvent::decode`], per row. The text columns are moved
+/// out of `row` (a claim reads a thousand payloads; none is copied).
+pub fn raw_event(row: &mut Row) -> Result<RawEvent, StoreError> {
     Ok(RawEvent {
         sequence: row.int("sequence")?,
         event_id: row.event_id("event_id")?,
-        aggregate_type: row.text("aggregate_type")?,
-        aggregate_id: row.text("aggregate_id")?,
-        event_type: row.text("event_type")?,
-        partition_key: row.text("partition_key")?,
-        payload: row.text("payload")?,
+        aggregate_type: row.take_text("aggregate_type")?,
+        aggregate_id: row.take_text("aggregate_id")?,
+        event_type: row.take_text("event_type")?,
+        partition_key: row.take_text("partition_key")?,
+        payload: row.take_text("payload")?,
         payload_version: row.int("payload_version")?,
-        headers: row.text("headers")?,
+        headers: row.take_text("headers")?,
         created_at: row.time("created_at")?,
         available_at: row.time("available_at")?,
         attempts: row.int("attempts")?,
+    })
+}
+
+/// A claim's row: the event and its lease (see [`Exec::fetch_claimed`]).
+pub fn claim_row(row: &mut Row) -> Result<ClaimRow, StoreError> {
+    Ok(ClaimRow {
+        raw: raw_event(row)?,
+        crash_looped: row.bool("crash_looped")?,
+        fencing_token: row.opt_int("fencing_token")?,
+        lease_expires_at: row.opt_time("lease_expires_at")?,
     })
 }
 

@@ -6,8 +6,9 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::StoreError;
+use outbox_core::{EventId, RawEvent, StoreError};
 use outbox_sql::postgres::{Driver, Exec, LOCK_NOT_AVAILABLE, Param, Row, Value};
+use outbox_sql::settle::ClaimRow;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{Column, PgConnection, PgPool, Postgres, Transaction, TypeInfo, ValueRef};
@@ -77,50 +78,105 @@ fn bind(sql: &str, params: Vec<Param>) -> Query<'_> {
         })
 }
 
-/// A column's value, by its type (the types the statements return).
-fn value(row: &PgRow, index: usize) -> Result<Value, StoreError> {
-    let raw = sqlx::Row::try_get_raw(row, index).store()?;
-    if raw.is_null() {
-        return Ok(Value::Null);
-    }
-    let type_name = raw.type_info().name().to_owned();
-    let get = |row: &PgRow| -> Result<Value, sqlx::Error> {
-        use sqlx::Row as _;
-        Ok(match type_name.as_str() {
-            "INT8" => Value::Int(row.try_get::<i64, _>(index)?),
-            "INT4" => Value::Int(i64::from(row.try_get::<i32, _>(index)?)),
-            "INT2" => Value::Int(i64::from(row.try_get::<i16, _>(index)?)),
-            "BOOL" => Value::Bool(row.try_get(index)?),
-            "TEXT" | "VARCHAR" | "NAME" | "BPCHAR" => Value::Text(row.try_get(index)?),
-            "UUID" => Value::Uuid(row.try_get(index)?),
-            "TIMESTAMPTZ" => Value::Time(row.try_get(index)?),
-            "TEXT[]" | "VARCHAR[]" | "NAME[]" => Value::Texts(row.try_get(index)?),
-            other => {
-                return Err(sqlx::Error::Decode(
-                    format!("column {index}: no protocol value for type {other}").into(),
-                ));
-            }
-        })
-    };
-    get(row).store()
+/// The column types the statements return, as the protocol reads them.
+#[derive(Clone, Copy)]
+enum Kind {
+    Int8,
+    Int4,
+    Int2,
+    Bool,
+    Text,
+    Uuid,
+    Time,
+    Texts,
 }
 
+impl Kind {
+    fn of(column: &sqlx::postgres::PgColumn) -> Result<Self, StoreError> {
+        Ok(match column.type_info().name() {
+            "INT8" => Self::Int8,
+            "INT4" => Self::Int4,
+            "INT2" => Self::Int2,
+            "BOOL" => Self::Bool,
+            "TEXT" | "VARCHAR" | "NAME" | "BPCHAR" => Self::Text,
+            "UUID" => Self::Uuid,
+            "TIMESTAMPTZ" => Self::Time,
+            "TEXT[]" | "VARCHAR[]" | "NAME[]" => Self::Texts,
+            other => {
+                return Err(StoreError::fatal(format!(
+                    "column {}: no protocol value for type {other}",
+                    column.name()
+                )));
+            }
+        })
+    }
+
+    /// The value of column `index` of `row`.
+    fn read(self, row: &PgRow, index: usize) -> Result<Value, sqlx::Error> {
+        use sqlx::Row as _;
+        if row.try_get_raw(index)?.is_null() {
+            return Ok(Value::Null);
+        }
+        Ok(match self {
+            Self::Int8 => Value::Int(row.try_get::<i64, _>(index)?),
+            Self::Int4 => Value::Int(i64::from(row.try_get::<i32, _>(index)?)),
+            Self::Int2 => Value::Int(i64::from(row.try_get::<i16, _>(index)?)),
+            Self::Bool => Value::Bool(row.try_get(index)?),
+            Self::Text => Value::Text(row.try_get(index)?),
+            Self::Uuid => Value::Uuid(row.try_get(index)?),
+            Self::Time => Value::Time(row.try_get(index)?),
+            Self::Texts => Value::Texts(row.try_get(index)?),
+        })
+    }
+}
+
+/// The rows of a result: each column's kind is read once, from the
+/// result's columns, not per value.
 fn rows(rows: &[PgRow]) -> Result<Vec<Row>, StoreError> {
     let Some(first) = rows.first() else {
         return Ok(Vec::new());
     };
-    let names: Arc<[String]> = sqlx::Row::columns(first)
+    let columns = sqlx::Row::columns(first);
+    let names: Arc<[String]> = columns.iter().map(|c| c.name().to_owned()).collect();
+    let kinds = columns
         .iter()
-        .map(|c| c.name().to_owned())
-        .collect();
+        .map(Kind::of)
+        .collect::<Result<Vec<_>, _>>()?;
     rows.iter()
         .map(|r| {
-            let values = (0..names.len())
-                .map(|i| value(r, i))
-                .collect::<Result<_, _>>()?;
+            let values = kinds
+                .iter()
+                .enumerate()
+                .map(|(i, kind)| kind.read(r, i))
+                .collect::<Result<_, _>>()
+                .store()?;
             Ok(Row::new(names.clone(), values))
         })
         .collect()
+}
+
+/// A claim's row, typed (see `Exec::fetch_claimed`).
+fn claim_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
+    use sqlx::Row as _;
+    Ok(ClaimRow {
+        raw: RawEvent {
+            sequence: row.try_get("sequence")?,
+            event_id: EventId::from_uuid(row.try_get("event_id")?),
+            aggregate_type: row.try_get("aggregate_type")?,
+            aggregate_id: row.try_get("aggregate_id")?,
+            event_type: row.try_get("event_type")?,
+            partition_key: row.try_get("partition_key")?,
+            payload: row.try_get("payload")?,
+            payload_version: i64::from(row.try_get::<i32, _>("payload_version")?),
+            headers: row.try_get("headers")?,
+            created_at: row.try_get("created_at")?,
+            available_at: row.try_get("available_at")?,
+            attempts: i64::from(row.try_get::<i32, _>("attempts")?),
+        },
+        crash_looped: row.try_get("crash_looped")?,
+        fencing_token: row.try_get("fencing_token")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+    })
 }
 
 #[async_trait]
@@ -135,6 +191,27 @@ where
 
     async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
         rows(&bind(sql, params).fetch_all(&mut *self.0).await.store()?)
+    }
+
+    async fn fetch_claimed(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<Vec<ClaimRow>, StoreError> {
+        let rows = bind(sql, params).fetch_all(&mut *self.0).await.store()?;
+        rows.iter().map(claim_row).collect::<Result<_, _>>().store()
+    }
+
+    async fn fetch_sequences(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<Vec<Option<i64>>, StoreError> {
+        let rows = bind(sql, params).fetch_all(&mut *self.0).await.store()?;
+        rows.iter()
+            .map(|r| sqlx::Row::try_get(r, "sequence"))
+            .collect::<Result<_, _>>()
+            .store()
     }
 
     async fn run_script(&mut self, sql: &str) -> Result<bool, StoreError> {

@@ -16,4 +16,4 @@ pub use listen::PgWakeUp;
 pub use store::PgStore;
 #[cfg(feature = "testing")]
 #[cfg_attr(outbox_docsrs, doc(cfg(feature = "testing")))]
-pub use testing::{EffectLog, EndToEndDb};
+pub use testing::{EffectLog, EndToEndDb, RecordEffect};

@@ -4,10 +4,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
+use outbox_core::consume::{Consumed, Handler, HandlerError};
 use outbox_core::store::{EnqueueOutcome, Lease, SettleReport};
 use outbox_core::testing::{BeginWrite, FaultSeams, OpenWrite};
 use outbox_core::{Clock, EventId, ManualClock, NewEvent, StoreError, StoreTime};
 use sqlx::{Postgres, Transaction};
+use tracing::Instrument;
 
 use super::store::PgStore;
 use crate::error::ResultExt;
@@ -180,6 +182,31 @@ impl EffectLog {
             waited.is_ok(),
             "timed out after {deadline:?} waiting for {n} effects"
         );
+    }
+}
+
+/// The consumer's effect in end-to-end tests, for events from any broker:
+/// the event recorded in an [`EffectLog`] inside the inbox transaction, in
+/// a span of its own (`record_effect`) as application code opens (trace
+/// tests find it under the consumer's span). A failure is retried.
+#[derive(Clone, Debug)]
+pub struct RecordEffect {
+    /// Where the effects go.
+    pub log: EffectLog,
+}
+
+#[async_trait]
+impl<E: Consumed + Sync> Handler<Transaction<'static, Postgres>, E> for RecordEffect {
+    async fn handle(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        event: &E,
+    ) -> Result<(), HandlerError> {
+        self.log
+            .record(tx, event.partition_key(), event.event_id())
+            .instrument(tracing::info_span!("record_effect"))
+            .await
+            .map_err(|e| HandlerError::Retry(e.to_string()))
     }
 }
 
