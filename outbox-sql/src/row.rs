@@ -266,4 +266,17 @@ mod tests {
                 .contains("no column")
         );
     }
+
+    #[test]
+    fn text_taken_out_of_a_row_leaves_the_other_columns_readable() {
+        let mut r = row(vec![Value::Int(7), Value::Text("payload".into())]);
+        assert_eq!(r.take_text("c1").unwrap(), "payload");
+        assert_eq!(r.text("c1").unwrap(), "");
+        assert_eq!(r.int("c0").unwrap(), 7);
+        assert_eq!(r.int("c0").unwrap(), 7, "a column read twice");
+        assert!(
+            r.clone().take_text("c0").is_ok(),
+            "an integer reads as text"
+        );
+    }
 }

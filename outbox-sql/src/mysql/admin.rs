@@ -43,21 +43,6 @@ fn superseded_by(r: &Row) -> Result<Option<EventId>, StoreError> {
         .transpose()
 }
 
-fn attempt_record(r: &Row) -> Result<AttemptRecord, StoreError> {
-    Ok(AttemptRecord {
-        kind: codes::attempt_kind(&r.text("kind")?)?,
-        at: r.time("at")?,
-        actor: r.text("actor")?,
-        error_class: r
-            .opt_text("error_class")?
-            .as_deref()
-            .map(codes::error_class)
-            .transpose()?,
-        detail: r.text("detail")?,
-        attempts: r.int("attempts")? as u32,
-    })
-}
-
 impl<D: Driver> Protocol<D> {
     /// Locks a failed, not superseded event; its attempts, `None` if there
     /// is none.
@@ -237,7 +222,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
             self.fetch_alone(&self.queries.history, vec![event_id.to_string().into()])
                 .await?
                 .iter()
-                .map(attempt_record)
+                .map(crate::admin_common::attempt_record)
                 .collect()
         })
         .await

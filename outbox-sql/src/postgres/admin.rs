@@ -21,18 +21,7 @@ use crate::validate::{check_event, headers_json};
 fn attempt_record(row: &Row) -> Result<(EventId, AttemptRecord), StoreError> {
     Ok((
         row.event_id("event_id")?,
-        AttemptRecord {
-            kind: codes::attempt_kind(&row.text("kind")?)?,
-            at: row.time("at")?,
-            actor: row.text("actor")?,
-            error_class: row
-                .opt_text("error_class")?
-                .as_deref()
-                .map(codes::error_class)
-                .transpose()?,
-            detail: row.text("detail")?,
-            attempts: row.int("attempts")? as u32,
-        },
+        crate::admin_common::attempt_record(row)?,
     ))
 }
 
