@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use outbox_core::store::{EventState, OutboxAdmin};
 use outbox_core::testing::{
     DieAfterCommit, DieAfterPublishing, RelayFleet, assert_exactly_once_in_key_order,
@@ -12,14 +11,13 @@ use outbox_core::testing::{
 };
 use outbox_core::{CancellationToken, InboxStore, OutboxWriter};
 use outbox_kafka::{
-    Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
-    KafkaPublisherConfig, TopicRouter,
+    Handler, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher, KafkaPublisherConfig,
+    TopicRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, EndToEndDb, RecordEffect};
+use outbox_sqlx::postgres::{EndToEndDb, RecordEffect};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
 
 const DEADLINE: Duration = Duration::from_secs(90);

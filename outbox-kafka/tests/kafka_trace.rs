@@ -11,20 +11,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use outbox_core::CancellationToken;
 use outbox_core::testing::RelayFleet;
 use outbox_core::testing::trace_recorder::{TraceRecorder, enqueue_in_span};
 use outbox_kafka::{
-    Handler, HandlerError, KafkaConsumer, KafkaConsumerConfig, KafkaEvent, KafkaPublisher,
-    KafkaPublisherConfig, TopicRouter,
+    KafkaConsumer, KafkaConsumerConfig, KafkaPublisher, KafkaPublisherConfig, TopicRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, EndToEndDb, RecordEffect};
+use outbox_sqlx::postgres::{EndToEndDb, RecordEffect};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use sqlx::{Postgres, Transaction};
-use tracing::Instrument;
 
 const DEADLINE: Duration = Duration::from_secs(90);
 

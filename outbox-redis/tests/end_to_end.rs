@@ -24,7 +24,6 @@ use outbox_redis::{
 use outbox_sqlx::postgres::{EffectLog, EndToEndDb, RecordEffect};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::Notify;
-use tracing::Instrument;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 

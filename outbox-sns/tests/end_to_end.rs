@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use outbox_core::store::{EventState, OutboxAdmin};
 use outbox_core::testing::trace_recorder::{TraceRecorder, enqueue_in_span};
 use outbox_core::testing::{
@@ -17,14 +16,11 @@ use outbox_core::testing::{
 };
 use outbox_core::{CancellationToken, EventId, OutboxWriter, Publisher};
 use outbox_sns::{
-    ConsumerConfig, ConsumerReport, Handler, HandlerError, SnsPublisher, SqsConsumer, SqsEvent,
-    TopicRouter,
+    ConsumerConfig, ConsumerReport, SnsPublisher, SqsConsumer, SqsEvent, TopicRouter,
 };
-use outbox_sqlx::postgres::{EffectLog, EndToEndDb, RecordEffect};
-use sqlx::{Postgres, Transaction};
+use outbox_sqlx::postgres::{EndToEndDb, RecordEffect};
 use support::{Aws, OwnEmulator, Subscribed, unique};
 use tokio::sync::Notify;
-use tracing::Instrument;
 
 /// The emulator is slow (4 relays × 400 events take over a minute on two
 /// cores under a full parallel run); every wait ends as soon as its
