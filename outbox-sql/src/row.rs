@@ -1,7 +1,7 @@
 //! A result row as every dialect's driver hands it to its protocol: values
 //! by column name, read as the protocol needs them.
 //!
-//! Drivers decode each column by its type into a [`Value`]; the readers
+//! Drivers decode each column by its type into a [`Value`](crate::row::Value); the readers
 //! accept each way a dialect stores a thing (MySQL keeps booleans as
 //! TINYINT, times as microseconds, event ids as text and sums as DECIMAL
 //! text; PostgreSQL has `boolean`, `timestamptz` and `uuid`).
