@@ -11,7 +11,11 @@
 //! `status` slower than its bound, a claim that costs more as the run goes
 //! on, and other keys' publication held back while a hot key drains (their
 //! p99 both above twice the quiet p99 plus 250 ms and above half the hot
-//! key's own: waiting on its backlog, not the two cores' noise).
+//! key's own: waiting on its backlog, not the two cores' noise). Both
+//! latencies are taken outside fault windows (a kill's or a pause's lease
+//! lapse, a deploy, a broker restart, each with what it leaves behind):
+//! bursts wait for calm and faults wait for a burst to drain, so the check
+//! always has both sides to compare, and fails if it has not.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,6 +41,10 @@ pub(crate) struct Settings {
     rate: f64,
     burst_every: Duration,
     burst_events: usize,
+    /// How long after a burst starts no fault may begin: the hot-key check
+    /// compares the other keys' latency while the burst drains with their
+    /// quiet latency, both outside fault windows.
+    burst_calm: Duration,
     kill_every: Duration,
     pause_every: Duration,
     deploy_every: Duration,
@@ -50,6 +58,12 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// What a deploy or a broker restart leaves behind: a lease to lapse,
+    /// the publisher's reconnect backoff and a few seconds of catching up.
+    fn after_restart(&self) -> Duration {
+        LEASE + self.broker_down + Duration::from_secs(5)
+    }
+
     /// The CI size (about two minutes) unless `--full` (30 minutes);
     /// `--minutes N` sets the length.
     pub(crate) fn from_args(args: &[String]) -> Self {
@@ -59,6 +73,7 @@ impl Settings {
             rate: 150.0,
             burst_every: Duration::from_secs(40),
             burst_events: 3_000,
+            burst_calm: Duration::from_secs(8),
             kill_every: Duration::from_secs(9),
             pause_every: Duration::from_secs(33),
             deploy_every: Duration::from_secs(50),
@@ -78,6 +93,7 @@ impl Settings {
                     settings.rate = 300.0;
                     settings.burst_every = Duration::from_secs(180);
                     settings.burst_events = 20_000;
+                    settings.burst_calm = Duration::from_secs(30);
                     settings.kill_every = Duration::from_secs(7);
                     settings.pause_every = Duration::from_secs(60);
                     settings.deploy_every = Duration::from_secs(240);
@@ -115,7 +131,14 @@ struct Sent {
 struct Observed {
     sent: HashMap<EventId, Sent>,
     bursts: Vec<(u128, u128)>,
+    /// Windows (ms since the epoch) in which a commit or a publication
+    /// counts as under a fault: the fault itself, half a second before it
+    /// and what it leaves behind after.
     faults: Vec<(u128, u128)>,
+    /// Faults begun and not yet over.
+    faults_under_way: u32,
+    /// No fault begins before this (ms since the epoch): a burst drains.
+    calm_until: u128,
     status_ms: Vec<f64>,
     claim_ms: Vec<(Duration, f64)>,
     purged: u64,
@@ -123,6 +146,37 @@ struct Observed {
     pauses: u64,
     deploys: u64,
     broker_restarts: u64,
+}
+
+impl Observed {
+    /// Whether a fault may begin now (no burst is draining); if so it is
+    /// under way until [`Observed::fault`] records it.
+    fn begin_fault(&mut self) -> bool {
+        let free = now_ms() >= self.calm_until;
+        if free {
+            self.faults_under_way += 1;
+        }
+        free
+    }
+
+    /// The fault begun at `from` (ms since the epoch) is over; its effects
+    /// last `after` beyond it.
+    fn fault(&mut self, from: u128, after: Duration) {
+        self.faults_under_way -= 1;
+        self.faults
+            .push((from.saturating_sub(500), now_ms() + after.as_millis()));
+    }
+
+    /// Whether a burst may begin now: no fault under way or leaving its
+    /// effects; if so, no fault begins for `calm`.
+    fn begin_burst(&mut self, calm: Duration) -> bool {
+        let now = now_ms();
+        let free = self.faults_under_way == 0 && self.faults.iter().all(|(_, to)| *to < now);
+        if free {
+            self.calm_until = now + calm.as_millis();
+        }
+        free
+    }
 }
 
 fn now_ms() -> u128 {
@@ -220,13 +274,13 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     let mut next_restart = started + settings.broker_restart_every;
     while started.elapsed() < settings.duration {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if Instant::now() >= next_restart {
+        if Instant::now() >= next_restart && observed.lock().expect("observed").begin_fault() {
             let from = now_ms();
             broker.stop();
             tokio::time::sleep(settings.broker_down).await;
             broker.resume();
             let mut observed = observed.lock().expect("observed");
-            observed.faults.push((from, now_ms()));
+            observed.fault(from, settings.after_restart());
             observed.broker_restarts += 1;
             next_restart += settings.broker_restart_every;
         }
@@ -311,7 +365,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     let report = account(&pool, &store, &mut broker, &committed).await?;
     let published_at = first_publications(&broker_url).await?;
     let observed = std::mem::take(&mut *observed.lock().expect("observed"));
-    let latency = Latency::of(&observed, &published_at, &settings);
+    let latency = Latency::of(&observed, &published_at);
 
     let status_max = observed.status_ms.iter().copied().fold(0.0, f64::max);
     let (claim_early, claim_late) = claim_trend(&observed.claim_ms);
@@ -411,9 +465,17 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     // keys wait the whole drain). Slower than quiet alone is the two
     // cores' noise under a burst (a p99 of a few hundred samples), so both
     // must hold to fail.
+    // Kills, pauses, deploys and broker restarts each leave their window
+    // out; a check left with almost nothing on either side measured nothing.
+    if latency.quiet.2 < 1_000 || latency.bursting.2 < 20 {
+        broken.push(format!(
+            "only {} quiet events and {} while a burst drained outside fault windows: the hot-key check measured nothing",
+            latency.quiet.2, latency.bursting.2
+        ));
+    }
     let held_back = latency.bursting.1 > 2.0 * latency.quiet.1 + 250.0
         && latency.bursting.1 > latency.hot_p99 / 2.0;
-    if latency.bursting.2 > 0 && held_back {
+    if held_back {
         broken.push(format!(
             "other keys waited {:.0} ms (p99) while a hot key drained ({:.0} ms for the hot key's own events), {:.0} ms otherwise",
             latency.bursting.1, latency.hot_p99, latency.quiet.1
@@ -454,7 +516,14 @@ async fn produce(
             .expect("a valid event")
     };
     while !done.is_cancelled() {
-        let (batch, hot): (Vec<NewEvent>, bool) = if Instant::now() >= next_burst {
+        // A burst due while a fault leaves its effects waits for calm: the
+        // hot-key check needs bursts outside fault windows.
+        let burst = Instant::now() >= next_burst
+            && observed
+                .lock()
+                .expect("observed")
+                .begin_burst(settings.burst_calm);
+        let (batch, hot): (Vec<NewEvent>, bool) = if burst {
             next_burst += settings.burst_every;
             let from = now_ms();
             for chunk in 0..settings.burst_events.div_ceil(500) {
@@ -548,22 +617,32 @@ async fn relay_faults(
             _ = done.cancelled() => break,
         }
         let now = Instant::now();
-        if now >= next_kill {
+        // A fault due while a burst drains waits for the burst.
+        let may_begin = || observed.lock().expect("observed").begin_fault();
+        if now >= next_kill && may_begin() {
             next_kill += settings.kill_every;
             let mut relays = relays.lock().expect("relays");
             let victim = pick(relays.len());
+            let at = now_ms();
             relays[victim].kill_and_restart();
-            observed.lock().expect("observed").kills += 1;
+            let mut observed = observed.lock().expect("observed");
+            observed.kills += 1;
+            // The victim's keys wait for its lease to lapse: a fault
+            // window, not the quiet latency the hot-key check compares to.
+            observed.fault(at, LEASE + Duration::from_secs(1));
         }
-        if now >= next_pause {
+        if now >= next_pause && may_begin() {
             next_pause += settings.pause_every;
             let victim = pick(4);
+            let from = now_ms();
             relays.lock().expect("relays")[victim].pause(true);
             tokio::time::sleep(LEASE + Duration::from_secs(2)).await;
             relays.lock().expect("relays")[victim].pause(false);
-            observed.lock().expect("observed").pauses += 1;
+            let mut observed = observed.lock().expect("observed");
+            observed.pauses += 1;
+            observed.fault(from, Duration::from_secs(1));
         }
-        if now >= next_deploy {
+        if now >= next_deploy && may_begin() {
             next_deploy += settings.deploy_every;
             let from = now_ms();
             for i in 0..4 {
@@ -577,7 +656,7 @@ async fn relay_faults(
             }
             let mut observed = observed.lock().expect("observed");
             observed.deploys += 1;
-            observed.faults.push((from, now_ms()));
+            observed.fault(from, settings.after_restart());
         }
     }
 }
@@ -780,7 +859,7 @@ struct Latency {
 }
 
 impl Latency {
-    fn of(observed: &Observed, published: &HashMap<String, u128>, settings: &Settings) -> Self {
+    fn of(observed: &Observed, published: &HashMap<String, u128>) -> Self {
         // A burst drains until its last event was published.
         let bursts: Vec<(u128, u128)> = observed
             .bursts
@@ -799,13 +878,12 @@ impl Latency {
                 (*from, drained)
             })
             .collect();
-        // Faults, and what they leave behind for a lease and a pause.
-        let margin = (LEASE + settings.broker_down + Duration::from_secs(5)).as_millis();
+        // Faults, and what each leaves behind.
         let faulty = |at: u128| {
             observed
                 .faults
                 .iter()
-                .any(|(from, to)| at + margin >= *from && at <= to + margin)
+                .any(|(from, to)| at >= *from && at <= *to)
         };
         let mut quiet = Vec::new();
         let mut bursting = Vec::new();
