@@ -82,18 +82,30 @@ async fn store_with_history(retained: i64, pending: i64) -> (PgStore, String, Pg
 /// Shared buffers a statement touched (hit or read), from `EXPLAIN
 /// (ANALYZE, BUFFERS)`: a count of the pages it looked at, the same on any
 /// machine, where a timing would not be. Run once before on the same
-/// connection, so the catalog pages a first call reads are not counted.
+/// connection, so the catalog pages a first call reads are not counted,
+/// and the fewest of three runs: statistics taken meanwhile (autovacuum, on
+/// a busy server another test's tables) make the functions' statements be
+/// planned again, and planning reads catalog pages (up to 1,100 seen in CI)
+/// once; pages a statement reads because of what its tables hold it reads
+/// on every run.
 async fn pages_read(pool: &PgPool, statement: &str) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
     sqlx::query(statement).fetch_all(&mut *conn).await.unwrap();
-    let plan: serde_json::Value = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}"
-    ))
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
-    let top = &plan[0]["Plan"];
-    top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap()
+    let mut fewest = i64::MAX;
+    for _ in 0..3 {
+        let plan: serde_json::Value = sqlx::query_scalar(&format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}"
+        ))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        let top = &plan[0]["Plan"];
+        fewest = fewest.min(
+            top["Shared Hit Blocks"].as_i64().unwrap()
+                + top["Shared Read Blocks"].as_i64().unwrap(),
+        );
+    }
+    fewest
 }
 
 /// `stats`, `held_back` and `blocked_keys` read the backlog, the leases and
