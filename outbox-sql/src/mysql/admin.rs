@@ -11,7 +11,8 @@ use outbox_core::store::{
 use outbox_core::{EventId, NewEvent, StoreError};
 
 use super::driver::{Driver, Exec, Param, Row, from_micros};
-use super::protocol::{Protocol, during, raw_event};
+use super::protocol::{Protocol, during};
+use super::statements::raw_event;
 use super::with_in_list;
 use crate::codes;
 use crate::history::HistoryEntry;

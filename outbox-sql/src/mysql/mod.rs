@@ -4,11 +4,14 @@ mod admin;
 pub mod driver;
 mod protocol;
 mod queries;
+mod recovery;
+mod statements;
 mod traits;
 
 pub use driver::{Driver, Exec, Param, Row, Value};
-pub use protocol::{Protocol, Statements, raw_event};
+pub use protocol::Protocol;
 pub use queries::{EVENT_COLUMNS, MAX_LISTED_KEYS, Queries, with_in_list, with_keys_in_flight};
+pub use statements::{Statements, raw_event};
 
 use crate::config::TableNames;
 
