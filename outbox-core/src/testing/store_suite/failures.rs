@@ -1,0 +1,253 @@
+//! The store suite, failures: backoff and delays, the poison policies,
+//! operator actions, crash loops and releases.
+
+use super::*;
+
+/// A retried event waits for its `available_at`, and holds its key back meanwhile.
+pub async fn backoff_honours_available_at<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let (a1, a2, b1) = (event("a", 1), event("a", 2), event("b", 1));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let first = claim(&*store, &request("r1", 1)).await;
+    store
+        .nack(&[retry(&first[0], Duration::from_secs(30))])
+        .await
+        .unwrap();
+    enqueue_all(&*store, std::slice::from_ref(&b1)).await;
+    let during = claim(&*store, &request("r1", 10)).await;
+    assert_eq!(
+        ids(&during),
+        vec![b1.event_id],
+        "a2 must wait behind a1's backoff"
+    );
+    store.ack(&[during[0].lease.clone()]).await.unwrap();
+    clock.advance(Duration::from_secs(29));
+    assert!(claim(&*store, &request("r1", 10)).await.is_empty());
+    clock.advance(Duration::from_secs(2));
+    let after = claim(&*store, &request("r1", 10)).await;
+    assert_eq!(ids(&after), vec![a1.event_id, a2.event_id]);
+    assert_eq!(after[0].event.attempts, 1);
+    let history = store.history(a1.event_id).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].kind, AttemptKind::TransientFailure);
+    assert_eq!(history[0].error_class, Some(ErrorClass::Transient));
+    assert_eq!(history[0].actor, "r1");
+}
+
+/// A delayed event is not claimed before its `available_at`.
+pub async fn delayed_events_wait<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let mut delayed = event("a", 1);
+    delayed.available_at = Some(clock.now_plus(Duration::from_secs(60)));
+    enqueue_all(&*store, &[delayed]).await;
+    assert!(claim(&*store, &request("r1", 10)).await.is_empty());
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats[0].claimable, stats[0].parked), (0, 1));
+    clock.advance(Duration::from_secs(61));
+    assert_eq!(claim(&*store, &request("r1", 10)).await.len(), 1);
+}
+
+/// `Skip`: a failed event does not hold its key back.
+pub async fn skip_policy_lets_the_key_continue<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (a1, a2) = (event("a", 1), event("a", 2));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let first = claim(&*store, &request("r1", 1)).await;
+    store.nack(&[fail(&first[0], false)]).await.unwrap();
+    assert_eq!(
+        ids(&claim(&*store, &request("r1", 10)).await),
+        vec![a2.event_id]
+    );
+    assert!(store.blocked_keys().await.unwrap().is_empty());
+    let failed = store.failed_events(10).await.unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].history[0].kind, AttemptKind::PermanentFailure);
+}
+
+/// `Block`: a failed event parks its key and backlog until an operator acts;
+/// other keys flow.
+pub async fn block_policy_parks_the_key_until_an_operator_acts<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (a1, a2, a3, b1) = (event("a", 1), event("a", 2), event("a", 3), event("b", 1));
+    enqueue_all(&*store, &[a1.clone(), a2.clone(), a3.clone(), b1.clone()]).await;
+    let first = claim(&*store, &request("r1", 1)).await;
+    assert_eq!(ids(&first), vec![a1.event_id]);
+    store.nack(&[fail(&first[0], true)]).await.unwrap();
+    assert_eq!(
+        ids(&claim(&*store, &request("r1", 10)).await),
+        vec![b1.event_id]
+    );
+    let blocked = store.blocked_keys().await.unwrap();
+    assert_eq!(blocked.len(), 1);
+    assert_eq!(blocked[0].partition_key, "a");
+    assert_eq!(blocked[0].blocking_event_id, a1.event_id);
+    assert_eq!(blocked[0].backlog, 2);
+
+    let op = OperatorAction::new("alice", "payload fixed downstream");
+    store.skip(a1.event_id, &op).await.unwrap();
+    assert!(store.blocked_keys().await.unwrap().is_empty());
+    assert_eq!(
+        ids(&claim(&*store, &request("r1", 10)).await),
+        vec![a2.event_id, a3.event_id]
+    );
+    let history = store.history(a1.event_id).await.unwrap();
+    assert_eq!(history.last().unwrap().kind, AttemptKind::Skipped);
+    assert_eq!(history.last().unwrap().actor, "alice");
+    assert!(matches!(
+        state(&*store, a1.event_id).await,
+        EventState::Failed {
+            blocks_key: false,
+            ..
+        }
+    ));
+}
+
+/// Requeue moves a failed event back with a fresh budget; history is only
+/// appended to.
+pub async fn requeue_appends_history<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let c = claim(&*store, &request("r1", 1)).await;
+    store.nack(&[retry(&c[0], Duration::ZERO)]).await.unwrap();
+    let c = claim(&*store, &request("r1", 1)).await;
+    store.nack(&[fail(&c[0], true)]).await.unwrap();
+    let before = store.history(e.event_id).await.unwrap();
+    assert_eq!(before.len(), 2);
+
+    let op = OperatorAction::new("bob", "topic created");
+    store.requeue(e.event_id, &op).await.unwrap();
+    let after = store.history(e.event_id).await.unwrap();
+    assert_eq!(after.len(), 3);
+    assert_eq!(
+        &after[..2],
+        &before[..],
+        "earlier entries are never rewritten"
+    );
+    assert_eq!(after[2].kind, AttemptKind::Requeued);
+    assert_eq!(
+        (after[2].actor.as_str(), after[2].detail.as_str()),
+        ("bob", "topic created")
+    );
+    let again = claim(&*store, &request("r1", 1)).await;
+    assert_eq!(ids(&again), vec![e.event_id]);
+    assert_eq!(
+        again[0].event.attempts, 0,
+        "requeue restores the attempt budget"
+    );
+
+    let err = store.requeue(e.event_id, &op).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::WrongState { .. }),
+        "only failed events can be requeued: {err:?}"
+    );
+    let err = store.requeue(EventId::random(), &op).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound(_)));
+}
+
+/// A replacement takes the failed event's place in its key's order; the old
+/// event stays, linked, for audit.
+pub async fn supersede_takes_the_place_of_the_failed_event<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (a1, a2) = (event("a", 1), event("a", 2));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let c = claim(&*store, &request("r1", 1)).await;
+    store.nack(&[fail(&c[0], true)]).await.unwrap();
+    let fixed = event_with_payload("a", 1, serde_json::json!({ "fixed": true }));
+    let op = OperatorAction::new("carol", "corrected amount");
+    let outcome = store
+        .supersede(a1.event_id, fixed.clone(), &op)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, EnqueueOutcome::Inserted { .. }));
+    // Drain the key, acknowledging as we go: a store may lease the
+    // replacement alone and release the backlog only once it is published.
+    let mut order = Vec::new();
+    loop {
+        let claimed = claim(&*store, &request("r1", 10)).await;
+        if claimed.is_empty() {
+            break;
+        }
+        order.extend(ids(&claimed));
+        let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();
+        store.ack(&leases).await.unwrap();
+    }
+    assert_eq!(
+        order,
+        vec![fixed.event_id, a2.event_id],
+        "replacement before the backlog"
+    );
+    assert!(matches!(
+        state(&*store, a1.event_id).await,
+        EventState::Failed { superseded_by: Some(id), .. } if id == fixed.event_id
+    ));
+    assert_eq!(
+        store
+            .history(a1.event_id)
+            .await
+            .unwrap()
+            .last()
+            .unwrap()
+            .kind,
+        AttemptKind::Superseded
+    );
+}
+
+/// Claims that never reach an outcome end in `failed` after the bound.
+pub async fn crash_loops_end_in_failed<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let (a1, a2) = (event("a", 1), event("a", 2));
+    enqueue_all(&*store, &[a1.clone(), a2.clone()]).await;
+    let req = request("r1", 1);
+    for _ in 0..req.crash_loop_limit {
+        let c = store.claim_batch(&req).await.unwrap();
+        assert_eq!(ids(&c.events), vec![a1.event_id]);
+        assert!(c.crash_looped.is_empty());
+        clock.advance(LEASE + Duration::from_secs(1)); // the relay died mid-publish
+    }
+    let c = store.claim_batch(&req).await.unwrap();
+    assert_eq!(
+        c.crash_looped
+            .iter()
+            .map(|e| e.event_id)
+            .collect::<Vec<_>>(),
+        vec![a1.event_id]
+    );
+    assert_eq!(
+        ids(&c.events),
+        vec![a2.event_id],
+        "under Skip the key continues"
+    );
+    assert!(matches!(
+        state(&*store, a1.event_id).await,
+        EventState::Failed { .. }
+    ));
+    let history = store.history(a1.event_id).await.unwrap();
+    assert_eq!(history.last().unwrap().kind, AttemptKind::CrashLoop);
+}
+
+/// Releasing burns no attempt and does not count towards crash loops.
+pub async fn release_burns_no_attempt<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let e = event("a", 1);
+    enqueue_all(&*store, std::slice::from_ref(&e)).await;
+    let req = request("r1", 1);
+    for _ in 0..(req.crash_loop_limit * 3) {
+        let c = store.claim_batch(&req).await.unwrap();
+        assert_eq!(ids(&c.events), vec![e.event_id]);
+        let released = store
+            .release(&[Release {
+                lease: c.events[0].lease.clone(),
+                attempt_started: false,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(released.applied, 1);
+    }
+    let c = claim(&*store, &req).await;
+    assert_eq!(c[0].event.attempts, 0);
+    assert!(store.history(e.event_id).await.unwrap().is_empty());
+}
