@@ -1,0 +1,134 @@
+//! The soak's traffic: Zipf keys at a steady rate and bursts on one hot
+//! key, each commit recorded.
+
+use super::*;
+
+/// Zipf keys at `rate` in transactions of 10, and every `burst_every` a
+/// burst on the hot key (transactions of 500), each event's commit time
+/// recorded; retried through outages (same ids).
+pub(super) async fn produce(
+    store: Arc<PgStore>,
+    settings: Settings,
+    committed: Arc<Mutex<Committed>>,
+    observed: Arc<Mutex<Observed>>,
+    done: CancellationToken,
+) -> Result<(), Error> {
+    let random = SplitMix64::from_entropy();
+    let zipf = Zipf::new(settings.keys, 1.1);
+    let started = Instant::now();
+    let mut next_burst = started + settings.burst_every / 2;
+    let mut produced = 0usize;
+    let mut seq: HashMap<String, u64> = HashMap::new();
+    let mut event = |key: String| {
+        let n = seq.entry(key.clone()).or_default();
+        *n += 1;
+        NewEvent::builder("invoice.paid", "invoice", format!("inv-{key}-{n}"))
+            .event_id(EventId::random())
+            .partition_key(key)
+            .payload(&serde_json::json!({ "seq": *n }))
+            .build()
+            .expect("a valid event")
+    };
+    while !done.is_cancelled() {
+        // A burst due while a fault leaves its effects waits for calm: the
+        // hot-key check needs bursts outside fault windows.
+        let burst = Instant::now() >= next_burst
+            && observed
+                .lock()
+                .expect("observed")
+                .begin_burst(settings.burst_calm);
+        let (batch, hot): (Vec<NewEvent>, bool) = if burst {
+            next_burst += settings.burst_every;
+            let from = now_ms();
+            for chunk in 0..settings.burst_events.div_ceil(500) {
+                let size = 500.min(settings.burst_events - chunk * 500);
+                let batch: Vec<NewEvent> = (0..size).map(|_| event(HOT_KEY.into())).collect();
+                commit(&store, &batch, true, &committed, &observed).await?;
+            }
+            observed
+                .lock()
+                .expect("observed")
+                .bursts
+                .push((from, now_ms()));
+            continue;
+        } else {
+            (
+                (0..10)
+                    .map(|_| event(format!("k{}", zipf.sample(random.next_unit()))))
+                    .collect(),
+                false,
+            )
+        };
+        commit(&store, &batch, hot, &committed, &observed).await?;
+        produced += batch.len();
+        let due = started + Duration::from_secs_f64(produced as f64 / settings.rate);
+        tokio::select! {
+            _ = tokio::time::sleep_until(due.into()) => {}
+            _ = done.cancelled() => {}
+        }
+    }
+    Ok(())
+}
+pub(super) async fn commit(
+    store: &PgStore,
+    batch: &[NewEvent],
+    hot: bool,
+    committed: &Mutex<Committed>,
+    observed: &Mutex<Observed>,
+) -> Result<(), Error> {
+    loop {
+        match OutboxWriter::enqueue(store, batch).await {
+            Ok(_) => break,
+            Err(error) if error.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    let at = now_ms();
+    let mut committed = committed.lock().expect("committed");
+    let mut observed = observed.lock().expect("observed");
+    for event in batch {
+        committed
+            .by_key
+            .entry(event.partition_key.clone())
+            .or_default()
+            .push(event.event_id);
+        observed.sent.insert(
+            event.event_id,
+            Sent {
+                key: event.partition_key.clone(),
+                committed_ms: at,
+                hot,
+            },
+        );
+    }
+    committed.total += batch.len();
+    Ok(())
+}
+/// Zipf over `n` keys with exponent `s`: key 0 the most frequent.
+pub(super) struct Zipf {
+    pub(super) cumulative: Vec<f64>,
+}
+
+impl Zipf {
+    pub(super) fn new(n: usize, s: f64) -> Self {
+        let weights: Vec<f64> = (1..=n).map(|k| 1.0 / (k as f64).powf(s)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut running = 0.0;
+        let cumulative = weights
+            .iter()
+            .map(|w| {
+                running += w / total;
+                running
+            })
+            .collect();
+        Self { cumulative }
+    }
+
+    pub(super) fn sample(&self, unit: f64) -> usize {
+        self.cumulative
+            .partition_point(|c| *c < unit)
+            .min(self.cumulative.len() - 1)
+    }
+}

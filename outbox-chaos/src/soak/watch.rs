@@ -1,0 +1,251 @@
+//! What the soak watches and how it judges: purges, status and probe
+//! claims timed, what reached the broker, and the latencies by window.
+
+use super::*;
+
+/// The daemon's scheduled purge, on a short schedule: every batch until a
+/// call returns less than the batch size.
+pub(super) async fn purge(
+    store: Arc<PgStore>,
+    settings: Settings,
+    observed: Arc<Mutex<Observed>>,
+    done: CancellationToken,
+) -> Result<(), Error> {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(settings.purge_every) => {}
+            _ = done.cancelled() => return Ok(()),
+        }
+        loop {
+            match store.purge_published(settings.retention, 1_000).await {
+                Ok(n) => {
+                    observed.lock().expect("observed").purged += n;
+                    if n < 1_000 {
+                        break;
+                    }
+                }
+                Err(error) if error.is_retryable() => break,
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+}
+/// Every `probe_every`: what `status` reads, timed, and one claim of one
+/// event, timed and handed back unstarted (no attempt burned).
+pub(super) async fn probe(
+    store: Arc<PgStore>,
+    settings: Settings,
+    observed: Arc<Mutex<Observed>>,
+    done: CancellationToken,
+) -> Result<(), Error> {
+    let started = Instant::now();
+    let request = ClaimRequest {
+        owner: RelayId::new("soak-probe"),
+        limit: 1,
+        lease_duration: Duration::from_secs(30),
+        ordering: Ordering::PerKey,
+        poison: PoisonPolicy::Skip,
+        crash_loop_limit: 5,
+    };
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(settings.probe_every) => {}
+            _ = done.cancelled() => return Ok(()),
+        }
+        let at = Instant::now();
+        let status = async {
+            store.stats().await?;
+            store.held_back().await?;
+            store.blocked_keys().await
+        };
+        if status.await.is_ok() {
+            let ms = at.elapsed().as_secs_f64() * 1_000.0;
+            observed.lock().expect("observed").status_ms.push(ms);
+        }
+        let at = Instant::now();
+        if let Ok(batch) = store.claim_batch(&request).await {
+            let ms = at.elapsed().as_secs_f64() * 1_000.0;
+            observed
+                .lock()
+                .expect("observed")
+                .claim_ms
+                .push((started.elapsed(), ms));
+            let releases: Vec<Release> = batch
+                .events
+                .iter()
+                .map(|c| Release::unstarted(c.lease.clone()))
+                .collect();
+            let _ = store.release(&releases).await;
+        }
+    }
+}
+/// Each event's first publication time (the stream entry id's milliseconds).
+/// Where a slow drain stands, for the run's log: the store's side (what is
+/// claimable, leased, parked or failed) and the broker's (the stream's
+/// length, and what the consumer group holds delivered but unacknowledged).
+pub(super) async fn drain_progress(store: &PgStore, broker_url: &str) -> String {
+    let store_side = match store.stats().await {
+        Ok(stats) => {
+            let sum = |f: fn(&outbox_core::store::EventTypeStats) -> u64| {
+                stats.iter().map(f).sum::<u64>()
+            };
+            let oldest = stats
+                .iter()
+                .filter_map(|s| s.oldest_claimable_age)
+                .max()
+                .unwrap_or_default();
+            format!(
+                "store: {} claimable (oldest {:.1} s), {} in flight, {} parked, {} blocked, {} failed",
+                sum(|s| s.claimable),
+                oldest.as_secs_f64(),
+                sum(|s| s.in_flight),
+                sum(|s| s.parked),
+                sum(|s| s.blocked),
+                sum(|s| s.failed)
+            )
+        }
+        Err(e) => format!("store: {e}"),
+    };
+    let broker_side = async {
+        let client = redis::Client::open(broker_url)?;
+        let mut connection = client.get_multiplexed_async_connection().await?;
+        let length: usize = redis::cmd("XLEN")
+            .arg(STREAM)
+            .query_async(&mut connection)
+            .await?;
+        let pending: redis::streams::StreamPendingReply =
+            connection.xpending(STREAM, GROUP).await?;
+        Ok::<_, redis::RedisError>(format!(
+            "stream: {length} entries, {} pending in the group",
+            pending.count()
+        ))
+    }
+    .await
+    .unwrap_or_else(|e| format!("stream: {e}"));
+    format!("{store_side}; {broker_side}")
+}
+pub(super) async fn first_publications(url: &str) -> Result<HashMap<String, u128>, Error> {
+    let client = redis::Client::open(url)?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let mut first = HashMap::new();
+    let mut from = "-".to_owned();
+    loop {
+        let reply: redis::streams::StreamRangeReply =
+            connection.xrange_count(STREAM, &from, "+", 5_000).await?;
+        let fresh: Vec<_> = reply.ids.into_iter().filter(|e| e.id != from).collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for entry in &fresh {
+            let ms: u128 = entry
+                .id
+                .split('-')
+                .next()
+                .and_then(|ms| ms.parse().ok())
+                .unwrap_or(0);
+            if let Some(id) = entry.get::<String>("event_id") {
+                first.entry(id).or_insert(ms);
+            }
+        }
+        from = fresh.last().expect("non-empty").id.clone();
+    }
+    Ok(first)
+}
+/// Commit→publish of the other keys' events: (p50, p99, count) while no
+/// fault or burst is under way, and while a hot key's burst drains (no
+/// fault meanwhile); and the hot events' p99.
+pub(super) struct Latency {
+    pub(super) quiet: (f64, f64, usize),
+    pub(super) bursting: (f64, f64, usize),
+    pub(super) hot_p99: f64,
+}
+
+impl Latency {
+    pub(super) fn of(observed: &Observed, published: &HashMap<String, u128>) -> Self {
+        // A burst drains until its last event was published.
+        let bursts: Vec<(u128, u128)> = observed
+            .bursts
+            .iter()
+            .map(|(from, committed_until)| {
+                let drained = observed
+                    .sent
+                    .iter()
+                    .filter(|(_, s)| {
+                        s.hot && s.committed_ms >= *from && s.committed_ms <= *committed_until
+                    })
+                    .filter_map(|(id, _)| published.get(&id.to_string()))
+                    .copied()
+                    .max()
+                    .unwrap_or(*committed_until);
+                (*from, drained)
+            })
+            .collect();
+        // Faults, and what each leaves behind.
+        let faulty = |at: u128| {
+            observed
+                .faults
+                .iter()
+                .any(|(from, to)| at >= *from && at <= *to)
+        };
+        let mut quiet = Vec::new();
+        let mut bursting = Vec::new();
+        let mut hot = Vec::new();
+        for (id, sent) in &observed.sent {
+            let Some(at) = published.get(&id.to_string()) else {
+                continue;
+            };
+            let latency = at.saturating_sub(sent.committed_ms) as f64;
+            if sent.hot {
+                hot.push(latency);
+                continue;
+            }
+            if sent.key == HOT_KEY || faulty(sent.committed_ms) || faulty(*at) {
+                continue;
+            }
+            if bursts
+                .iter()
+                .any(|(from, to)| sent.committed_ms >= *from && sent.committed_ms <= *to)
+            {
+                bursting.push(latency);
+            } else {
+                quiet.push(latency);
+            }
+        }
+        Self {
+            quiet: percentiles(&mut quiet),
+            bursting: percentiles(&mut bursting),
+            hot_p99: percentiles(&mut hot).1,
+        }
+    }
+}
+pub(super) fn percentiles(values: &mut [f64]) -> (f64, f64, usize) {
+    if values.is_empty() {
+        return (0.0, 0.0, 0);
+    }
+    values.sort_by(f64::total_cmp);
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99), values.len())
+}
+/// The median probe claim of the run's first third and of its last third.
+pub(super) fn claim_trend(claims: &[(Duration, f64)]) -> (f64, f64) {
+    let Some(end) = claims.last().map(|(at, _)| *at) else {
+        return (0.0, 0.0);
+    };
+    let median = |mut v: Vec<f64>| percentiles(&mut v).0;
+    (
+        median(
+            claims
+                .iter()
+                .filter(|(at, _)| *at < end / 3)
+                .map(|(_, ms)| *ms)
+                .collect(),
+        ),
+        median(
+            claims
+                .iter()
+                .filter(|(at, _)| *at > end * 2 / 3)
+                .map(|(_, ms)| *ms)
+                .collect(),
+        ),
+    )
+}
