@@ -3,6 +3,7 @@
 mod admin;
 mod inbox;
 use outbox_sql::sqlite as queries;
+mod relay;
 mod row;
 mod store;
 #[cfg(feature = "testing")]
