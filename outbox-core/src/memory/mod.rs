@@ -1,6 +1,7 @@
 //! In-memory store, inbox and publishers with the same semantics as the
 //! real backends, for users' unit tests and the core's own.
 
+mod admin;
 mod inbox;
 mod mock;
 mod recording;
