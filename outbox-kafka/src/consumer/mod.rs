@@ -47,100 +47,16 @@ use outbox_core::event::wire;
 
 use crate::headers::names;
 
-/// An event as the consumer hands it to the handler.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KafkaEvent {
-    /// Topic, partition and offset it was read at.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// The offset.
-    pub offset: i64,
-    /// From the `event_id` header.
-    pub event_id: EventId,
-    /// From the `event_type` header.
-    pub event_type: String,
-    /// The message key.
-    pub partition_key: String,
-    /// From the `aggregate_type` header (empty if absent).
-    pub aggregate_type: String,
-    /// From the `aggregate_id` header (empty if absent).
-    pub aggregate_id: String,
-    /// From the `payload_version` header (1 if absent).
-    pub payload_version: u32,
-    /// From the `occurred_at` header: when the event was enqueued (store
-    /// time); `None` for messages written before the header existed.
-    pub occurred_at: Option<DateTime<Utc>>,
-    /// The payload bytes.
-    pub payload: Vec<u8>,
-    /// Correlation, causation, trace context and free headers.
-    pub headers: Headers,
-}
-
-impl outbox_core::consume::Consumed for KafkaEvent {
-    fn event_id(&self) -> EventId {
-        self.event_id
-    }
-    fn partition_key(&self) -> &str {
-        &self.partition_key
-    }
-}
-
-impl KafkaEvent {
-    fn decode(message: &BorrowedMessage<'_>) -> Result<Self, String> {
-        let mut pairs = Vec::new();
-        if let Some(headers) = message.headers() {
-            for header in headers.iter() {
-                let value = String::from_utf8(header.value.unwrap_or_default().to_vec())
-                    .map_err(|e| format!("header {}: {e}", header.key))?;
-                pairs.push((header.key.to_owned(), value));
-            }
-        }
-        let envelope = wire::read_envelope(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
-        let event_id = envelope
-            .identity
-            .get(names::EVENT_ID)
-            .ok_or("no event_id header")?
-            .parse()
-            .map_err(|e| format!("event_id: {e}"))?;
-        let event_type = envelope
-            .identity
-            .get(names::EVENT_TYPE)
-            .ok_or("no event_type header")?
-            .clone();
-        let payload_version = match envelope.identity.get(names::PAYLOAD_VERSION) {
-            None => 1,
-            Some(v) => v
-                .parse()
-                .map_err(|e| format!("payload_version {v:?}: {e}"))?,
-        };
-        let occurred_at = envelope.occurred_at()?;
-        Ok(Self {
-            topic: message.topic().to_owned(),
-            partition: message.partition(),
-            offset: message.offset(),
-            event_id,
-            event_type,
-            // The key is the partition key; the header repeats it for
-            // consumers that read headers only.
-            partition_key: message
-                .key()
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .unwrap_or_default(),
-            aggregate_type: envelope.get(names::AGGREGATE_TYPE).to_owned(),
-            aggregate_id: envelope.get(names::AGGREGATE_ID).to_owned(),
-            payload_version,
-            occurred_at,
-            payload: message.payload().unwrap_or_default().to_vec(),
-            headers: envelope.headers,
-        })
-    }
-}
-
 pub use outbox_core::consume::HandlerError;
 
 /// The handler a runner calls: [`outbox_core::consume::Handler`] over [`KafkaEvent`].
 pub use outbox_core::consume::Handler;
+
+mod event;
+pub use event::*;
+
+mod commit;
+pub use commit::*;
 
 /// Consumer settings.
 #[derive(Clone, Debug)]
@@ -263,61 +179,6 @@ enum Handled {
     DeadLettered,
     /// Shutdown came first: not stored, so delivered again later.
     Interrupted,
-}
-
-/// How long a graceful shutdown keeps trying to commit the last offsets.
-pub const SHUTDOWN_COMMIT_LIMIT: Duration = Duration::from_secs(15);
-
-/// Watches offset commits: logs and counts the ones that failed (librdkafka
-/// retries them with the next commit of the same partitions) and remembers
-/// the highest offset the broker confirmed per partition.
-#[derive(Clone, Debug, Default)]
-pub struct CommitWatch {
-    failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    confirmed: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>>,
-}
-
-impl CommitWatch {
-    /// Commits that failed so far.
-    pub fn failed(&self) -> u64 {
-        self.failed.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The highest offset the broker confirmed for `topic`/`partition`.
-    pub fn confirmed(&self, topic: &str, partition: i32) -> Option<i64> {
-        let confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
-        confirmed.get(&(topic.to_owned(), partition)).copied()
-    }
-}
-
-impl ClientContext for CommitWatch {}
-
-impl ConsumerContext for CommitWatch {
-    fn commit_callback(
-        &self,
-        result: rdkafka::error::KafkaResult<()>,
-        offsets: &TopicPartitionList,
-    ) {
-        match result {
-            Ok(()) => {
-                let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
-                for element in offsets.elements() {
-                    if let (Offset::Offset(next), Ok(())) = (element.offset(), element.error()) {
-                        let entry = confirmed
-                            .entry((element.topic().to_owned(), element.partition()))
-                            .or_insert(next);
-                        *entry = (*entry).max(next);
-                    }
-                }
-            }
-            Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-            Err(error) => {
-                self.failed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!(%error, ?offsets, "offset commit failed; the next commit retries it");
-            }
-        }
-    }
 }
 
 /// Reads a consumer group and applies each event once through an inbox.
@@ -688,28 +549,4 @@ async fn dead_letter(
         .map_err(|(e, _)| ConsumerError::Kafka(e))?;
     tracing::error!(%origin, %reason, "message dead-lettered");
     Ok(())
-}
-
-/// Whether the coordinator's `held` offsets reach every one of `wanted`.
-/// Whether successful commit replies cover every offset in `wanted`.
-fn confirmed_by_callback(watch: &CommitWatch, wanted: &TopicPartitionList) -> bool {
-    wanted.elements().iter().all(|w| match w.offset() {
-        Offset::Offset(next) => watch
-            .confirmed(w.topic(), w.partition())
-            .is_some_and(|confirmed| confirmed >= next),
-        _ => false,
-    })
-}
-
-fn holds(held: &TopicPartitionList, wanted: &TopicPartitionList) -> bool {
-    wanted.elements().iter().all(|w| {
-        held.elements().iter().any(|h| {
-            h.topic() == w.topic()
-                && h.partition() == w.partition()
-                && match (h.offset(), w.offset()) {
-                    (Offset::Offset(h), Offset::Offset(w)) => h >= w,
-                    _ => false,
-                }
-        })
-    })
 }
