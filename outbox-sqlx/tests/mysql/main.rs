@@ -3,8 +3,9 @@
 //! database per test.
 #![cfg(feature = "mysql")]
 
-#[path = "mysql_floor/mod.rs"]
+#[path = "../mysql_floor/mod.rs"]
 mod floor;
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::sync::Arc;
@@ -252,7 +253,7 @@ async fn shipped_migration_is_the_default_rendering() {
         StoreConfig::default(),
     );
     assert_eq!(
-        include_str!("../migrations/mysql/0001_outbox.sql"),
+        include_str!("../../migrations/mysql/0001_outbox.sql"),
         store.schema_sql()
     );
 }
@@ -469,127 +470,9 @@ async fn keys_in_flight_past_the_statements_list_still_wait() {
     assert_eq!(taken, ["free"], "no busy key's second event");
 }
 
-/// A relay that cannot work stops by itself with the store's error
-/// (DESIGN.md §6) instead of logging a warning forever.
-mod fails_fast {
-    use std::str::FromStr;
-    use std::time::Duration;
+mod fails_fast;
 
-    use outbox_core::testing::relay_suite::stops_on_a_store_that_cannot_work;
-    use sqlx::mysql::MySqlConnectOptions;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn over_tables_never_migrated() {
-        let pool = pool().await;
-        let database = support::unique_name("outbox_t");
-        sqlx::query(&format!("CREATE DATABASE {database}"))
-            .execute(&pool)
-            .await
-            .unwrap();
-        let tables = TableNames::default().in_schema(&database).unwrap();
-        let store = MySqlStore::new(pool, StoreConfig::with_tables(tables));
-        stops_on_a_store_that_cannot_work(Arc::new(store), "run migrate()").await;
-    }
-
-    #[tokio::test]
-    async fn over_the_wrong_database() {
-        let missing = support::unique_name("no_such_database");
-        let options = MySqlConnectOptions::from_str(&url())
-            .unwrap()
-            .database(&missing);
-        let pool = MySqlPoolOptions::new()
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options);
-        let store = MySqlStore::new(pool, StoreConfig::default());
-        stops_on_a_store_that_cannot_work(Arc::new(store), "Unknown database").await;
-    }
-}
-
-/// MariaDB out of reach: not a configuration mistake but an outage, which
-/// the relay waits out; and a URL that cannot work, refused up front.
-mod unreachable {
-    use std::time::Duration;
-
-    use outbox_core::memory::RecordingPublisher;
-    use outbox_core::testing::{CuttableProxy, events_over_keys, relay_suite};
-    use outbox_core::{CancellationToken, Relay};
-    use sqlx::mysql::MySqlConnectOptions;
-    use std::str::FromStr;
-    use tokio::net::TcpListener;
-
-    use super::*;
-
-    /// A relay started while MariaDB cannot be reached keeps running
-    /// (store errors, waited out with backoff; it does not stop as it does
-    /// on missing tables), and drains the backlog once MariaDB is reachable.
-    /// "Keeps running" is observed, not timed: its address is a proxy that
-    /// refuses connections, and the relay is still running after it was
-    /// refused five times.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_relay_started_while_mariadb_is_unreachable_drains_once_it_is_reachable() {
-        let clock = ManualClock::at_epoch();
-        let reachable = store_on(clock.clone()).await;
-        let events = events_over_keys(20, 4);
-        OutboxWriter::enqueue(&reachable, &events).await.unwrap();
-        let database = reachable.config().tables.schema().unwrap().to_owned();
-
-        let proxy = CuttableProxy::start(
-            "127.0.0.1:3306".parse().unwrap(),
-            TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        )
-        .unwrap();
-        proxy.cut();
-        let options = MySqlConnectOptions::from_str(&format!("mysql://root@{}", proxy.address()))
-            .unwrap()
-            .database(&database);
-        let pool = MySqlPoolOptions::new()
-            .acquire_timeout(Duration::from_millis(500))
-            .connect_lazy_with(options);
-        let store = MySqlStore::new(pool, reachable.config().clone());
-        let publisher = Arc::new(RecordingPublisher::new());
-        let shutdown = CancellationToken::new();
-        let relay = Relay::new(
-            Arc::new(store),
-            publisher.clone(),
-            relay_suite::config("unreachable-mariadb"),
-        )
-        .unwrap()
-        .spawn(shutdown.clone());
-
-        proxy.wait_for_refused(5, Duration::from_secs(60)).await;
-        assert!(
-            !relay.is_finished(),
-            "the relay stopped while MariaDB was unreachable: {:?}",
-            relay.await
-        );
-        assert!(publisher.delivered().is_empty());
-
-        proxy.restore();
-        tokio::time::timeout(Duration::from_secs(60), publisher.wait_for_deliveries(20))
-            .await
-            .expect("the backlog drained once MariaDB was reachable");
-        shutdown.cancel();
-        let report = relay.await.unwrap().unwrap();
-        assert!(report.store_errors >= 1, "{report:?}");
-        assert_eq!((report.published, report.failed), (20, 0), "{report:?}");
-    }
-
-    /// A URL that cannot work is refused when the pool is built, before
-    /// any store or relay exists.
-    #[tokio::test]
-    async fn a_malformed_url_is_refused_when_the_pool_is_built() {
-        for url in [
-            "mysql://root@127.0.0.1:notaport/db",
-            "mysql://root@127.0.0.1:3306:3306/db",
-            "not a url",
-        ] {
-            let built = MySqlPoolOptions::new().connect_lazy(url);
-            assert!(built.is_err(), "{url} was accepted");
-        }
-    }
-}
+mod unreachable;
 
 /// A driver error names the store operation and its table, and its
 /// message is said once (not again as the error's source).
