@@ -131,3 +131,12 @@ macro_rules! delegate_sql_store {
         }
     };
 }
+
+/// [`delegate_sql_store!`], by the name it had while only MySQL's protocol
+/// existed.
+#[macro_export]
+macro_rules! delegate_mysql_store {
+    ($store:ty, $field:ident) => {
+        $crate::delegate_sql_store!($store, $field);
+    };
+}

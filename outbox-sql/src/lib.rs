@@ -21,6 +21,8 @@ pub mod history;
 pub mod mysql;
 /// PostgreSQL schema and statements.
 pub mod postgres;
+/// The core's store traits on each dialect's protocol.
+mod protocol_traits;
 /// A result row as drivers hand it to their dialect's protocol.
 pub mod row;
 /// A claim's and a settlement's rows, and a nack's parameters, for any driver.

@@ -6,7 +6,6 @@ mod protocol;
 mod queries;
 mod recovery;
 mod statements;
-mod traits;
 
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::Protocol;

@@ -6,7 +6,6 @@ pub mod driver;
 mod protocol;
 mod queries;
 mod statements;
-mod traits;
 
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::{Probe, Protocol, WakeState};

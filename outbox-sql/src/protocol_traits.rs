@@ -1,0 +1,50 @@
+//! The core's store traits on each dialect's `Protocol`, written once: an
+//! adapter's store type takes them with [`crate::delegate_sql_store!`].
+
+use async_trait::async_trait;
+use outbox_core::store::{
+    ClaimRequest, ClaimedBatch, EnqueueOutcome, Heartbeat, Lease, Nack, OutboxStore, OutboxWriter,
+    Release, SettleReport,
+};
+use outbox_core::{NewEvent, StoreError};
+
+/// `OutboxWriter` and `OutboxStore` for `$dialect::Protocol<D>`, each call
+/// handed to the protocol's method of the same name.
+macro_rules! store_traits_on_protocol {
+    ($dialect:ident) => {
+        #[async_trait]
+        impl<D: crate::$dialect::Driver> OutboxWriter for crate::$dialect::Protocol<D> {
+            async fn enqueue(
+                &self,
+                events: &[NewEvent],
+            ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+                self.enqueue_alone(events).await
+            }
+        }
+
+        #[async_trait]
+        impl<D: crate::$dialect::Driver> OutboxStore for crate::$dialect::Protocol<D> {
+            async fn claim_batch(
+                &self,
+                request: &ClaimRequest,
+            ) -> Result<ClaimedBatch, StoreError> {
+                Self::claim_batch(self, request).await
+            }
+            async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
+                Self::ack(self, leases).await
+            }
+            async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
+                Self::nack(self, nacks).await
+            }
+            async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
+                Self::release(self, releases).await
+            }
+            async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+                Self::heartbeat(self, beat).await
+            }
+        }
+    };
+}
+
+store_traits_on_protocol!(mysql);
+store_traits_on_protocol!(postgres);
