@@ -541,4 +541,3 @@ fn gauge(metrics: &str, name: &str) -> Option<f64> {
         .lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
 }
-

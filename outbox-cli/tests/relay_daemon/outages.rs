@@ -4,7 +4,11 @@ use super::*;
 
 /// Runs `outbox <args>` against the daemon's store: (exit code, stdout,
 /// stderr).
-pub(super) async fn operator(url: &str, schema: &str, args: &[&str]) -> (Option<i32>, String, String) {
+pub(super) async fn operator(
+    url: &str,
+    schema: &str,
+    args: &[&str],
+) -> (Option<i32>, String, String) {
     let output = daemon_command()
         .args(["--url", url, "--schema", schema])
         .args(args)

@@ -6,8 +6,7 @@ use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
 use outbox_core::testing::event;
 use outbox_core::{CancellationToken, Publisher, RetryPolicy, StoredEvent};
 use outbox_redis::{
-    ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher, StreamEvent,
-    StreamRouter,
+    ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher, StreamEvent, StreamRouter,
 };
 use redis::AsyncCommands;
 use redis::streams::StreamRangeReply;

@@ -10,8 +10,7 @@ use outbox_core::memory::MemoryInbox;
 use outbox_core::testing::{Downstream, event};
 use outbox_core::{CancellationToken, Publisher, RetryPolicy, StoredEvent};
 use outbox_redis::{
-    ConsumerConfig, DeadLetterError, RedisConsumer, RedisDeadLetters, RedisPublisher,
-    StreamRouter,
+    ConsumerConfig, DeadLetterError, RedisConsumer, RedisDeadLetters, RedisPublisher, StreamRouter,
 };
 
 use super::support;

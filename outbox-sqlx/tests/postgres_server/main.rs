@@ -553,4 +553,3 @@ async fn commit_order_holds_under_concurrent_producers() {
         &violations[..violations.len().min(3)]
     );
 }
-
