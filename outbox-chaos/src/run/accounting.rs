@@ -12,6 +12,25 @@ pub(crate) struct Accounting {
     pub(crate) failed_or_parked: u64,
 }
 
+impl Accounting {
+    /// The rows every run prints: what reached the broker and the handler.
+    pub(crate) fn print_delivery_rows(&self) {
+        println!(
+            "| published (distinct at the broker) | {} |",
+            self.published_distinct
+        );
+        println!("| duplicates at the broker | {} |", self.broker_duplicates);
+        println!("| applied once | {} |", self.applied_distinct);
+        println!("| applied twice or more | {} |", self.applied_twice);
+        println!("| lost (committed, never applied) | {} |", self.lost);
+        println!(
+            "| per-key order violations at the handler | {} |",
+            self.order_violations
+        );
+        println!("| failed or parked | {} |", self.failed_or_parked);
+    }
+}
+
 pub(crate) async fn account(
     pool: &sqlx::PgPool,
     store: &PgStore,
@@ -76,28 +95,37 @@ pub(crate) async fn account(
 
 /// Every entry of the stream: (distinct event ids, entries).
 pub(super) async fn redis_census(redis: &mut PrivateRedis) -> Result<(usize, usize), Error> {
-    let client = redis::Client::open(redis.url())?;
-    let mut connection = client.get_multiplexed_async_connection().await?;
     let mut seen = HashSet::new();
     let mut entries = 0usize;
+    every_stream_entry(&redis.url(), |entry| {
+        entries += 1;
+        if let Some(id) = entry.get::<String>("event_id") {
+            seen.insert(id);
+        }
+    })
+    .await?;
+    Ok((seen.len(), entries))
+}
+
+/// Reads the whole stream, oldest first, in pages, handing `each` every
+/// entry once.
+pub(crate) async fn every_stream_entry(
+    url: &str,
+    mut each: impl FnMut(&redis::streams::StreamId),
+) -> Result<(), Error> {
+    let client = redis::Client::open(url)?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
     let mut from = "-".to_owned();
     loop {
         let reply: redis::streams::StreamRangeReply =
             connection.xrange_count(STREAM, &from, "+", 5_000).await?;
         let fresh: Vec<_> = reply.ids.into_iter().filter(|e| e.id != from).collect();
-        if fresh.is_empty() {
-            break;
-        }
-        for entry in &fresh {
-            entries += 1;
-            if let Some(id) = entry.get::<String>("event_id") {
-                seen.insert(id);
-            }
-        }
-        from = fresh.last().expect("non-empty").id.clone();
+        let Some(last) = fresh.last() else {
+            return Ok(());
+        };
+        fresh.iter().for_each(&mut each);
+        from = last.id.clone();
     }
-
-    Ok((seen.len(), entries))
 }
 
 /// Every message of the topic, read from the beginning of each partition

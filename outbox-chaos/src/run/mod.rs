@@ -358,22 +358,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     println!("| measure | value |");
     println!("|---|---|");
     println!("| events committed | {} |", committed.total);
-    println!(
-        "| published (distinct at the broker) | {} |",
-        report.published_distinct
-    );
-    println!(
-        "| duplicates at the broker | {} |",
-        report.broker_duplicates
-    );
-    println!("| applied once | {} |", report.applied_distinct);
-    println!("| applied twice or more | {} |", report.applied_twice);
-    println!("| lost (committed, never applied) | {} |", report.lost);
-    println!(
-        "| per-key order violations at the handler | {} |",
-        report.order_violations
-    );
-    println!("| failed or parked | {} |", report.failed_or_parked);
+    report.print_delivery_rows();
     println!("| relay processes SIGKILLed | {kills} |");
     println!(
         "| drain time after the last fault and the last commit | {:.1} s{} |",

@@ -384,22 +384,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         committed.total,
         observed.sent.values().filter(|s| s.hot).count()
     );
-    println!(
-        "| published (distinct at the broker) | {} |",
-        report.published_distinct
-    );
-    println!(
-        "| duplicates at the broker | {} |",
-        report.broker_duplicates
-    );
-    println!("| applied once | {} |", report.applied_distinct);
-    println!("| applied twice or more | {} |", report.applied_twice);
-    println!("| lost (committed, never applied) | {} |", report.lost);
-    println!(
-        "| per-key order violations at the handler | {} |",
-        report.order_violations
-    );
-    println!("| failed or parked | {} |", report.failed_or_parked);
+    report.print_delivery_rows();
     println!("| attempts recorded (an outage or a pause burning one) | {attempts} |");
     println!(
         "| relays SIGKILLed / paused past their lease / redeployed | {} / {} / {} |",

@@ -125,30 +125,19 @@ pub(super) async fn drain_progress(store: &PgStore, broker_url: &str) -> String 
     format!("{store_side}; {broker_side}")
 }
 pub(super) async fn first_publications(url: &str) -> Result<HashMap<String, u128>, Error> {
-    let client = redis::Client::open(url)?;
-    let mut connection = client.get_multiplexed_async_connection().await?;
     let mut first = HashMap::new();
-    let mut from = "-".to_owned();
-    loop {
-        let reply: redis::streams::StreamRangeReply =
-            connection.xrange_count(STREAM, &from, "+", 5_000).await?;
-        let fresh: Vec<_> = reply.ids.into_iter().filter(|e| e.id != from).collect();
-        if fresh.is_empty() {
-            break;
+    crate::run::every_stream_entry(url, |entry| {
+        let ms: u128 = entry
+            .id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(0);
+        if let Some(id) = entry.get::<String>("event_id") {
+            first.entry(id).or_insert(ms);
         }
-        for entry in &fresh {
-            let ms: u128 = entry
-                .id
-                .split('-')
-                .next()
-                .and_then(|ms| ms.parse().ok())
-                .unwrap_or(0);
-            if let Some(id) = entry.get::<String>("event_id") {
-                first.entry(id).or_insert(ms);
-            }
-        }
-        from = fresh.last().expect("non-empty").id.clone();
-    }
+    })
+    .await?;
     Ok(first)
 }
 /// Commit→publish of the other keys' events: (p50, p99, count) while no
