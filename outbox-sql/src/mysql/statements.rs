@@ -113,7 +113,7 @@ impl Statements {
     }
 
     /// Creates the tables if missing on `conn` (outside any transaction:
-    /// MySQL commits DDL at once). See [`Protocol::migrate`].
+    /// MySQL commits DDL at once). See [`Protocol::migrate`](super::Protocol::migrate).
     pub async fn migrate_on(
         &self,
         conn: &mut (impl Exec + ?Sized),
