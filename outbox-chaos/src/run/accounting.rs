@@ -1,4 +1,6 @@
-//! What a chaos or soak run adds up at its end: every committed event\nfound (or not) at the broker and in the consumer's effects, with the\nduplicates and order violations.
+//! What a chaos or soak run adds up at its end: every committed event
+//! found (or not) at the broker and in the consumer's effects, with the
+//! duplicates and order violations.
 
 use super::*;
 

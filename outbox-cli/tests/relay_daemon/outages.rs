@@ -1,4 +1,6 @@
-//! A publisher outage seen from outside the daemon: status, health and\n`/metrics` show it while it lasts and clear once it ends, for Redis,\nKafka and SNS.
+//! A publisher outage seen from outside the daemon: status, health and
+//! `/metrics` show it while it lasts and clear once it ends, for Redis,
+//! Kafka and SNS.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! The daemon's settings: bad ones refused with the reason, flags and the\nenvironment over the file.
+//! The daemon's settings: bad ones refused with the reason, flags and the
+//! environment over the file.
 
 use super::*;
 

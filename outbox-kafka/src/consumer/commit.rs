@@ -1,6 +1,11 @@
-//! Offsets: the commit watch (rdkafka's commit callback, counted) and the\nshutdown's confirmation that the group holds what was committed.
+//! Offsets: the commit watch (rdkafka's commit callback, counted) and the
+//! shutdown's confirmation that the group holds what was committed.
 
-use super::*;
+use std::time::Duration;
+
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 /// How long a graceful shutdown keeps trying to commit the last offsets.
 pub const SHUTDOWN_COMMIT_LIMIT: Duration = Duration::from_secs(15);

@@ -1,6 +1,12 @@
-//! The event a [`KafkaConsumer`](super::KafkaConsumer) hands its handler,\nread from a message's payload and headers.
+//! The event a [`KafkaConsumer`](super::KafkaConsumer) hands its handler,
+//! read from a message's payload and headers.
 
-use super::*;
+use outbox_core::chrono::{DateTime, Utc};
+use outbox_core::event::wire;
+use outbox_core::{EventId, Headers};
+use rdkafka::message::{BorrowedMessage, Headers as _, Message};
+
+use crate::headers::names;
 
 /// An event as the consumer hands it to the handler.
 #[derive(Clone, Debug, PartialEq, Eq)]

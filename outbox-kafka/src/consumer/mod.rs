@@ -32,20 +32,15 @@ use std::time::Duration;
 use outbox_core::consume::{Applied, Applier, default_store_outage};
 use outbox_core::policy::SplitMix64;
 use outbox_core::relay::OutagePolicy;
-use outbox_core::{EventId, Headers, InboxStore, RetryPolicy, StoreError};
+use outbox_core::{InboxStore, RetryPolicy, StoreError};
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{BorrowedMessage, Header, Headers as _, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
-
-use outbox_core::chrono::{DateTime, Utc};
-use outbox_core::event::wire;
-
-use crate::headers::names;
 
 pub use outbox_core::consume::HandlerError;
 

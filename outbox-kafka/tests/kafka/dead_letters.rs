@@ -1,4 +1,6 @@
-//! Events the relay or the consumer cannot deliver: the dead-letter topic,\nits listing, showing and replay, and messages whose headers are not\nUTF-8.
+//! Events the relay or the consumer cannot deliver: the dead-letter topic,
+//! its listing, showing and replay, and messages whose headers are not
+//! UTF-8.
 
 use super::*;
 

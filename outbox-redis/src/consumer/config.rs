@@ -1,6 +1,12 @@
-//! What a [`RedisConsumer`](super::RedisConsumer) is told (its settings) and\nwhat it tells back (its report and errors).
+//! What a [`RedisConsumer`](super::RedisConsumer) is told (its settings) and
+//! what it tells back (its report and errors).
 
-use super::*;
+use std::time::Duration;
+
+use outbox_core::consume::default_store_outage;
+use outbox_core::relay::OutagePolicy;
+use outbox_core::{RetryPolicy, StoreError};
+use redis::RedisError;
 
 /// Consumer settings.
 #[derive(Clone, Debug)]

@@ -22,12 +22,10 @@
 //! reclaimed from a dead consumer arrive after newer ones.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use outbox_core::consume::{Applied, Applier, default_store_outage};
+use outbox_core::consume::{Applied, Applier};
 use outbox_core::policy::SplitMix64;
-use outbox_core::relay::OutagePolicy;
-use outbox_core::{ErrorClass, EventId, Headers, InboxStore, RetryPolicy, StoreError};
+use outbox_core::{ErrorClass, EventId, Headers, InboxStore};
 use redis::aio::ConnectionManager;
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,

@@ -1,4 +1,5 @@
-//! Messages the consumer cannot apply: received too often, foreign or\nrejected, and the dead-letter queue's listing, showing and replay.
+//! Messages the consumer cannot apply: received too often, foreign or
+//! rejected, and the dead-letter queue's listing, showing and replay.
 
 use super::*;
 

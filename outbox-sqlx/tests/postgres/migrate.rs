@@ -1,4 +1,5 @@
-//! `migrate()` on a live server: the schema version reported and checked,\nand what a migration holds while producers write.
+//! `migrate()` on a live server: the schema version reported and checked,
+//! and what a migration holds while producers write.
 
 use super::*;
 

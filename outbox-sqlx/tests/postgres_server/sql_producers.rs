@@ -1,4 +1,5 @@
-//! Producers that are not this crate: another language enqueueing with SQL\nthrough the documented function, and two-phase producers.
+//! Producers that are not this crate: another language enqueueing with SQL
+//! through the documented function, and two-phase producers.
 
 use super::*;
 

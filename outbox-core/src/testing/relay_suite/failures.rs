@@ -1,4 +1,5 @@
-//! The relay suite, failures: attempt caps, poison policies, crash loops,\ntimeouts, backoff and shutdown.
+//! The relay suite, failures: attempt caps, poison policies, crash loops,
+//! timeouts, backoff and shutdown.
 
 use super::*;
 
