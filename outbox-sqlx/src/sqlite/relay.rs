@@ -14,12 +14,12 @@ use serde_json::json;
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::row;
-use crate::blame::{InFlight, blame, new_lease_id, reap, suspect_span};
+use super::store::SqliteStore;
+use crate::blame::{InFlight, blame, new_lease_id, reap};
 use crate::codes;
 use crate::error::ResultExt;
 use crate::history::HistoryEntry;
 
-use super::store::SqliteStore;
 
 #[async_trait]
 impl OutboxStore for SqliteStore {
@@ -79,10 +79,7 @@ impl OutboxStore for SqliteStore {
                         Ok((
                             r.try_get("sequence").store()?,
                             r.try_get("partition_key").store()?,
-                            suspect_span(
-                                r.try_get("suspect").store()?,
-                                r.try_get("suspect_span").store()?,
-                            ),
+                            row::suspect(r)?,
                         ))
                     })
                     .collect::<Result<_, StoreError>>()?;
@@ -299,10 +296,7 @@ impl OutboxStore for SqliteStore {
                         Ok((
                             r.try_get("sequence").store()?,
                             r.try_get("lease_id").store()?,
-                            suspect_span(
-                                r.try_get("suspect").store()?,
-                                r.try_get("suspect_span").store()?,
-                            ),
+                            row::suspect(r)?,
                         ))
                     })
                     .collect::<Result<_, StoreError>>()?;
@@ -388,10 +382,7 @@ impl SqliteStore {
                         .store()?
                         .unwrap_or(0),
                     unstarted: r.try_get("lease_unstarted").store()?,
-                    suspect_span: suspect_span(
-                        r.try_get("suspect").store()?,
-                        r.try_get("suspect_span").store()?,
-                    ),
+                    suspect_span: row::suspect(r)?,
                 })
             })
             .collect::<Result<_, StoreError>>()?;

@@ -15,6 +15,15 @@ pub(super) fn from_micros(micros: i64) -> Result<DateTime<Utc>, StoreError> {
         .ok_or_else(|| StoreError::fatal(format!("stored time {micros} out of range")))
 }
 
+/// A row's crash suspicion (`suspect`, `suspect_span` columns), as blame
+/// reads it.
+pub(super) fn suspect(row: &SqliteRow) -> Result<Option<u32>, StoreError> {
+    Ok(crate::blame::suspect_span(
+        row.try_get("suspect").store()?,
+        row.try_get("suspect_span").store()?,
+    ))
+}
+
 pub(super) fn time(row: &SqliteRow, column: &str) -> Result<DateTime<Utc>, StoreError> {
     from_micros(row.try_get(column).store()?)
 }
