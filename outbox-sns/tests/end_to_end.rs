@@ -9,126 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::store::{EventState, OutboxAdmin};
-use outbox_core::testing::trace_recorder::{TraceRecorder, enqueue_in_span};
 use outbox_core::testing::{
-    DieAfterPublishing, OutageCounter, PublishGate, RelayFleet, assert_exactly_once_in_key_order,
+    DieAfterPublishing, OutageCounter, PublishGate, assert_exactly_once_in_key_order,
     events_over_keys, relay_suite,
 };
-use outbox_core::{CancellationToken, EventId, OutboxWriter, Publisher};
-use outbox_sns::{
-    ConsumerConfig, ConsumerReport, SnsPublisher, SqsConsumer, SqsEvent, TopicRouter,
-};
-use outbox_sqlx::postgres::{EndToEndDb, RecordEffect};
-use support::{Aws, OwnEmulator, Subscribed, unique};
+use outbox_core::{EventId, OutboxWriter, Publisher};
+use outbox_sns::{ConsumerReport, SnsPublisher, SqsEvent, TopicRouter};
+use support::end_to_end::*;
+use support::{Aws, OwnEmulator, unique};
 use tokio::sync::Notify;
-
-/// The emulator is slow (4 relays × 400 events take over a minute on two
-/// cores under a full parallel run); every wait ends as soon as its
-/// condition holds.
-const DEADLINE: Duration = Duration::from_secs(180);
-
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(DEADLINE, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-struct Setup {
-    db: EndToEndDb,
-    aws: Aws,
-    subscribed: Subscribed,
-    dead_letter_url: String,
-}
-
-/// The store, its clock and the effects log are the database's.
-impl std::ops::Deref for Setup {
-    type Target = EndToEndDb;
-    fn deref(&self) -> &EndToEndDb {
-        &self.db
-    }
-}
-
-/// A PostgreSQL outbox and inbox in a schema of their own, and a topic with
-/// a queue subscribed (FIFO when `fifo`; raw or enveloped).
-async fn setup(fifo: bool, raw: bool) -> Setup {
-    setup_in(EndToEndDb::create("sns").await, fifo, raw).await
-}
-
-/// The same on a manual clock, so a test can expire a dead relay's lease.
-async fn setup_on_manual_clock(fifo: bool, raw: bool) -> Setup {
-    setup_in(EndToEndDb::create_on_manual_clock("sns").await, fifo, raw).await
-}
-
-async fn setup_in(db: EndToEndDb, fifo: bool, raw: bool) -> Setup {
-    let aws = Aws::connect().await;
-    let subscribed = aws.topic_with_queue("e2e", fifo, raw).await;
-    let suffix = if fifo { ".fifo" } else { "" };
-    let dead_letter_url = aws
-        .create_queue(&format!("{}{suffix}", unique("e2e-dlq")))
-        .await;
-    Setup {
-        db,
-        aws,
-        subscribed,
-        dead_letter_url,
-    }
-}
-
-impl Setup {
-    fn publisher(&self) -> SnsPublisher {
-        SnsPublisher::new(
-            &self.aws.config,
-            TopicRouter::to(&self.subscribed.topic_arn),
-        )
-    }
-
-    fn relays(&self, publisher: Arc<impl Publisher + 'static>, n: usize) -> RelayFleet {
-        RelayFleet::spawn(self.store.clone(), publisher, "sns-relay", n)
-    }
-
-    fn consumer(&self) -> SqsConsumer<outbox_sqlx::postgres::PgInbox, RecordEffect> {
-        let mut config =
-            ConsumerConfig::new(&self.subscribed.queue_url, "billing", &self.dead_letter_url);
-        config.wait_time = Duration::from_secs(1);
-        SqsConsumer::new(
-            &self.aws.config,
-            config,
-            self.store.inbox(),
-            RecordEffect {
-                log: self.log.clone(),
-            },
-        )
-        .unwrap()
-    }
-}
-
-async fn run_consumer_until(setup: &Setup, effects: usize) -> ConsumerReport {
-    let stop = CancellationToken::new();
-    let consumer = tokio::spawn(setup.consumer().run(stop.clone()));
-    setup.wait_for_effects(effects, DEADLINE).await;
-    stop.cancel();
-    within("consumer shutdown", consumer)
-        .await
-        .unwrap()
-        .unwrap()
-}
-
-/// OpenTelemetry across the hop: the span around the enqueue, the relay's
-/// publish span and the SQS consumer's handler span share one trace
-/// (carried in the `traceparent` message attribute). Current-thread
-/// runtime: the relay and consumer tasks report to this thread's recorder.
-#[tokio::test]
-async fn one_trace_runs_from_the_enqueue_through_sns_into_the_handler() {
-    let recorder = TraceRecorder::install();
-    let setup = setup(true, true).await;
-    enqueue_in_span(&*setup.store, "pay_invoice").await;
-    let relays = setup.relays(Arc::new(setup.publisher()), 1);
-    let consumed = run_consumer_until(&setup, 1).await;
-    relays.stop(DEADLINE).await;
-    assert_eq!(consumed.applied, 1, "{consumed:?}");
-    let trace = recorder.assert_one_trace("pay_invoice", "record_effect");
-    println!("one trace from producer to handler: {trace}");
-}
 
 /// Four relays → FIFO topic → FIFO queue → consumer: 400 events over 20
 /// keys, each applied once, each key in enqueue order at the handler.

@@ -2,6 +2,7 @@
 //! and topics of a test's own, and a proxy that injects faults.
 #![allow(dead_code)]
 
+pub mod end_to_end;
 pub mod proxy;
 
 use std::time::Duration;
