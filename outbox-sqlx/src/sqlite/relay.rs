@@ -20,7 +20,6 @@ use crate::codes;
 use crate::error::ResultExt;
 use crate::history::HistoryEntry;
 
-
 #[async_trait]
 impl OutboxStore for SqliteStore {
     async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
