@@ -11,7 +11,6 @@ use async_trait::async_trait;
 use outbox_core::memory::RecordingPublisher;
 use outbox_core::relay::OutagePolicy;
 use outbox_core::store::OutboxAdmin;
-use outbox_core::testing::trace_recorder::{TraceRecorder, enqueue_in_span};
 use outbox_core::testing::{
     DieAfterCommit, FlakyInbox, OutageCounter, RelayFleet, assert_exactly_once_in_key_order, event,
     events_over_keys,
@@ -35,40 +34,6 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 
 async fn database() -> EndToEndDb {
     EndToEndDb::create("e2e").await
-}
-
-/// OpenTelemetry across the hop: the span around the enqueue, the relay's
-/// publish span and the consumer's handler span share one trace (carried in
-/// the entry's `traceparent` field). Current-thread runtime: the relay and
-/// consumer tasks report to the recorder this thread installed.
-#[tokio::test]
-async fn one_trace_runs_from_the_enqueue_through_redis_into_the_handler() {
-    let recorder = TraceRecorder::install();
-    let db = database().await;
-    let prefix = support::prefix();
-    enqueue_in_span(&*db.store, "pay_invoice").await;
-    let publisher = Arc::new(RedisPublisher::new(
-        support::connect(support::REDIS_URL).await,
-        StreamRouter::with_prefix(&prefix),
-    ));
-    let relays = RelayFleet::spawn(db.store.clone(), publisher, "relay", 1);
-    let consumer = RedisConsumer::new(
-        support::connect(support::REDIS_URL).await,
-        consumer_config(&prefix, "c1"),
-        db.store.inbox(),
-        RecordEffect {
-            log: db.log.clone(),
-        },
-    )
-    .expect("valid consumer settings");
-    let stop = CancellationToken::new();
-    let consumer = tokio::spawn(consumer.run(stop.clone()));
-    db.wait_for_effects(1, DEADLINE).await;
-    relays.stop(DEADLINE).await;
-    stop.cancel();
-    assert_eq!(consumer.await.unwrap().unwrap().applied, 1);
-    let trace = recorder.assert_one_trace("pay_invoice", "record_effect");
-    println!("one trace from producer to handler: {trace}");
 }
 
 fn consumer_config(prefix: &str, consumer: &str) -> ConsumerConfig {
