@@ -388,6 +388,77 @@ async fn a_row_released_again_and_again_is_written_once() {
         .unwrap();
 }
 
+/// A relay that dies holding a prefetched lease (claimed while its older
+/// lease was still publishing) never started it: reaping hands those rows
+/// back unblamed (`outbox_return`), and a row already out of the stream
+/// (tracked, as a head released once is) keeps its one version: the
+/// return writes only rows still in the stream. Before, it rewrote tracked
+/// rows unchanged, one dead version per reap for later claims to step
+/// through while a report holds xmin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaping_a_prefetched_lease_rewrites_no_row_already_out_of_the_stream() {
+    use outbox_core::store::{OutboxStore, OutboxWriter, Release};
+    use outbox_core::testing::store_suite::request;
+
+    let (store, schema, pool) = store_with_history(0, 0).await;
+    let (first, second) = (event("a", 0), event("b", 0));
+    OutboxWriter::enqueue(&store, &[first.clone(), second.clone()])
+        .await
+        .unwrap();
+    // Both heads leave the stream once: claimed and handed back unstarted.
+    let claimed = store.claim_batch(&request("other", 2)).await.unwrap();
+    assert_eq!(claimed.events.len(), 2);
+    let releases: Vec<Release> = claimed
+        .events
+        .iter()
+        .map(|c| Release::unstarted(c.lease.clone()))
+        .collect();
+    store.release(&releases).await.unwrap();
+    // The dying relay: one lease publishing, the next prefetched.
+    let publishing = store.claim_batch(&request("dying", 1)).await.unwrap();
+    let prefetched = store.claim_batch(&request("dying", 1)).await.unwrap();
+    assert_eq!(ids_of(&publishing), vec![first.event_id]);
+    assert_eq!(ids_of(&prefetched), vec![second.event_id]);
+    let row = format!(
+        "SELECT ctid::text, unfinished_claims::bigint FROM {schema}.outbox_events WHERE event_id = $1"
+    );
+    let read = |pool: PgPool, row: String| async move {
+        sqlx::query_as::<_, (String, i64)>(&row)
+            .bind(*second.event_id.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let before = read(pool.clone(), row.clone()).await;
+    let written: i64 = sqlx::query_scalar(&format!(
+        "SELECT {schema}.outbox_reap(now() + interval '1 hour')"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let after = read(pool.clone(), row.clone()).await;
+    assert_eq!(
+        after, before,
+        "the prefetched row, already out of the stream, was rewritten or blamed by the reap"
+    );
+    assert_eq!(written, 1, "only the publishing lease's row is blamed");
+    // Handed back all the same: the next relay takes it.
+    let next = store.claim_batch(&request("next", 10)).await.unwrap();
+    assert!(
+        ids_of(&next).contains(&second.event_id),
+        "the returned row is claimable again: {:?}",
+        ids_of(&next)
+    );
+    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+fn ids_of(claimed: &outbox_core::store::ClaimedBatch) -> Vec<outbox_core::EventId> {
+    claimed.events.iter().map(|c| c.event.event_id).collect()
+}
+
 /// A report left open on the server: a REPEATABLE READ transaction whose
 /// snapshot holds back xmin until it ends (roll it back).
 async fn report_holding_xmin(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {

@@ -394,6 +394,72 @@ async fn a_dropped_connection_is_an_outage_at_once_and_recovery_is_prompt() {
     );
 }
 
+/// A server that stops answering costs each publish at most the
+/// publisher's call limit (connect plus response timeout), and the answer
+/// is an outage: the relay pauses and burns no attempt. Twice: paused with
+/// the connection open (swap, a stalled fork), and restarted then paused
+/// before the publisher's reconnection finished (where the connection
+/// manager's attempts and its pauses between them add up to more than the
+/// limit: without the publisher's bound a call took 2.8 s against 0.7).
+/// Once the server runs again the next publish goes through.
+#[tokio::test]
+async fn a_server_that_stops_answering_costs_a_publish_its_call_limit_at_most() {
+    use outbox_redis::ConnectionSettings;
+
+    let mut own = support::OwnRedis::start().await;
+    let settings = ConnectionSettings {
+        connect_timeout: Duration::from_millis(300),
+        response_timeout: Duration::from_millis(400),
+        ..ConnectionSettings::default()
+    };
+    let limit = settings.connect_timeout + settings.response_timeout;
+    let publisher =
+        RedisPublisher::from_url_with(&own.url(), StreamRouter::with_prefix("stall:"), settings)
+            .expect("the URL parses");
+    let events = stored(vec![event("a", 1), event("a", 2), event("a", 3)]);
+    assert!(publisher.publish(&[&events[0]]).await[0].is_ok());
+    let stalled = async |publisher: &RedisPublisher, how: &str| {
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let outcomes = publisher.publish(&[&events[1], &events[2]]).await;
+            let took = started.elapsed();
+            for outcome in &outcomes {
+                let error = outcome.as_ref().expect_err("the server does not answer");
+                assert_eq!(error.class, ErrorClass::Outage, "{how}: {error}");
+            }
+            assert!(
+                took < limit + Duration::from_millis(250),
+                "{how}: a publish took {took:?}, its limit is {limit:?}"
+            );
+        }
+    };
+    let recovers = async |publisher: &RedisPublisher, how: &str| {
+        let started = std::time::Instant::now();
+        loop {
+            let outcomes = publisher.publish(&[&events[1], &events[2]]).await;
+            if outcomes.iter().all(|o| o.is_ok()) {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{how}: still failing {:?} after the server resumed: {outcomes:?}",
+                started.elapsed()
+            );
+        }
+    };
+    own.pause();
+    stalled(&publisher, "paused, connection open").await;
+    own.resume();
+    recovers(&publisher, "paused, connection open").await;
+
+    own.kill().await;
+    own.restart().await;
+    own.pause();
+    stalled(&publisher, "restarted, paused before the reconnection").await;
+    own.resume();
+    recovers(&publisher, "restarted, paused before the reconnection").await;
+}
+
 /// A consumer built and started while Redis is down (a deploy during a
 /// Redis restart): it waits the outage out and applies what is published
 /// once the server is back. Before, building its connection manager never

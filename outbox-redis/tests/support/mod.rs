@@ -107,6 +107,30 @@ impl OwnRedis {
         }
     }
 
+    /// Stops the server's process (SIGSTOP): connections stay open and
+    /// nothing answers, as a server stalled by swap or a long fork.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(|child| child.id())
+            .expect("the server is running");
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} {pid}: {status}");
+    }
+
     pub async fn restart(&mut self) {
         self.spawn().await;
     }
