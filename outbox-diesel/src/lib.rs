@@ -9,9 +9,14 @@
 mod effect;
 mod error;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+mod inbox;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(outbox_docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use effect::Effect;
 pub use error::Error;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(outbox_docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
+pub use inbox::{DieselInbox, DieselInboxTx, InboxDialect};
 #[cfg(feature = "mysql")]
 #[cfg_attr(outbox_docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;

@@ -12,6 +12,8 @@ use outbox_sql::config;
 use outbox_sql::{admin_common, blame, codes, history, validate};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod inbox;
 mod pool;
 
 #[cfg(feature = "mysql")]
@@ -25,6 +27,8 @@ pub mod postgres;
 pub mod sqlite;
 
 pub use config::{DEFAULT_PREFIX, Migrated, StoreConfig, TableNames};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use inbox::{InboxDialect, SqlxInbox};
 pub use pool::guard_cancelled_transactions;
 /// The `sqlx` these stores were built against: build pools and open
 /// transactions with it, and one dependency line is enough.

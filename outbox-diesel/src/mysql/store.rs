@@ -62,6 +62,12 @@ impl MysqlStore {
         self.protocol.driver.conn().await
     }
 
+    /// A pooled connection, store time synced first.
+    pub(super) async fn synced_conn(&self) -> Result<Object<AsyncMysqlConnection>, StoreError> {
+        self.protocol.sync_clock().await?;
+        self.conn().await
+    }
+
     /// Creates the tables if missing on a pooled connection (see
     /// [`MysqlOutbox::migrate`]).
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {

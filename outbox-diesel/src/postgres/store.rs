@@ -75,4 +75,11 @@ impl PgStore {
     pub(super) async fn sync_clock(&self, conn: &mut AsyncPgConnection) -> Result<(), StoreError> {
         self.protocol.sync_clock_on(&mut Diesel(conn)).await
     }
+
+    /// A pooled connection with store time synced on it.
+    pub(super) async fn synced_conn(&self) -> Result<Object<AsyncPgConnection>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.sync_clock(&mut conn).await?;
+        Ok(conn)
+    }
 }

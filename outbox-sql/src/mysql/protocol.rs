@@ -490,15 +490,22 @@ impl<D: Driver> Protocol<D> {
         older_than: std::time::Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        self.sync_clock().await?;
-        let mut conn = self.driver.connect().await?;
-        let cutoff = self
-            .now(&mut conn)
-            .await?
-            .saturating_sub(micros(older_than));
-        conn.execute(
-            &self.queries.inbox_purge,
-            vec![cutoff.into(), limit(batch_size)],
+        during(
+            "inbox purge_older_than",
+            || self.config.tables.inbox(),
+            async move {
+                self.sync_clock().await?;
+                let mut conn = self.driver.connect().await?;
+                let cutoff = self
+                    .now(&mut conn)
+                    .await?
+                    .saturating_sub(micros(older_than));
+                conn.execute(
+                    &self.queries.inbox_purge,
+                    vec![cutoff.into(), limit(batch_size)],
+                )
+                .await
+            },
         )
         .await
     }
