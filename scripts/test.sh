@@ -25,6 +25,10 @@ scripts/services.sh
 step "cargo fmt --check"
 cargo fmt --all --check
 
+step "shipped migrations are the templates' rendering (scripts/render-migrations.py leaves no change)"
+python3 scripts/render-migrations.py
+git diff --exit-code -- outbox-sqlx/migrations outbox-diesel/migrations outbox-diesel/migrations-mysql
+
 step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 

@@ -1,6 +1,7 @@
 //! Diesel's embedded migration builds exactly the tables, indexes, triggers
 //! and functions the sqlx store's `migrate` builds: the two catalogs are
-//! compared on live PostgreSQL.
+//! compared on live PostgreSQL. Reverting it (down.sql, generated from
+//! up.sql by `scripts/render-migrations.py`) leaves nothing.
 
 use diesel::Connection;
 use diesel::connection::SimpleConnection;
@@ -103,6 +104,23 @@ async fn diesel_migrations_and_the_sqlx_migrate_build_the_same_catalog() {
         catalog(&pool, &by_sqlx).await,
     );
     outbox_tests::assert_same_catalog(&diesel_catalog, &sqlx_catalog);
+    tokio::task::spawn_blocking({
+        let schema = by_diesel.clone();
+        move || {
+            let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::establish(&url())
+                .unwrap_or_else(|e| panic!("PostgreSQL unreachable at {}: {e}", url()));
+            conn.batch_execute(&format!("SET search_path TO {schema}"))
+                .unwrap();
+            conn.revert_last_migration(MIGRATIONS).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        catalog(&pool, &by_diesel).await,
+        Vec::<String>::new(),
+        "down.sql left these behind (run scripts/render-migrations.py)"
+    );
     for schema in [&by_diesel, &by_sqlx] {
         sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
             .execute(&pool)

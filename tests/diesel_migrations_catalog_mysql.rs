@@ -1,6 +1,7 @@
 //! Diesel's embedded MySQL migration builds exactly the tables, columns,
 //! indexes, constraints and seed rows the sqlx store's `migrate` builds:
-//! the two catalogs are compared on live MariaDB.
+//! the two catalogs are compared on live MariaDB. Reverting it (down.sql,
+//! generated from up.sql by `scripts/render-migrations.py`) leaves nothing.
 
 use diesel::Connection;
 use diesel_async::AsyncMysqlConnection;
@@ -120,6 +121,29 @@ async fn diesel_migrations_and_the_sqlx_migrate_build_the_same_mysql_catalog() {
         catalog(&pool, &by_sqlx).await,
     );
     outbox_tests::assert_same_catalog(&diesel_catalog, &sqlx_catalog);
+    tokio::task::spawn_blocking({
+        let url = format!("{}/{by_diesel}", url());
+        move || {
+            let mut conn = AsyncConnectionWrapper::<AsyncMysqlConnection>::establish(&url)
+                .unwrap_or_else(|e| panic!("MariaDB unreachable at {url}: {e}"));
+            conn.revert_last_migration(MIGRATIONS).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let left: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(table_name AS CHAR) FROM information_schema.tables
+         WHERE table_schema = ? AND table_name LIKE 'outbox\\_%'",
+    )
+    .bind(&by_diesel)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "down.sql left these behind (run scripts/render-migrations.py)"
+    );
     for database in [&by_diesel, &by_sqlx] {
         sqlx::query(&format!("DROP DATABASE {database}"))
             .execute(&pool)
