@@ -12,7 +12,8 @@
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
+    BatchResultErrorEntry, ChangeMessageVisibilityBatchRequestEntry,
+    DeleteMessageBatchRequestEntry, Message,
 };
 
 use crate::error::describe;
@@ -28,40 +29,32 @@ pub(crate) async fn delete(
     queue_url: &str,
     settled: &[&Message],
 ) -> usize {
-    let mut left = 0;
-    for chunk in settled.chunks(10) {
-        let failed = with_retries(chunk, |pending| async move {
-            let entries = pending
-                .iter()
-                .filter_map(|(id, m)| {
-                    DeleteMessageBatchRequestEntry::builder()
-                        .id(id.to_string())
-                        .receipt_handle(m.receipt_handle().unwrap_or_default())
-                        .build()
-                        .ok()
-                })
-                .collect();
-            let output = client
-                .delete_message_batch()
-                .queue_url(queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(|e| describe(&e))?;
-            Ok(output
-                .failed()
-                .iter()
-                .map(|f| (f.id().to_owned(), f.sender_fault(), f.code().to_owned()))
-                .collect())
-        })
-        .await;
-        if failed > 0 {
-            tracing::warn!(
-                failed,
-                "settled messages not deleted; they will be redelivered and absorbed"
-            );
-        }
-        left += failed;
+    let left = in_chunks(settled, |pending| async move {
+        let entries = pending
+            .iter()
+            .filter_map(|(id, m)| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(id.to_string())
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .build()
+                    .ok()
+            })
+            .collect();
+        let output = client
+            .delete_message_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|e| describe(&e))?;
+        Ok(refused(output.failed()))
+    })
+    .await;
+    if left > 0 {
+        tracing::warn!(
+            failed = left,
+            "settled messages not deleted; they will be redelivered and absorbed"
+        );
     }
     left
 }
@@ -74,43 +67,57 @@ pub(crate) async fn hand_back(
     rest: &[Message],
 ) -> usize {
     let rest: Vec<&Message> = rest.iter().collect();
-    let mut left = 0;
-    for chunk in rest.chunks(10) {
-        let failed = with_retries(chunk, |pending| async move {
-            let entries = pending
-                .iter()
-                .filter_map(|(id, m)| {
-                    ChangeMessageVisibilityBatchRequestEntry::builder()
-                        .id(id.to_string())
-                        .receipt_handle(m.receipt_handle().unwrap_or_default())
-                        .visibility_timeout(0)
-                        .build()
-                        .ok()
-                })
-                .collect();
-            let output = client
-                .change_message_visibility_batch()
-                .queue_url(queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(|e| describe(&e))?;
-            Ok(output
-                .failed()
-                .iter()
-                .map(|f| (f.id().to_owned(), f.sender_fault(), f.code().to_owned()))
-                .collect())
-        })
-        .await;
-        if failed > 0 {
-            tracing::warn!(
-                failed,
-                "messages not handed back; they reappear after the visibility timeout"
-            );
-        }
-        left += failed;
+    let left = in_chunks(&rest, |pending| async move {
+        let entries = pending
+            .iter()
+            .filter_map(|(id, m)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(id.to_string())
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .visibility_timeout(0)
+                    .build()
+                    .ok()
+            })
+            .collect();
+        let output = client
+            .change_message_visibility_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|e| describe(&e))?;
+        Ok(refused(output.failed()))
+    })
+    .await;
+    if left > 0 {
+        tracing::warn!(
+            failed = left,
+            "messages not handed back; they reappear after the visibility timeout"
+        );
     }
     left
+}
+
+/// `messages` in batch requests of ten (SQS's limit), each sent by `send`
+/// [`with_retries`]; returns how many were never accepted.
+async fn in_chunks<'m, F, Fut>(messages: &[&'m Message], send: F) -> usize
+where
+    F: Fn(Vec<(usize, &'m Message)>) -> Fut,
+    Fut: Future<Output = Result<Vec<Refused>, String>>,
+{
+    let mut left = 0;
+    for chunk in messages.chunks(10) {
+        left += with_retries(chunk, &send).await;
+    }
+    left
+}
+
+/// The entries a batch answer refused.
+fn refused(failed: &[BatchResultErrorEntry]) -> Vec<Refused> {
+    failed
+        .iter()
+        .map(|f| (f.id().to_owned(), f.sender_fault(), f.code().to_owned()))
+        .collect()
 }
 
 /// An entry SQS refused: its id, whether the request was at fault, the code.
@@ -119,7 +126,7 @@ type Refused = (String, bool, String);
 /// Sends `chunk` (ids are positions) with `send`, then again with the
 /// entries that failed for a reason worth retrying, up to [`ATTEMPTS`];
 /// returns how many were never accepted.
-async fn with_retries<'m, F, Fut>(chunk: &[&'m Message], send: F) -> usize
+async fn with_retries<'m, F, Fut>(chunk: &[&'m Message], send: &F) -> usize
 where
     F: Fn(Vec<(usize, &'m Message)>) -> Fut,
     Fut: Future<Output = Result<Vec<Refused>, String>>,
