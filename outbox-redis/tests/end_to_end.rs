@@ -3,6 +3,8 @@
 
 mod support;
 
+use support::consumer_config;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
@@ -34,14 +36,6 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 
 async fn database() -> EndToEndDb {
     EndToEndDb::create("e2e").await
-}
-
-fn consumer_config(prefix: &str, consumer: &str) -> ConsumerConfig {
-    let mut config =
-        ConsumerConfig::new("billing", consumer, vec![format!("{prefix}invoice.paid")]);
-    config.block = Duration::from_millis(50);
-    config.reclaim_idle = Duration::from_millis(100);
-    config
 }
 
 /// Four relays, 20 keys: each key's events reach the consumer's handler in

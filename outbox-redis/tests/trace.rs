@@ -9,27 +9,21 @@
 
 mod support;
 
+use support::consumer_config;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::CancellationToken;
 use outbox_core::testing::RelayFleet;
 use outbox_core::testing::trace_recorder::{TraceRecorder, enqueue_in_span};
-use outbox_redis::{ConsumerConfig, RedisConsumer, RedisPublisher, StreamRouter};
+use outbox_redis::{RedisConsumer, RedisPublisher, StreamRouter};
 use outbox_sqlx::postgres::{EndToEndDb, RecordEffect};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
 async fn database() -> EndToEndDb {
     EndToEndDb::create("e2e").await
-}
-
-fn consumer_config(prefix: &str, consumer: &str) -> ConsumerConfig {
-    let mut config =
-        ConsumerConfig::new("billing", consumer, vec![format!("{prefix}invoice.paid")]);
-    config.block = Duration::from_millis(50);
-    config.reclaim_idle = Duration::from_millis(100);
-    config
 }
 
 /// OpenTelemetry across the hop: the span around the enqueue, the relay's

@@ -345,7 +345,7 @@ async fn an_event_committed_while_a_claim_waits_for_its_turn_is_due_for_it() {
 /// four times a second, saw its claims grow from 3 to 8 ms in ten minutes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_released_again_and_again_is_written_once() {
-    use outbox_core::store::{OutboxStore, OutboxWriter, Release};
+    use outbox_core::store::{OutboxStore, OutboxWriter};
     use outbox_core::testing::store_suite::request;
 
     let (store, schema, pool) = store_with_history(0, 0).await;
@@ -361,12 +361,7 @@ async fn a_row_released_again_and_again_is_written_once() {
         let claimed = store.claim_batch(&request("relay", 1)).await.unwrap();
         assert_eq!(claimed.events.len(), 1);
         assert_eq!(claimed.events[0].event.event_id, head.event_id);
-        let releases: Vec<Release> = claimed
-            .events
-            .iter()
-            .map(|c| Release::unstarted(c.lease.clone()))
-            .collect();
-        store.release(&releases).await.unwrap();
+        hand_back_unstarted(&store, &claimed).await;
         let at: String = sqlx::query_scalar(&version)
             .bind(*head.event_id.as_uuid())
             .fetch_one(&pool)
@@ -397,7 +392,7 @@ async fn a_row_released_again_and_again_is_written_once() {
 /// through while a report holds xmin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reaping_a_prefetched_lease_rewrites_no_row_already_out_of_the_stream() {
-    use outbox_core::store::{OutboxStore, OutboxWriter, Release};
+    use outbox_core::store::{OutboxStore, OutboxWriter};
     use outbox_core::testing::store_suite::request;
 
     let (store, schema, pool) = store_with_history(0, 0).await;
@@ -408,12 +403,7 @@ async fn reaping_a_prefetched_lease_rewrites_no_row_already_out_of_the_stream() 
     // Both heads leave the stream once: claimed and handed back unstarted.
     let claimed = store.claim_batch(&request("other", 2)).await.unwrap();
     assert_eq!(claimed.events.len(), 2);
-    let releases: Vec<Release> = claimed
-        .events
-        .iter()
-        .map(|c| Release::unstarted(c.lease.clone()))
-        .collect();
-    store.release(&releases).await.unwrap();
+    hand_back_unstarted(&store, &claimed).await;
     // The dying relay: one lease publishing, the next prefetched.
     let publishing = store.claim_batch(&request("dying", 1)).await.unwrap();
     let prefetched = store.claim_batch(&request("dying", 1)).await.unwrap();
@@ -453,6 +443,18 @@ async fn reaping_a_prefetched_lease_rewrites_no_row_already_out_of_the_stream() 
         .execute(&pool)
         .await
         .unwrap();
+}
+
+/// Releases every lease of `claimed` with no attempt started (a relay
+/// shutting down or paused by an outage): the rows leave the stream.
+async fn hand_back_unstarted(store: &PgStore, claimed: &outbox_core::store::ClaimedBatch) {
+    use outbox_core::store::{OutboxStore, Release};
+    let releases: Vec<Release> = claimed
+        .events
+        .iter()
+        .map(|c| Release::unstarted(c.lease.clone()))
+        .collect();
+    store.release(&releases).await.unwrap();
 }
 
 fn ids_of(claimed: &outbox_core::store::ClaimedBatch) -> Vec<outbox_core::EventId> {

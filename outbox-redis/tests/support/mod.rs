@@ -7,6 +7,20 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
 
+/// The end-to-end tests' consumer of `{prefix}invoice.paid` in group
+/// `billing`: short blocking reads, and pending entries reclaimed after
+/// 100 ms idle (a killed consumer's entries move on quickly).
+pub fn consumer_config(prefix: &str, consumer: &str) -> outbox_redis::ConsumerConfig {
+    let mut config = outbox_redis::ConsumerConfig::new(
+        "billing",
+        consumer,
+        vec![format!("{prefix}invoice.paid")],
+    );
+    config.block = Duration::from_millis(50);
+    config.reclaim_idle = Duration::from_millis(100);
+    config
+}
+
 /// A unique prefix per test, so tests never share keys.
 pub fn prefix() -> String {
     format!("t{}:", &uuid::Uuid::new_v4().simple().to_string()[..12])
