@@ -11,6 +11,9 @@ mod error;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod inbox;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+#[macro_use]
+mod outbox;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(outbox_docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub use effect::Effect;
 pub use error::Error;

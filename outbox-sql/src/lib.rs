@@ -17,6 +17,11 @@ pub mod enqueue;
 pub mod error;
 /// Attempt-history rows as the stores append them in batches.
 pub mod history;
+/// The core's fault seams once per dialect (feature `testing`); first, so
+/// the dialects' modules see its macro.
+#[cfg(feature = "testing")]
+#[macro_use]
+pub mod testing;
 /// MySQL/MariaDB schema and statements.
 pub mod mysql;
 /// PostgreSQL schema and statements.
@@ -38,5 +43,9 @@ pub use config::{DEFAULT_PREFIX, Migrated, StoreConfig, TableNames};
 #[doc(hidden)]
 pub mod __private {
     pub use async_trait::async_trait;
-    pub use outbox_core::{EventId, NewEvent, StoreError, store};
+    #[cfg(feature = "testing")]
+    pub use outbox_core::testing;
+    pub use outbox_core::{Clock, EventId, NewEvent, StoreError, store};
+    #[cfg(feature = "testing")]
+    pub use tokio::sync::oneshot;
 }

@@ -17,10 +17,9 @@ pub use inbox::{MysqlInbox, MysqlInboxTx};
 pub use store::MysqlStore;
 
 use diesel_async::AsyncMysqlConnection;
-use outbox_core::store::EnqueueOutcome;
-use outbox_core::{NewEvent, StoreError};
+use outbox_core::StoreError;
+use outbox_sql::Migrated;
 use outbox_sql::mysql::Statements;
-use outbox_sql::{Migrated, StoreConfig};
 
 use driver::Diesel;
 
@@ -36,41 +35,15 @@ pub use outbox_sql::mysql::SCHEMA_VERSION;
 pub const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
     diesel_migrations::embed_migrations!("migrations-mysql");
 
-/// The outbox tables as a Diesel application writes them: enqueue in the
-/// transaction of the business write, and migrate.
-///
-/// Any relay over the same tables publishes what you enqueue here: the
-/// sqlx store (`outbox_sqlx::mysql::MySqlStore`), [`MysqlStore`], or the
-/// `outbox relay` daemon. The events are the same rows, written by the
-/// same statements.
-#[derive(Clone)]
-pub struct MysqlOutbox {
-    // Built once per store: `MysqlStore::outbox` hands out a clone (the
-    // statements are behind an `Arc`), not a fresh rendering.
-    statements: Statements,
-}
-
-impl std::fmt::Debug for MysqlOutbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MysqlOutbox")
-            .field("tables", &self.statements.config.tables)
-            .finish_non_exhaustive()
-    }
-}
-
-impl MysqlOutbox {
-    /// The outbox on `config`'s tables (names were validated when built).
-    pub fn new(config: StoreConfig) -> Self {
-        Self {
-            statements: Statements::new(config),
-        }
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &StoreConfig {
-        &self.statements.config
-    }
-
+diesel_outbox! {
+    /// The outbox tables as a Diesel application writes them: enqueue in the
+    /// transaction of the business write, and migrate.
+    ///
+    /// Any relay over the same tables publishes what you enqueue here: the
+    /// sqlx store (`outbox_sqlx::mysql::MySqlStore`), [`MysqlStore`], or the
+    /// `outbox relay` daemon. The events are the same rows, written by the
+    /// same statements.
+    MysqlOutbox(AsyncMysqlConnection, Statements);
     /// Enqueues `events` on `conn`, inside your transaction
     /// (`conn.transaction(|conn| async move { … }.scope_boxed())`). Each
     /// outcome says whether a row was written or the `event_id` already
@@ -78,14 +51,10 @@ impl MysqlOutbox {
     /// transaction ends, so writers of one key take turns and a key's
     /// insert order is its commit order. Invalid events are refused before
     /// anything is sent, so your transaction stays usable.
-    pub async fn enqueue(
-        &self,
-        conn: &mut AsyncMysqlConnection,
-        events: &[NewEvent],
-    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.statements.enqueue(&mut Diesel(conn), events).await
-    }
+    enqueue
+}
 
+impl MysqlOutbox {
     /// The schema DDL for these names (what [`MysqlOutbox::migrate`] runs;
     /// the sqlx store's `schema_sql` is the same text).
     pub fn schema_sql(&self) -> String {

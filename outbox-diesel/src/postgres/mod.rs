@@ -17,10 +17,9 @@ pub use inbox::{PgInbox, PgInboxTx};
 pub use store::PgStore;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use outbox_core::store::EnqueueOutcome;
-use outbox_core::{NewEvent, StoreError};
+use outbox_core::StoreError;
+use outbox_sql::Migrated;
 use outbox_sql::postgres::Statements;
-use outbox_sql::{Migrated, StoreConfig};
 
 use driver::{Diesel, is_lock_timeout};
 
@@ -36,52 +35,24 @@ pub use outbox_sql::postgres::SCHEMA_VERSION;
 pub const MIGRATIONS: diesel_migrations::EmbeddedMigrations =
     diesel_migrations::embed_migrations!("migrations");
 
-/// The outbox tables as a Diesel application writes them: enqueue in the
-/// transaction of the business write, and migrate.
-///
-/// Any relay over the same tables publishes what you enqueue here: the
-/// sqlx store (`outbox_sqlx::postgres::PgStore` with `outbox_core::Relay`)
-/// or the `outbox relay` daemon. The events are the same rows, written by
-/// the same statement.
-#[derive(Clone)]
-pub struct PgOutbox {
-    statements: Statements,
-}
-
-impl std::fmt::Debug for PgOutbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgOutbox")
-            .field("tables", &self.statements.config.tables)
-            .finish_non_exhaustive()
-    }
-}
-
-impl PgOutbox {
-    /// The outbox on `config`'s tables (names were validated when built).
-    pub fn new(config: StoreConfig) -> Self {
-        Self {
-            statements: Statements::new(config),
-        }
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &StoreConfig {
-        &self.statements.config
-    }
-
+diesel_outbox! {
+    /// The outbox tables as a Diesel application writes them: enqueue in the
+    /// transaction of the business write, and migrate.
+    ///
+    /// Any relay over the same tables publishes what you enqueue here: the
+    /// sqlx store (`outbox_sqlx::postgres::PgStore` with `outbox_core::Relay`)
+    /// or the `outbox relay` daemon. The events are the same rows, written by
+    /// the same statement.
+    PgOutbox(AsyncPgConnection, Statements);
     /// Enqueues `events` on `conn`, inside your transaction
     /// (`conn.transaction(async |conn| { … })`), in one
     /// statement. Each outcome says whether a row was written or the
     /// `event_id` already existed (a no-op). Invalid events are refused
     /// before anything is sent, so your transaction stays usable.
-    pub async fn enqueue(
-        &self,
-        conn: &mut AsyncPgConnection,
-        events: &[NewEvent],
-    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.statements.enqueue(&mut Diesel(conn), events).await
-    }
+    enqueue
+}
 
+impl PgOutbox {
     /// The schema DDL and functions for these names and limits (what
     /// [`PgOutbox::migrate`] runs; the sqlx store's `schema_sql` is the
     /// same text).

@@ -6,6 +6,8 @@ mod protocol;
 mod queries;
 mod recovery;
 mod statements;
+#[cfg(feature = "testing")]
+mod testing;
 
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::Protocol;

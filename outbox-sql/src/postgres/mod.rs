@@ -6,6 +6,8 @@ pub mod driver;
 mod protocol;
 mod queries;
 mod statements;
+#[cfg(feature = "testing")]
+mod testing;
 
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::{Probe, Protocol, WakeState};

@@ -3,105 +3,15 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
 use outbox_core::consume::{Consumed, Handler, HandlerError};
-use outbox_core::store::{EnqueueOutcome, Lease, SettleReport};
-use outbox_core::testing::{BeginWrite, FaultSeams, OpenWrite};
-use outbox_core::{Clock, EventId, ManualClock, NewEvent, StoreError, StoreTime};
+use outbox_core::{EventId, ManualClock, StoreError, StoreTime};
 use sqlx::{Postgres, Transaction};
 use tracing::Instrument;
 
 use super::store::PgStore;
 use crate::error::ResultExt;
 
-struct PgOpenWrite {
-    store: PgStore,
-    tx: Transaction<'static, Postgres>,
-}
-
-#[async_trait]
-impl OpenWrite for PgOpenWrite {
-    async fn write_business_row(&mut self) -> Result<(), StoreError> {
-        // What a business UPDATE does to the transaction: it gets its id.
-        sqlx::query("SELECT pg_current_xact_id()")
-            .execute(&mut *self.tx)
-            .await
-            .store()?;
-        Ok(())
-    }
-    async fn read(&mut self) -> Result<(), StoreError> {
-        sqlx::query(&format!(
-            "SELECT count(*) FROM {}",
-            self.store.config().tables.events()
-        ))
-        .execute(&mut *self.tx)
-        .await
-        .store()?;
-        Ok(())
-    }
-    async fn enqueue(&mut self, event: NewEvent) -> Result<EnqueueOutcome, StoreError> {
-        Ok(self.store.enqueue(&mut self.tx, &[event]).await?[0])
-    }
-    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
-        self.tx.commit().await.store()
-    }
-}
-
-#[async_trait]
-impl BeginWrite for PgStore {
-    async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError> {
-        let tx = self.pool().begin().await.store()?;
-        Ok(Box::new(PgOpenWrite {
-            store: self.clone(),
-            tx,
-        }))
-    }
-}
-
-#[async_trait]
-impl FaultSeams for PgStore {
-    fn with_host_clock(&self, host_clock: Arc<dyn Clock>) -> Arc<Self> {
-        let mut handle = self.clone();
-        let config = handle.protocol.statements.config.clone();
-        handle.protocol.statements.config = config.with_clock(host_clock);
-        Arc::new(handle)
-    }
-
-    async fn write_unreadable_row(&self, partition_key: &str) -> EventId {
-        // Valid SQL, passes the table's checks, and is no event: a header
-        // that is not a string.
-        let id = EventId::random();
-        sqlx::query(&format!(
-            "INSERT INTO {} (event_id, aggregate_type, aggregate_id, event_type, partition_key,
-                 payload, headers)
-             VALUES ($1, 'bad', $2, 'bad.row', $2, '{{}}', '{{\"traceparent\": 5}}')",
-            self.config().tables.events()
-        ))
-        .bind(id.as_uuid())
-        .bind(partition_key)
-        .execute(self.pool())
-        .await
-        .expect("insert an unreadable row");
-        id
-    }
-
-    async fn slow_ack(
-        &self,
-        leases: &[Lease],
-        ready: tokio::sync::oneshot::Sender<()>,
-        release: BoxFuture<'static, ()>,
-    ) -> Result<SettleReport, StoreError> {
-        let mut tx = self.pool().begin().await.store()?;
-        let report = self
-            .protocol
-            .ack_in(&mut super::driver::Sqlx(&mut *tx), leases)
-            .await?;
-        let _ = ready.send(());
-        release.await;
-        tx.commit().await.store()?;
-        Ok(report)
-    }
-}
+outbox_sql::sql_fault_seams!(PgStore, protocol);
 
 /// An effects table for end-to-end tests: a consumer's handler records
 /// `(partition key, event id)` inside its inbox transaction, and the test

@@ -1,0 +1,52 @@
+//! PostgreSQL's fault seams over any driver (feature `testing`).
+
+use async_trait::async_trait;
+use outbox_core::store::{Lease, SettleReport};
+use outbox_core::testing::OpenWrite;
+use outbox_core::{EventId, StoreError};
+
+use super::{Driver, Exec, Param, Protocol};
+use crate::testing::{Release, SeamsProtocol, SqlOpenWrite};
+
+dialect_write!(|protocol| protocol.driver.begin());
+
+#[async_trait]
+impl<D: Driver> SeamsProtocol for Protocol<D> {
+    async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError> {
+        let tx = self.driver.begin().await?;
+        Ok(Box::new(SqlOpenWrite {
+            tx: Write {
+                protocol: self.clone(),
+                tx,
+            },
+            // What a business UPDATE does to the transaction: it gets its id.
+            business_write: "SELECT pg_current_xact_id()::text AS xid".into(),
+            read: format!("SELECT count(*) AS n FROM {}", self.config.tables.events()),
+        }))
+    }
+
+    async fn write_unreadable_row(&self, partition_key: &str) -> EventId {
+        // Valid SQL, passes the table's checks, and is no event.
+        let id = EventId::random();
+        let insert = format!(
+            "INSERT INTO {} (event_id, aggregate_type, aggregate_id, event_type, partition_key,
+                 payload, headers)
+             VALUES ($1, 'bad', $2, 'bad.row', $2, '{{}}', '{{\"traceparent\": 5}}')",
+            self.config.tables.events()
+        );
+        let mut conn = self.driver.connect().await.expect("a connection");
+        conn.execute(&insert, vec![id.into(), Param::Text(partition_key.into())])
+            .await
+            .expect("insert an unreadable row");
+        id
+    }
+
+    async fn slow_ack(
+        &self,
+        leases: &[Lease],
+        ready: tokio::sync::oneshot::Sender<()>,
+        release: Release,
+    ) -> Result<SettleReport, StoreError> {
+        slow_ack_on(self, leases, ready, release).await
+    }
+}
