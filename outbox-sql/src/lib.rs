@@ -24,6 +24,8 @@ pub mod history;
 pub mod testing;
 /// MySQL/MariaDB schema and statements.
 pub mod mysql;
+/// A scalar statement parameter (MySQL, SQLite).
+pub mod param;
 /// PostgreSQL schema and statements.
 pub mod postgres;
 /// The core's store traits on each dialect's protocol.

@@ -48,3 +48,4 @@ macro_rules! store_traits_on_protocol {
 
 store_traits_on_protocol!(mysql);
 store_traits_on_protocol!(postgres);
+store_traits_on_protocol!(sqlite);

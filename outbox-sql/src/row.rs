@@ -123,6 +123,25 @@ impl Row {
         }
     }
 
+    /// Whether the row has `column`.
+    pub fn has(&self, column: &str) -> bool {
+        self.names.iter().any(|n| n == column)
+    }
+
+    /// Text moved out of the row whatever the column holds: a number as
+    /// its text, NULL as empty (SQLite columns take any type; a row another
+    /// tool wrote is read as far as it goes, and its decoding says what is
+    /// wrong).
+    pub fn take_loose_text(&mut self, column: &str) -> Result<String, StoreError> {
+        let index = self.index(column)?;
+        match &mut self.values[index] {
+            Value::Text(t) => Ok(std::mem::take(t)),
+            Value::Int(n) => Ok(n.to_string()),
+            Value::Null => Ok(String::new()),
+            other => Err(wrong_type(column, "text", other)),
+        }
+    }
+
     /// A nullable integer.
     pub fn opt_int(&self, column: &str) -> Result<Option<i64>, StoreError> {
         match self.value(column)? {

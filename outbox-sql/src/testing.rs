@@ -32,6 +32,10 @@ pub trait SeamsProtocol: Send + Sync {
         ready: tokio::sync::oneshot::Sender<()>,
         release: Release,
     ) -> Result<SettleReport, StoreError>;
+    /// Whether two write transactions can be open at once (SQLite: no).
+    fn overlapping_writers(&self) -> bool {
+        true
+    }
 }
 
 /// An open transaction of a dialect's driver, as [`SqlOpenWrite`] drives it.
@@ -56,6 +60,17 @@ pub struct SqlOpenWrite<T> {
     pub read: String,
 }
 
+impl<T: WriteTx + 'static> SqlOpenWrite<T> {
+    /// `tx` left open for a test, with the events table `events` to read.
+    pub fn boxed(tx: T, business_write: &str, events: &str) -> Box<dyn OpenWrite> {
+        Box::new(Self {
+            tx,
+            business_write: business_write.to_owned(),
+            read: format!("SELECT COUNT(*) AS n FROM {events}"),
+        })
+    }
+}
+
 #[async_trait]
 impl<T: WriteTx> OpenWrite for SqlOpenWrite<T> {
     async fn write_business_row(&mut self) -> Result<(), StoreError> {
@@ -74,11 +89,9 @@ impl<T: WriteTx> OpenWrite for SqlOpenWrite<T> {
 
 /// In a dialect's `testing` module (with its `Driver`, `Exec` and
 /// `Protocol` in scope): `Write<D>`, a transaction of driver `D` with the
-/// protocol that enqueues into it, and `slow_ack_on`, an ack whose
-/// transaction stays open until released. `$begin` opens the relay's
-/// transaction on a protocol.
+/// protocol that enqueues into it.
 macro_rules! dialect_write {
-    (|$protocol:ident| $begin:expr) => {
+    () => {
         struct Write<D: Driver> {
             protocol: Protocol<D>,
             tx: D::Tx,
@@ -99,7 +112,14 @@ macro_rules! dialect_write {
                 D::commit(self.tx).await
             }
         }
+    };
+}
 
+/// Beside [`dialect_write!`]: `slow_ack_on`, an ack whose transaction
+/// stays open until released; `$begin` opens the relay's transaction on
+/// `$protocol`.
+macro_rules! dialect_slow_ack {
+    (|$protocol:ident| $begin:expr) => {
         async fn slow_ack_on<D: Driver>(
             $protocol: &Protocol<D>,
             leases: &[outbox_core::store::Lease],
@@ -155,6 +175,9 @@ macro_rules! sql_fault_seams {
                 release: $crate::testing::Release,
             ) -> Result<$crate::__private::store::SettleReport, $crate::__private::StoreError> {
                 $crate::testing::SeamsProtocol::slow_ack(&self.$field, leases, ready, release).await
+            }
+            fn overlapping_writers(&self) -> bool {
+                $crate::testing::SeamsProtocol::overlapping_writers(&self.$field)
             }
         }
     };

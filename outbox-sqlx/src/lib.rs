@@ -6,14 +6,14 @@
 #![forbid(unsafe_code)]
 
 // What the SQL adapters share (schema, statements, codes, validation) is
-// `outbox-sql`'s; these aliases keep the `crate::…` paths the stores use.
+// `outbox-sql`'s; this alias keeps the `crate::config` paths the stores use.
 use outbox_sql::config;
-#[cfg(feature = "sqlite")]
-use outbox_sql::{admin_common, blame, codes, history, validate};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod error;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod inbox;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+mod named_rows;
 mod pool;
 
 #[cfg(feature = "mysql")]

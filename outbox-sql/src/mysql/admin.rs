@@ -3,10 +3,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::clock::elapsed_between;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, HeldBack, OperatorAction, OutboxAdmin, RelayOutage, RelayStatus,
+    FailedEvent, HeldBack, OperatorAction, OutboxAdmin, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 
@@ -14,35 +13,10 @@ use super::driver::{Driver, Exec, Param, Row, from_micros};
 use super::protocol::{Protocol, during};
 use super::statements::raw_event;
 use super::with_in_list;
-use crate::codes;
+use crate::admin_common::{
+    blocked_key, event_state, held_back, relay_status, superseded_by, type_stats,
+};
 use crate::history::HistoryEntry;
-
-fn event_state(r: &Row) -> Result<EventState, StoreError> {
-    let attempts = r.int("attempts")? as u32;
-    Ok(match i16::try_from(r.int("status")?).unwrap_or(-1) {
-        codes::PENDING => EventState::Pending {
-            available_at: r.time("available_at")?,
-            attempts,
-        },
-        codes::IN_FLIGHT => EventState::InFlight {
-            owner: r.opt_text("lease_owner")?.unwrap_or_default(),
-            lease_expires_at: r.time("lease_expires_at")?,
-        },
-        codes::PUBLISHED => EventState::Published {
-            published_at: r.time("published_at")?,
-        },
-        _ => EventState::Failed {
-            blocks_key: r.bool("blocks_key")?,
-            superseded_by: superseded_by(r)?,
-        },
-    })
-}
-
-fn superseded_by(r: &Row) -> Result<Option<EventId>, StoreError> {
-    r.opt_text("superseded_by")?
-        .map(|t| t.parse().map_err(StoreError::fatal))
-        .transpose()
-}
 
 impl<D: Driver> Protocol<D> {
     /// Locks a failed, not superseded event; its attempts, `None` if there
@@ -117,24 +91,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
                     vec![now_us.into(), now_us.into(), now_us.into()],
                 )
                 .await?;
-            rows.iter()
-                .map(|r| {
-                    let count = |c: &str| r.int(c).map(|n| n as u64);
-                    Ok(EventTypeStats {
-                        event_type: r.text("event_type")?,
-                        claimable: count("claimable")?,
-                        oldest_claimable_age: r
-                            .opt_int("oldest")?
-                            .map(from_micros)
-                            .transpose()?
-                            .map(|t| elapsed_between(now, t)),
-                        parked: count("parked")?,
-                        in_flight: count("in_flight")?,
-                        failed: count("failed")?,
-                        blocked: count("blocked")?,
-                    })
-                })
-                .collect()
+            rows.iter().map(|r| type_stats(r, now)).collect()
         })
         .await
     }
@@ -150,34 +107,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
             let r = rows
                 .first()
                 .ok_or_else(|| StoreError::fatal("held_back returned no row"))?;
-            let count = |c: &str| r.opt_int(c).map(|n| n.unwrap_or(0) as u64);
-            let mut held = Vec::new();
-            if count("blocked_keys")? > 0 {
-                held.push(HeldBack::BlockedKeys {
-                    keys: count("blocked_keys")?,
-                    waiting: count("blocked_waiting")?,
-                });
-            }
-            if let Some(next_due) = r.opt_int("next_due")? {
-                held.push(HeldBack::BackingOff {
-                    keys: count("backoff_keys")?,
-                    waiting: count("backoff_waiting")?,
-                    next_due: from_micros(next_due)?,
-                });
-            }
-            if let Some(first) = r.opt_int("first_expired_at")? {
-                held.push(HeldBack::ExpiredLeases {
-                    leases: count("expired_leases")?,
-                    events: count("expired_events")?,
-                    first_expired_at: from_micros(first)?,
-                });
-            }
-            if count("suspects")? > 0 {
-                held.push(HeldBack::CrashSuspects {
-                    events: count("suspects")?,
-                });
-            }
-            Ok(held)
+            held_back(r)
         })
         .await
     }
@@ -234,13 +164,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
             self.fetch_alone(&self.queries.blocked_keys, Vec::new())
                 .await?
                 .iter()
-                .map(|r| {
-                    Ok(BlockedKey {
-                        partition_key: r.text("partition_key")?,
-                        blocking_event_id: r.event_id("event_id")?,
-                        backlog: r.int("backlog")? as u64,
-                    })
-                })
+                .map(blocked_key)
                 .collect()
         })
         .await
@@ -354,18 +278,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
             self.fetch_alone(&self.queries.relays, Vec::new())
                 .await?
                 .iter()
-                .map(|r| {
-                    Ok(RelayStatus {
-                        relay: r.text("relay")?,
-                        last_seen: r.time("last_seen")?,
-                        clock_skew: chrono::Duration::milliseconds(r.int("clock_skew_ms")?),
-                        outage: RelayOutage::from_columns(
-                            r.opt_int("outage_since")?.map(from_micros).transpose()?,
-                            r.opt_text("outage_destination")?,
-                            r.opt_text("outage_reason")?,
-                        ),
-                    })
-                })
+                .map(relay_status)
                 .collect()
         })
         .await

@@ -8,67 +8,7 @@
 use async_trait::async_trait;
 use outbox_core::StoreError;
 
-/// A statement parameter. The MySQL statements bind only these.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Param {
-    /// A BIGINT (or any integer column).
-    Int(i64),
-    /// Text (also JSON documents, event ids).
-    Text(String),
-    /// A BOOLEAN (TINYINT(1)).
-    Bool(bool),
-    /// SQL NULL in an integer position.
-    Null,
-}
-
-impl From<i64> for Param {
-    fn from(value: i64) -> Self {
-        Self::Int(value)
-    }
-}
-
-impl From<i32> for Param {
-    fn from(value: i32) -> Self {
-        Self::Int(i64::from(value))
-    }
-}
-
-impl From<u32> for Param {
-    fn from(value: u32) -> Self {
-        Self::Int(i64::from(value))
-    }
-}
-
-impl From<bool> for Param {
-    fn from(value: bool) -> Self {
-        Self::Bool(value)
-    }
-}
-
-impl From<String> for Param {
-    fn from(value: String) -> Self {
-        Self::Text(value)
-    }
-}
-
-impl From<&str> for Param {
-    fn from(value: &str) -> Self {
-        Self::Text(value.to_owned())
-    }
-}
-
-impl From<Option<i64>> for Param {
-    fn from(value: Option<i64>) -> Self {
-        value.map_or(Self::Null, Self::Int)
-    }
-}
-
-impl From<Option<String>> for Param {
-    fn from(value: Option<String>) -> Self {
-        value.map_or(Self::Null, Self::Text)
-    }
-}
-
+pub use crate::param::Param;
 pub use crate::row::{Row, Value, from_micros};
 
 /// Runs statements: a connection, an open transaction, or the caller's

@@ -3,7 +3,7 @@
 //! clock and an inbox claim. The store over a pool is
 //! [`Protocol`](super::Protocol).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use outbox_core::store::EnqueueOutcome;
@@ -294,22 +294,16 @@ impl Statements {
             }
             conn.execute(&insert, values).await?;
             let ids = id_array(fresh.iter().map(|e| e.event_id));
-            let mut ours: HashMap<EventId, i64> = HashMap::new();
+            let mut ours = Vec::with_capacity(fresh.len());
             for r in conn
                 .fetch(&self.queries.read_back, vec![ids.into()])
                 .await?
             {
                 if r.int("enqueue_mark")? == mark {
-                    ours.insert(r.event_id("event_id")?, r.int("sequence")?);
+                    ours.push((*r.event_id("event_id")?.as_uuid(), r.int("sequence")?));
                 }
             }
-            Ok(events
-                .iter()
-                .map(|e| match ours.remove(&e.event_id) {
-                    Some(sequence) => EnqueueOutcome::Inserted { sequence },
-                    None => EnqueueOutcome::AlreadyExists,
-                })
-                .collect())
+            Ok(crate::enqueue::outcomes(events, ours))
         })
         .await
     }

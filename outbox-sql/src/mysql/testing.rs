@@ -8,7 +8,8 @@ use outbox_core::{EventId, StoreError};
 use super::{Driver, Exec, Protocol};
 use crate::testing::{Release, SeamsProtocol, SqlOpenWrite};
 
-dialect_write!(|protocol| protocol.begin_relay());
+dialect_write!();
+dialect_slow_ack!(|protocol| protocol.begin_relay());
 
 #[async_trait]
 impl<D: Driver> SeamsProtocol for Protocol<D> {
@@ -27,14 +28,16 @@ impl<D: Driver> SeamsProtocol for Protocol<D> {
             .execute(&create, Vec::new())
             .await?;
         let tx = self.driver.begin(false).await?;
-        Ok(Box::new(SqlOpenWrite {
-            tx: Write {
-                protocol: self.clone(),
-                tx,
-            },
-            business_write: format!("INSERT INTO {business} (note) VALUES ('paid')"),
-            read: format!("SELECT COUNT(*) AS n FROM {}", self.config.tables.events()),
-        }))
+        let events = self.config.tables.events();
+        let write = Write {
+            protocol: self.clone(),
+            tx,
+        };
+        Ok(SqlOpenWrite::boxed(
+            write,
+            &format!("INSERT INTO {business} (note) VALUES ('paid')"),
+            &events,
+        ))
     }
 
     async fn write_unreadable_row(&self, partition_key: &str) -> EventId {

@@ -5,16 +5,16 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::clock::elapsed_between;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, HeldBack, OpenTransaction, OperatorAction, OutboxAdmin, RelayOutage, RelayStatus,
+    FailedEvent, HeldBack, OpenTransaction, OperatorAction, OutboxAdmin, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 
 use super::driver::{Driver, Exec, Param, Row};
 use super::protocol::{Protocol, during};
 use super::statements::raw_event;
+use crate::admin_common::{blocked_key, held_back, relay_status, type_stats};
 use crate::codes;
 use crate::validate::{check_event, headers_json};
 
@@ -111,43 +111,7 @@ impl<D: Driver> Protocol<D> {
         let r = rows
             .first()
             .ok_or_else(|| StoreError::fatal("no row from the held-back query"))?;
-        let mut held = Vec::new();
-        if r.count("blocked_keys")? > 0 {
-            held.push(HeldBack::BlockedKeys {
-                keys: r.count("blocked_keys")?,
-                waiting: r.count("blocked_waiting")?,
-            });
-        }
-        if let Some(next_due) = r.opt_time("next_due")? {
-            held.push(HeldBack::BackingOff {
-                keys: r.count("backoff_keys")?,
-                waiting: r.count("backoff_waiting")?,
-                next_due,
-            });
-        }
-        if let Some(first_expired_at) = r.opt_time("first_expired_at")? {
-            held.push(HeldBack::ExpiredLeases {
-                leases: r.count("expired_leases")?,
-                events: r.count("expired_events")?,
-                first_expired_at,
-            });
-        }
-        if let (Some(oldest_claimed_at), Some(first_expires_at)) = (
-            r.opt_time("long_claimed_at")?,
-            r.opt_time("long_expires_at")?,
-        ) {
-            held.push(HeldBack::LongLeases {
-                owners: r.texts("long_owners")?,
-                events: r.count("long_events")?,
-                oldest_claimed_at,
-                first_expires_at,
-            });
-        }
-        if r.count("suspects")? > 0 {
-            held.push(HeldBack::CrashSuspects {
-                events: r.count("suspects")?,
-            });
-        }
+        let mut held = held_back(r)?;
         // Seeing other sessions needs pg_read_all_stats (or the same role);
         // without it the list is what the server shows.
         let transactions = self
@@ -290,20 +254,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
             self.fetch(&self.queries.stats, vec![])
                 .await?
                 .iter()
-                .map(|r| {
-                    let now = r.time("now")?;
-                    Ok(EventTypeStats {
-                        event_type: r.text("event_type")?,
-                        claimable: r.count("claimable")?,
-                        oldest_claimable_age: r
-                            .opt_time("oldest")?
-                            .map(|t| elapsed_between(now, t)),
-                        parked: r.count("parked")?,
-                        in_flight: r.count("in_flight")?,
-                        failed: r.count("failed")?,
-                        blocked: r.count("blocked")?,
-                    })
-                })
+                .map(|r| type_stats(r, r.time("now")?))
                 .collect()
         })
         .await
@@ -346,13 +297,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
             self.fetch(&self.queries.blocked_keys, vec![])
                 .await?
                 .iter()
-                .map(|r| {
-                    Ok(BlockedKey {
-                        partition_key: r.text("partition_key")?,
-                        blocking_event_id: r.event_id("event_id")?,
-                        backlog: r.count("backlog")?,
-                    })
-                })
+                .map(blocked_key)
                 .collect()
         })
         .await
@@ -413,18 +358,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
             self.fetch(&self.queries.relays, vec![])
                 .await?
                 .iter()
-                .map(|r| {
-                    Ok(RelayStatus {
-                        relay: r.text("relay")?,
-                        last_seen: r.time("last_seen")?,
-                        clock_skew: chrono::Duration::milliseconds(r.int("clock_skew_ms")?),
-                        outage: RelayOutage::from_columns(
-                            r.opt_time("outage_since")?,
-                            r.opt_text("outage_destination")?,
-                            r.opt_text("outage_reason")?,
-                        ),
-                    })
-                })
+                .map(relay_status)
                 .collect()
         })
         .await

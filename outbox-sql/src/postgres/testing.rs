@@ -8,21 +8,24 @@ use outbox_core::{EventId, StoreError};
 use super::{Driver, Exec, Param, Protocol};
 use crate::testing::{Release, SeamsProtocol, SqlOpenWrite};
 
-dialect_write!(|protocol| protocol.driver.begin());
+dialect_write!();
+dialect_slow_ack!(|protocol| protocol.driver.begin());
 
 #[async_trait]
 impl<D: Driver> SeamsProtocol for Protocol<D> {
     async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError> {
         let tx = self.driver.begin().await?;
-        Ok(Box::new(SqlOpenWrite {
-            tx: Write {
-                protocol: self.clone(),
-                tx,
-            },
-            // What a business UPDATE does to the transaction: it gets its id.
-            business_write: "SELECT pg_current_xact_id()::text AS xid".into(),
-            read: format!("SELECT count(*) AS n FROM {}", self.config.tables.events()),
-        }))
+        let events = self.config.tables.events();
+        // What a business UPDATE does to the transaction: it gets its id.
+        let write = Write {
+            protocol: self.clone(),
+            tx,
+        };
+        Ok(SqlOpenWrite::boxed(
+            write,
+            "SELECT pg_current_xact_id()::text AS xid",
+            &events,
+        ))
     }
 
     async fn write_unreadable_row(&self, partition_key: &str) -> EventId {

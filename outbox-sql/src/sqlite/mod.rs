@@ -1,7 +1,16 @@
-//! SQLite: the schema template, its version, and every statement.
+//! SQLite: the schema template, its version, every statement, and the
+//! store's protocol over any driver ([`Protocol`]).
 
+mod admin;
+pub mod driver;
+mod protocol;
 mod queries;
+mod relay;
+#[cfg(feature = "testing")]
+mod testing;
 
+pub use driver::{Driver, Exec, Param, Row, Value};
+pub use protocol::{Protocol, Statements};
 pub use queries::{EVENT_COLUMNS, Queries};
 
 use crate::config::TableNames;

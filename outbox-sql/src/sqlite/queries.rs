@@ -109,7 +109,7 @@ impl Queries {
             // Store time: this host's clock in microseconds, plus the shift
             // tests set.
             now: format!(
-                "SELECT CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) + clock_shift_us
+                "SELECT CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) + clock_shift_us AS now
                  FROM {control} WHERE id = 1"
             ),
             sync_clock: format!(

@@ -2,14 +2,13 @@
 //! and reads its rows; the protocol itself is `outbox_sql::mysql::Protocol`.
 
 use std::ops::DerefMut;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use outbox_core::StoreError;
 use outbox_sql::mysql::{Driver, Exec, Param, Row, Value};
 use sqlx::mysql::{MySqlArguments, MySqlDatabaseError, MySqlRow};
 use sqlx::pool::PoolConnection;
-use sqlx::{Column, MySql, MySqlConnection, MySqlPool, Transaction, TypeInfo, ValueRef};
+use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction, TypeInfo, ValueRef};
 
 use crate::error::ResultExt;
 
@@ -150,21 +149,7 @@ fn value(row: &MySqlRow, index: usize) -> Result<Value, StoreError> {
 }
 
 fn rows(rows: &[MySqlRow]) -> Result<Vec<Row>, StoreError> {
-    let Some(first) = rows.first() else {
-        return Ok(Vec::new());
-    };
-    let names: Arc<[String]> = sqlx::Row::columns(first)
-        .iter()
-        .map(|c| c.name().to_owned())
-        .collect();
-    rows.iter()
-        .map(|r| {
-            let values = (0..names.len())
-                .map(|i| value(r, i))
-                .collect::<Result<_, _>>()?;
-            Ok(Row::new(names.clone(), values))
-        })
-        .collect()
+    crate::named_rows::named_rows(rows, value)
 }
 
 #[async_trait]

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use outbox_core::{EventId, StoreError};
 use sqlx::{Sqlite, Transaction};
 
+use super::driver::Sqlx;
 use super::store::SqliteStore;
-use crate::error::ResultExt;
 use crate::inbox::{InboxDialect, SqlxInbox};
 
 /// The inbox table of a [`SqliteStore`]. Its transactions begin `IMMEDIATE`
@@ -41,15 +41,9 @@ impl InboxDialect for SqliteStore {
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
-        let now = self.now(&mut *conn).await?;
-        let done = sqlx::query(&self.queries.inbox_claim)
-            .bind(consumer)
-            .bind(event_id.to_string())
-            .bind(now)
-            .execute(&mut *conn)
+        self.protocol
+            .inbox_claim(&mut Sqlx(conn), consumer, event_id)
             .await
-            .store()?;
-        Ok(done.rows_affected() == 1)
     }
 
     async fn purge_inbox(
@@ -57,26 +51,6 @@ impl InboxDialect for SqliteStore {
         older_than: Duration,
         batch_size: usize,
     ) -> Result<u64, StoreError> {
-        crate::error::during(
-            "inbox purge_older_than",
-            || self.inbox_table(),
-            async move {
-                self.sync_clock().await?;
-                let mut tx = self.begin_immediate().await?;
-                let cutoff = self
-                    .now(&mut tx)
-                    .await?
-                    .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
-                let done = sqlx::query(&self.queries.inbox_purge)
-                    .bind(cutoff)
-                    .bind(batch_size.min(i64::MAX as usize) as i64)
-                    .execute(&mut *tx)
-                    .await
-                    .store()?;
-                tx.commit().await.store()?;
-                Ok(done.rows_affected())
-            },
-        )
-        .await
+        self.protocol.inbox_purge(older_than, batch_size).await
     }
 }

@@ -1,10 +1,7 @@
-//! SQLite (feature `sqlite`).
+//! SQLite (feature `sqlite`): `outbox-sql`'s SQLite protocol over sqlx.
 
-mod admin;
+mod driver;
 mod inbox;
-use outbox_sql::sqlite as queries;
-mod relay;
-mod row;
 mod store;
 #[cfg(feature = "testing")]
 mod testing;

@@ -1,0 +1,69 @@
+//! [`Param`]: a scalar statement parameter (MySQL, SQLite).
+
+/// A statement parameter of the dialects that bind scalars only (MySQL,
+/// SQLite): their statements take batches as JSON text.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Param {
+    /// A BIGINT (or any integer column).
+    Int(i64),
+    /// Text (also JSON documents, event ids).
+    Text(String),
+    /// A boolean (MySQL: TINYINT(1); SQLite: an INTEGER 0 or 1).
+    Bool(bool),
+    /// SQL NULL in an integer position.
+    Null,
+}
+
+impl From<i64> for Param {
+    fn from(value: i64) -> Self {
+        Self::Int(value)
+    }
+}
+
+impl From<i32> for Param {
+    fn from(value: i32) -> Self {
+        Self::Int(i64::from(value))
+    }
+}
+
+impl From<u32> for Param {
+    fn from(value: u32) -> Self {
+        Self::Int(i64::from(value))
+    }
+}
+
+impl From<bool> for Param {
+    fn from(value: bool) -> Self {
+        Self::Bool(value)
+    }
+}
+
+impl From<String> for Param {
+    fn from(value: String) -> Self {
+        Self::Text(value)
+    }
+}
+
+impl From<&str> for Param {
+    fn from(value: &str) -> Self {
+        Self::Text(value.to_owned())
+    }
+}
+
+impl From<Option<i64>> for Param {
+    fn from(value: Option<i64>) -> Self {
+        value.map_or(Self::Null, Self::Int)
+    }
+}
+
+impl From<Option<String>> for Param {
+    fn from(value: Option<String>) -> Self {
+        value.map_or(Self::Null, Self::Text)
+    }
+}
+
+impl From<Option<&str>> for Param {
+    fn from(value: Option<&str>) -> Self {
+        value.map_or(Self::Null, |t| Self::Text(t.to_owned()))
+    }
+}

@@ -1,0 +1,334 @@
+//! [`Protocol`]: the SQLite store over any [`Driver`] — its settings, the
+//! schema, store time, the enqueue, the attempt history and the inbox. The
+//! relay's side is in `relay.rs`, the operator's in `admin.rs`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::store::{EnqueueOutcome, SettleReport};
+use outbox_core::{EventId, NewEvent, StoreError};
+use serde_json::json;
+
+use super::{Driver, Exec, Param, Queries, SCHEMA_VERSION};
+use crate::config::{Migrated, StoreConfig};
+use crate::error::during;
+use crate::history::HistoryEntry;
+use crate::validate::{check_event, headers_json};
+
+/// The settings and the statements for their table names.
+#[derive(Clone)]
+pub struct Statements {
+    /// The settings.
+    pub config: StoreConfig,
+    /// The statements for the settings' names.
+    pub queries: Arc<Queries>,
+}
+
+/// The store over driver `D`: its pool, and (by `Deref`) its
+/// [`Statements`].
+#[derive(Clone)]
+pub struct Protocol<D> {
+    /// The driver's pool.
+    pub driver: D,
+    /// The settings and statements.
+    pub statements: Statements,
+}
+
+impl<D> std::ops::Deref for Protocol<D> {
+    type Target = Statements;
+    fn deref(&self) -> &Statements {
+        &self.statements
+    }
+}
+
+/// `duration` in microseconds, saturating.
+pub(super) fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A row count as a LIMIT, saturating.
+pub(super) fn limit(n: usize) -> Param {
+    Param::Int(n.min(i64::MAX as usize) as i64)
+}
+
+impl Statements {
+    /// The events table's name, for errors.
+    pub fn events(&self) -> String {
+        self.config.tables.events()
+    }
+
+    /// Store time: this host's clock (plus the shift tests set), in
+    /// microseconds since the epoch.
+    pub async fn now(&self, conn: &mut (impl Exec + ?Sized)) -> Result<i64, StoreError> {
+        let rows = conn.fetch(&self.queries.now, Vec::new()).await?;
+        let first = rows
+            .first()
+            .ok_or_else(|| StoreError::fatal("store time: no row"))?;
+        first.int("now")
+    }
+
+    /// Enqueues `events` on `conn` (the caller's transaction), in one
+    /// statement. Invalid events are refused before anything is sent.
+    pub async fn enqueue(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        during("enqueue", || self.events(), async move {
+            for event in events {
+                check_event(event, &self.config.limits, false)?;
+            }
+            if events.is_empty() {
+                return Ok(Vec::new());
+            }
+            // No clock sync here: it would write, and the caller's
+            // transaction holds SQLite's one write lock.
+            let now = self.now(conn).await?;
+            let batch: Vec<_> = events
+                .iter()
+                .map(|e| {
+                    json!({
+                        "id": e.event_id.to_string(),
+                        "at": e.aggregate_type,
+                        "ai": e.aggregate_id,
+                        "et": e.event_type,
+                        "pk": e.partition_key,
+                        "p": e.payload.as_str(),
+                        "v": e.payload_version,
+                        "h": headers_json(e),
+                        "d": self.config.delay_ms(e.available_at),
+                    })
+                })
+                .collect();
+            let params = vec![
+                serde_json::Value::Array(batch).to_string().into(),
+                now.into(),
+            ];
+            let rows = conn.fetch(&self.queries.enqueue, params).await?;
+            let inserted = rows
+                .iter()
+                .map(|r| Ok((*r.event_id("event_id")?.as_uuid(), r.int("sequence")?)))
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            Ok(crate::enqueue::outcomes(events, inserted))
+        })
+        .await
+    }
+
+    /// Appends history rows in one statement.
+    pub async fn record(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        entries: &[HistoryEntry<'_>],
+    ) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let now = self.now(conn).await?;
+        let params = vec![HistoryEntry::batch_json(entries).into(), now.into()];
+        conn.execute(&self.queries.record_many, params).await?;
+        Ok(())
+    }
+
+    /// Claims an event for `consumer` on `conn` (the consumer's
+    /// transaction): `false` if it was claimed before.
+    pub async fn inbox_claim(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        consumer: &str,
+        event_id: EventId,
+    ) -> Result<bool, StoreError> {
+        let now = self.now(conn).await?;
+        let params = vec![consumer.into(), event_id.to_string().into(), now.into()];
+        Ok(conn.execute(&self.queries.inbox_claim, params).await? == 1)
+    }
+
+    async fn installed_version(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+    ) -> Result<Option<i32>, StoreError> {
+        let tables = &self.config.tables;
+        let present = "SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?1";
+        let events = conn.fetch(present, vec![tables.events().into()]).await?;
+        let record_table = tables.table("schema_version");
+        let record = conn
+            .fetch(present, vec![record_table.clone().into()])
+            .await?;
+        let (events, record) = (count(&events)? > 0, count(&record)? > 0);
+        let version = if events && record {
+            let sql = format!("SELECT MAX(version) AS n FROM {record_table}");
+            let rows = conn.fetch(&sql, Vec::new()).await?;
+            rows.first()
+                .map(|r| r.opt_int("n"))
+                .transpose()?
+                .flatten()
+                .map(|v| v as i32)
+        } else {
+            None
+        };
+        Ok(crate::config::installed_version(events, record, version))
+    }
+}
+
+/// The `n` of a one-row `COUNT(*) AS n`.
+fn count(rows: &[super::Row]) -> Result<i64, StoreError> {
+    rows.first()
+        .ok_or_else(|| StoreError::fatal("a count returned no row"))?
+        .int("n")
+}
+
+impl<D: Driver> Protocol<D> {
+    /// The store over `driver`'s pool on `config`'s tables. Refuses a
+    /// schema in the table names (SQLite has none; use a prefix).
+    pub fn new(driver: D, config: StoreConfig) -> Result<Self, StoreError> {
+        if config.tables.schema().is_some() {
+            return Err(StoreError::Config(
+                "SQLite tables take a prefix, not a schema".into(),
+            ));
+        }
+        let queries = Arc::new(Queries::new(&config.tables));
+        Ok(Self {
+            driver,
+            statements: Statements { config, queries },
+        })
+    }
+
+    /// The schema DDL for these table names (what [`Protocol::migrate`] runs).
+    pub fn schema_sql(&self) -> String {
+        super::schema_sql(&self.config.tables)
+    }
+
+    /// Creates the tables and indexes if missing, and adds the columns
+    /// added since (`ADDED_COLUMNS`). Idempotent; reports the schema
+    /// version found and left. Tables of another schema version are
+    /// refused with [`StoreError::Config`] naming the upgrade notes.
+    pub async fn migrate(&self) -> Result<Migrated, StoreError> {
+        during("migrate", || self.events(), async move {
+            let schema = self.schema_sql();
+            let mut tx = self.driver.begin().await?;
+            let found = self.installed_version(&mut tx).await?;
+            let migrated = crate::config::check_schema_version(
+                &self.config.tables.events(),
+                found,
+                SCHEMA_VERSION,
+            )?;
+            tx.run_script(&schema).await?;
+            for (suffix, column, definition) in super::ADDED_COLUMNS {
+                let table = self.config.tables.table(suffix);
+                let present = tx
+                    .fetch(
+                        "SELECT COUNT(*) AS n FROM pragma_table_info(?1) WHERE name = ?2",
+                        vec![table.clone().into(), (*column).into()],
+                    )
+                    .await?;
+                if count(&present)? == 0 {
+                    let alter = format!("ALTER TABLE {table} ADD COLUMN {column} {definition}");
+                    tx.execute(&alter, Vec::new()).await?;
+                }
+            }
+            D::commit(tx).await?;
+            Ok(migrated)
+        })
+        .await
+    }
+
+    /// The schema version of the outbox tables: `None` if there are none,
+    /// 1 for tables made before the version record existed.
+    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
+        let mut conn = self.driver.connect().await?;
+        self.installed_version(&mut conn).await
+    }
+
+    /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
+    /// shift is kept in the database, so every handle agrees.
+    pub async fn sync_clock(&self) -> Result<(), StoreError> {
+        if let Some(shift) = self.config.shift_micros() {
+            let current = format!(
+                "SELECT clock_shift_us AS n FROM {} WHERE id = 1",
+                self.config.tables.table("control")
+            );
+            let rows = self
+                .driver
+                .connect()
+                .await?
+                .fetch(&current, Vec::new())
+                .await?;
+            if count(&rows)? != shift {
+                let mut tx = self.driver.begin().await?;
+                tx.execute(&self.queries.sync_clock, vec![shift.into()])
+                    .await?;
+                D::commit(tx).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues `events` in a transaction of its own.
+    pub async fn enqueue_alone(
+        &self,
+        events: &[NewEvent],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        during("enqueue", || self.events(), async move {
+            self.sync_clock().await?;
+            let mut tx = self.driver.begin().await?;
+            let outcomes = self.enqueue(&mut tx, events).await?;
+            D::commit(tx).await?;
+            Ok(outcomes)
+        })
+        .await
+    }
+
+    /// Runs a settlement `query` on a JSON `batch` (with store time as its
+    /// second parameter if `with_now`) in a transaction of its own; the
+    /// events of `asked` whose ids it did not return were fenced.
+    pub(super) async fn settle_json(
+        &self,
+        query: &str,
+        batch: serde_json::Value,
+        with_now: bool,
+        asked: impl Iterator<Item = EventId>,
+    ) -> Result<SettleReport, StoreError> {
+        let mut tx = self.driver.begin().await?;
+        let mut params = vec![batch.to_string().into()];
+        if with_now {
+            params.push(self.now(&mut tx).await?.into());
+        }
+        let rows = tx.fetch(query, params).await?;
+        D::commit(tx).await?;
+        let settled: HashSet<EventId> = rows
+            .iter()
+            .map(|r| r.event_id("event_id"))
+            .collect::<Result<_, _>>()?;
+        Ok(SettleReport {
+            applied: settled.len(),
+            fenced: asked.filter(|id| !settled.contains(id)).collect(),
+        })
+    }
+
+    /// Deletes inbox claims older than `older_than` of store time, at most
+    /// `batch_size`; how many.
+    pub async fn inbox_purge(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
+        during(
+            "inbox purge_older_than",
+            || self.config.tables.inbox(),
+            async move {
+                self.sync_clock().await?;
+                let mut tx = self.driver.begin().await?;
+                let cutoff = self.now(&mut tx).await?.saturating_sub(micros(older_than));
+                let done = tx
+                    .execute(
+                        &self.queries.inbox_purge,
+                        vec![cutoff.into(), limit(batch_size)],
+                    )
+                    .await?;
+                D::commit(tx).await?;
+                Ok(done)
+            },
+        )
+        .await
+    }
+}
