@@ -9,7 +9,8 @@ use outbox_core::store::{
 use outbox_core::{NewEvent, StoreError};
 
 /// `OutboxWriter` and `OutboxStore` for `$dialect::Protocol<D>`, each call
-/// handed to the protocol's method of the same name.
+/// handed to the protocol's method of the same name; an enqueue of its own
+/// runs in a producer's transaction (`begin_producer`).
 macro_rules! store_traits_on_protocol {
     ($dialect:ident) => {
         #[async_trait]
@@ -18,7 +19,14 @@ macro_rules! store_traits_on_protocol {
                 &self,
                 events: &[NewEvent],
             ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-                self.enqueue_alone(events).await
+                crate::error::during("enqueue", || self.events(), async move {
+                    self.sync_clock().await?;
+                    let mut tx = self.begin_producer().await?;
+                    let outcomes = self.statements.enqueue(&mut tx, events).await?;
+                    D::commit(tx).await?;
+                    Ok(outcomes)
+                })
+                .await
             }
         }
 

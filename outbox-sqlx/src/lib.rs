@@ -12,9 +12,9 @@ use outbox_sql::config;
 mod error;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod inbox;
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-mod named_rows;
 mod pool;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+mod scalars;
 
 #[cfg(feature = "mysql")]
 #[cfg_attr(outbox_docsrs, doc(cfg(feature = "mysql")))]

@@ -12,12 +12,10 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use outbox_core::store::{
-    ClaimRequest, ClaimedBatch, ClaimedEvent, CrashVerdict, EnqueueOutcome, FencingToken,
-    Heartbeat, Lease, Nack, NackAction, Release, SettleReport, SuspectAllowance,
+    ClaimRequest, ClaimedBatch, ClaimedEvent, CrashVerdict, FencingToken, Heartbeat, Lease, Nack,
+    NackAction, Release, SettleReport, SuspectAllowance,
 };
-use outbox_core::{
-    EventId, NewEvent, Ordering, PoisonPolicy, StoreError, StoredEvent, UnreadableEvent,
-};
+use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent, UnreadableEvent};
 use serde_json::{Value as Json, json};
 
 use super::driver::{Driver, Exec, Param, from_micros};
@@ -114,18 +112,9 @@ impl<D: Driver> Protocol<D> {
         self.installed_version(&mut conn).await
     }
 
-    /// Enqueues in a transaction of its own.
-    pub async fn enqueue_alone(
-        &self,
-        events: &[NewEvent],
-    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.sync_clock().await?;
-        let mut tx = self.driver.begin(false).await?;
-        let outcomes = self.enqueue(&mut tx, events).await?;
-        D::commit(tx)
-            .await
-            .map_err(|e| e.during("enqueue", self.events()))?;
-        Ok(outcomes)
+    /// A transaction as a producer's: at the server's default isolation.
+    pub async fn begin_producer(&self) -> Result<D::Tx, StoreError> {
+        self.driver.begin(false).await
     }
 
     /// Locks the rows of `leases` and returns those the lease still holds

@@ -10,10 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 
 use outbox_core::store::{
-    ClaimRequest, ClaimedBatch, EnqueueOutcome, FencingToken, Heartbeat, Lease, Nack, Release,
-    SettleReport,
+    ClaimRequest, ClaimedBatch, FencingToken, Heartbeat, Lease, Nack, Release, SettleReport,
 };
-use outbox_core::{EventId, NewEvent, Ordering, PoisonPolicy, StoreError, UnreadableEvent};
+use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, UnreadableEvent};
 use tokio::sync::{Mutex, MutexGuard};
 
 use super::driver::{Driver, Exec, Param, texts};
@@ -200,19 +199,9 @@ impl<D: Driver> Protocol<D> {
         self.installed_version(&mut conn).await
     }
 
-    /// Enqueues `events` in a transaction of its own.
-    pub async fn enqueue_alone(
-        &self,
-        events: &[NewEvent],
-    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        during("enqueue", || self.events(), async move {
-            self.sync_clock().await?;
-            let mut tx = self.driver.begin().await?;
-            let outcomes = self.enqueue(&mut tx, events).await?;
-            D::commit(tx).await?;
-            Ok(outcomes)
-        })
-        .await
+    /// A transaction as a producer's.
+    pub async fn begin_producer(&self) -> Result<D::Tx, StoreError> {
+        self.driver.begin().await
     }
 
     /// One statement: is there anything to claim? With a wake-up attached,

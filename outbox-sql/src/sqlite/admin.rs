@@ -10,8 +10,7 @@ use outbox_core::store::{
 use outbox_core::{EventId, NewEvent, StoreError};
 
 use super::protocol::{limit, micros};
-use super::relay::raw_event;
-use super::{Driver, Exec, Protocol};
+use super::{Driver, Exec, Protocol, raw_event};
 use crate::admin_common::{
     attempt_record, blocked_key, event_state, explain_miss, held_back, relay_status, superseded_by,
     type_stats,

@@ -6,7 +6,7 @@
 //! would run the same store.
 
 use async_trait::async_trait;
-use outbox_core::StoreError;
+use outbox_core::{RawEvent, StoreError};
 
 pub use crate::param::Param;
 pub use crate::row::{Row, Value};
@@ -25,6 +25,23 @@ pub trait Exec: Send {
 
     /// Runs a query; its rows.
     async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError>;
+
+    /// Runs the claim's read of its rows ([`super::EVENT_COLUMNS`] and
+    /// `fencing_token`): each row's token and event, not yet decoded. The
+    /// protocol's hottest read, a thousand rows a batch: a driver may read
+    /// them typed, without the by-name [`Row`] (the sqlx driver does: the
+    /// drain was 10 % slower through `Row`); by default they are read from
+    /// [`Exec::fetch`] with [`super::raw_event`].
+    async fn fetch_events(
+        &mut self,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<Vec<(i64, RawEvent)>, StoreError> {
+        let rows = self.fetch(sql, params).await?;
+        rows.into_iter()
+            .map(|mut r| Ok((r.int("fencing_token")?, super::raw_event(&mut r)?)))
+            .collect()
+    }
 
     /// Runs a script of statements without parameters (the schema).
     async fn run_script(&mut self, sql: &str) -> Result<(), StoreError>;

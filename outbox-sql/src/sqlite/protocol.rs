@@ -263,19 +263,9 @@ impl<D: Driver> Protocol<D> {
         Ok(())
     }
 
-    /// Enqueues `events` in a transaction of its own.
-    pub async fn enqueue_alone(
-        &self,
-        events: &[NewEvent],
-    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        during("enqueue", || self.events(), async move {
-            self.sync_clock().await?;
-            let mut tx = self.driver.begin().await?;
-            let outcomes = self.enqueue(&mut tx, events).await?;
-            D::commit(tx).await?;
-            Ok(outcomes)
-        })
-        .await
+    /// A transaction as a producer's.
+    pub async fn begin_producer(&self) -> Result<D::Tx, StoreError> {
+        self.driver.begin().await
     }
 
     /// Runs a settlement `query` on a JSON `batch` (with store time as its

@@ -8,13 +8,11 @@ use outbox_core::store::{
     AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, CrashVerdict, FencingToken, Heartbeat,
     Lease, Nack, NackAction, Release, SettleReport, SuspectAllowance,
 };
-use outbox_core::{
-    EventId, Ordering, PoisonPolicy, RawEvent, StoreError, StoredEvent, UnreadableEvent,
-};
+use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent, UnreadableEvent};
 use serde_json::json;
 
 use super::protocol::{limit, micros};
-use super::{Driver, Exec, Protocol, Row};
+use super::{Driver, Exec, Protocol, Row, raw_event};
 use crate::blame::{InFlight, blame, new_lease_id, reap, suspect_span};
 use crate::codes;
 use crate::error::during;
@@ -23,26 +21,6 @@ use crate::history::HistoryEntry;
 /// A row's crash suspicion (`suspect`, `suspect_span`), as blame reads it.
 fn suspect(row: &Row) -> Result<Option<u32>, StoreError> {
     Ok(suspect_span(row.bool("suspect")?, row.int("suspect_span")?))
-}
-
-/// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event:
-/// decoding is [`RawEvent::decode`], per row. SQLite columns take any
-/// type, so even a number where text belongs is read as its text here.
-pub(super) fn raw_event(row: &mut Row) -> Result<RawEvent, StoreError> {
-    Ok(RawEvent {
-        sequence: row.int("sequence")?,
-        event_id: row.event_id("event_id")?,
-        aggregate_type: row.take_loose_text("aggregate_type")?,
-        aggregate_id: row.take_loose_text("aggregate_id")?,
-        event_type: row.take_loose_text("event_type")?,
-        partition_key: row.take_loose_text("partition_key")?,
-        payload: row.take_loose_text("payload")?,
-        payload_version: row.int("payload_version").unwrap_or(-1),
-        headers: row.take_loose_text("headers")?,
-        created_at: row.time("created_at")?,
-        available_at: row.time("available_at")?,
-        attempts: row.int("attempts")?,
-    })
 }
 
 /// The ids a settlement's statement returned.
@@ -117,9 +95,8 @@ impl<D: Driver> Protocol<D> {
             let mut rows: HashMap<i64, (i64, Result<StoredEvent, UnreadableEvent>)> =
                 HashMap::new();
             let read = vec![json!(sequences).to_string().into()];
-            for mut r in tx.fetch(&self.queries.read_rows, read).await? {
-                let raw = raw_event(&mut r)?;
-                rows.insert(raw.sequence, (r.int("fencing_token")?, raw.decode()));
+            for (token, raw) in tx.fetch_events(&self.queries.read_rows, read).await? {
+                rows.insert(raw.sequence, (token, raw.decode()));
             }
             // A crash suspect beyond the lease's allowance, or a row that
             // does not decode under Block, ends its key's prefix in this

@@ -6,11 +6,12 @@ use std::ops::DerefMut;
 use async_trait::async_trait;
 use outbox_core::StoreError;
 use outbox_sql::mysql::{Driver, Exec, Param, Row, Value};
-use sqlx::mysql::{MySqlArguments, MySqlDatabaseError, MySqlRow};
+use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction, TypeInfo, ValueRef};
 
 use crate::error::ResultExt;
+use crate::scalars::bind;
 
 /// MySQL's error number for a duplicate key.
 const DUPLICATE_KEY: u16 = 1062;
@@ -109,19 +110,6 @@ fn inserted(done: Result<u64, sqlx::Error>) -> Result<bool, StoreError> {
     }
 }
 
-type Query<'q> = sqlx::query::Query<'q, MySql, MySqlArguments>;
-
-fn bind<'q>(sql: &'q str, params: &'q [Param]) -> Query<'q> {
-    params
-        .iter()
-        .fold(sqlx::query(sql), |query, param| match param {
-            Param::Int(n) => query.bind(*n),
-            Param::Text(t) => query.bind(t.as_str()),
-            Param::Bool(b) => query.bind(*b),
-            Param::Null => query.bind(None::<i64>),
-        })
-}
-
 /// A column's value: integers by their declared type, the rest as bytes
 /// (binary-collated text arrives flagged binary).
 fn value(row: &MySqlRow, index: usize) -> Result<Value, StoreError> {
@@ -149,7 +137,7 @@ fn value(row: &MySqlRow, index: usize) -> Result<Value, StoreError> {
 }
 
 fn rows(rows: &[MySqlRow]) -> Result<Vec<Row>, StoreError> {
-    crate::named_rows::named_rows(rows, value)
+    crate::scalars::named_rows(rows, value)
 }
 
 #[async_trait]
