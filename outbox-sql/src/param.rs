@@ -1,4 +1,4 @@
-//! [`Param`]: a scalar statement parameter (MySQL, SQLite).
+//! [`Param`](crate::param::Param): a scalar statement parameter (MySQL, SQLite).
 
 /// A statement parameter of the dialects that bind scalars only (MySQL,
 /// SQLite): their statements take batches as JSON text.

@@ -1,5 +1,5 @@
 //! SQLite: the schema template, its version, every statement, and the
-//! store's protocol over any driver ([`Protocol`]).
+//! store's protocol over any driver ([`Protocol`](crate::sqlite::Protocol)).
 
 mod admin;
 pub mod driver;
@@ -38,7 +38,7 @@ pub fn schema_sql(tables: &TableNames) -> String {
     tables.render(SCHEMA)
 }
 
-/// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event:
+/// The columns of [`EVENT_COLUMNS`], not yet trusted as an event:
 /// decoding is [`RawEvent::decode`], per row. SQLite columns take any
 /// type, so even a number where text belongs is read as its text here.
 pub fn raw_event(row: &mut Row) -> Result<RawEvent, StoreError> {
