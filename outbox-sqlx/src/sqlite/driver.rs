@@ -142,3 +142,81 @@ impl Driver for SqlxDriver {
         tx.0.commit().await.store()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use outbox_core::{EventId, NewEvent};
+    use outbox_sql::StoreConfig;
+    use outbox_sql::sqlite::Protocol;
+
+    use super::*;
+
+    /// A statement runner without the typed claim read: the protocol's
+    /// default through `Row`, as another driver would get it.
+    struct ThroughRow<E>(E);
+
+    #[async_trait]
+    impl<E: Exec> Exec for ThroughRow<E> {
+        async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
+            self.0.execute(sql, params).await
+        }
+        async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
+            self.0.fetch(sql, params).await
+        }
+        async fn run_script(&mut self, sql: &str) -> Result<(), StoreError> {
+            self.0.run_script(sql).await
+        }
+    }
+
+    /// The claim's rows read typed (this driver) and through `Row` (the
+    /// default) are the same events, tokens and undecodable rows alike.
+    #[tokio::test]
+    async fn the_typed_claim_read_and_the_default_through_row_agree() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .expect("an in-memory database");
+        let protocol = Protocol::new(SqlxDriver(pool), StoreConfig::default()).expect("a protocol");
+        protocol.migrate().await.expect("migrate");
+        let events = [
+            NewEvent::builder("invoice.paid", "invoice", "inv-1")
+                .event_id(EventId::random())
+                .payload(&serde_json::json!({"amount": 12}))
+                .header("traceparent", "00-abc-def-01")
+                .build()
+                .expect("an event"),
+            NewEvent::builder("invoice.voided", "invoice", "inv-2")
+                .event_id(EventId::random())
+                .payload(&"ünïcode")
+                .build()
+                .expect("an event"),
+        ];
+        let mut conn = protocol.driver.connect().await.expect("a connection");
+        protocol.enqueue(&mut conn, &events).await.expect("enqueue");
+        // A row another tool wrote: a header that is not a string, a
+        // number where text belongs.
+        conn.execute(
+            "INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type,
+                 partition_key, payload, payload_version, headers, created_at, available_at)
+             VALUES ('9b2e6a52-3d1c-4f7e-9a43-2f0d5c1e8b10', 'bad', 7, 'bad.row', 7, '{}', 1,
+                     '{\"traceparent\": 5}', 0, 0)",
+            Vec::new(),
+        )
+        .await
+        .expect("insert a row another tool wrote");
+        let all = Param::Text("[1, 2, 3]".into());
+        let read = &protocol.queries.read_rows;
+        let typed = conn
+            .fetch_events(read, vec![all.clone()])
+            .await
+            .expect("the typed read");
+        let through_row = ThroughRow(conn)
+            .fetch_events(read, vec![all])
+            .await
+            .expect("the read through Row");
+        assert_eq!(typed.len(), 3, "{typed:?}");
+        assert_eq!(typed, through_row);
+        assert!(typed[2].1.clone().decode().is_err(), "the bad row decodes");
+    }
+}
