@@ -13,6 +13,9 @@ pub mod config;
 mod delegate;
 /// An enqueue as column arrays, and its outcomes.
 pub mod enqueue;
+/// `dialect_protocol!`: the `Protocol<D>` of MySQL and SQLite.
+#[macro_use]
+mod dialect_protocol;
 /// Naming the operation and table in a store error.
 pub mod error;
 /// Attempt-history rows as the stores append them in batches.

@@ -27,28 +27,7 @@ use crate::config::{Migrated, StoreConfig};
 pub(super) use crate::error::during;
 use crate::history::HistoryEntry;
 
-/// The store over driver `D`: its pool, and (by `Deref`) its
-/// [`Statements`].
-#[derive(Clone)]
-pub struct Protocol<D> {
-    /// The driver's pool.
-    pub driver: D,
-    /// The settings and statements.
-    pub statements: Statements,
-}
-
-impl<D> std::ops::Deref for Protocol<D> {
-    type Target = Statements;
-    fn deref(&self) -> &Statements {
-        &self.statements
-    }
-}
-
-impl<D> std::ops::DerefMut for Protocol<D> {
-    fn deref_mut(&mut self) -> &mut Statements {
-        &mut self.statements
-    }
-}
+dialect_protocol!();
 
 /// A decoded row with its current fencing token.
 pub(super) type ReadRow = (i64, Result<StoredEvent, UnreadableEvent>);

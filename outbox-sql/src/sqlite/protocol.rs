@@ -25,22 +25,7 @@ pub struct Statements {
     pub queries: Arc<Queries>,
 }
 
-/// The store over driver `D`: its pool, and (by `Deref`) its
-/// [`Statements`].
-#[derive(Clone)]
-pub struct Protocol<D> {
-    /// The driver's pool.
-    pub driver: D,
-    /// The settings and statements.
-    pub statements: Statements,
-}
-
-impl<D> std::ops::Deref for Protocol<D> {
-    type Target = Statements;
-    fn deref(&self) -> &Statements {
-        &self.statements
-    }
-}
+dialect_protocol!();
 
 /// `duration` in microseconds, saturating.
 pub(super) fn micros(duration: Duration) -> i64 {

@@ -1,0 +1,31 @@
+//! `dialect_protocol!`: the `Protocol<D>` of a dialect whose store keeps
+//! no state beside its pool and statements (MySQL, SQLite).
+
+/// In a dialect's module with its `Statements` in scope: `Protocol<D>`,
+/// the store over driver `D` (its pool, and by `Deref` its statements).
+macro_rules! dialect_protocol {
+    () => {
+        /// The store over driver `D`: its pool, and (by `Deref`) its
+        /// [`Statements`].
+        #[derive(Clone)]
+        pub struct Protocol<D> {
+            /// The driver's pool.
+            pub driver: D,
+            /// The settings and statements.
+            pub statements: Statements,
+        }
+
+        impl<D> std::ops::Deref for Protocol<D> {
+            type Target = Statements;
+            fn deref(&self) -> &Statements {
+                &self.statements
+            }
+        }
+
+        impl<D> std::ops::DerefMut for Protocol<D> {
+            fn deref_mut(&mut self) -> &mut Statements {
+                &mut self.statements
+            }
+        }
+    };
+}
