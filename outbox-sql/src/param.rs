@@ -67,3 +67,13 @@ impl From<Option<&str>> for Param {
         value.map_or(Self::Null, |t| Self::Text(t.to_owned()))
     }
 }
+
+/// A row count as a LIMIT, saturating.
+pub fn limit(n: usize) -> Param {
+    Param::Int(n.min(i64::MAX as usize) as i64)
+}
+
+/// A duration in microseconds (how MySQL and SQLite keep time), saturating.
+pub fn micros(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}

@@ -127,7 +127,7 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
             let rows = self
                 .fetch_alone(
                     &self.queries.failed_events,
-                    vec![Param::Int(limit.min(i64::MAX as usize) as i64)],
+                    vec![crate::param::limit(limit)],
                 )
                 .await?;
             let mut failed = Vec::with_capacity(rows.len());
@@ -244,14 +244,11 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
             let cutoff = self
                 .now(&mut tx)
                 .await?
-                .saturating_sub(i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX));
+                .saturating_sub(crate::param::micros(older_than));
             let doomed = tx
                 .fetch(
                     &self.queries.purge_select,
-                    vec![
-                        cutoff.into(),
-                        Param::Int(batch_size.min(i64::MAX as usize) as i64),
-                    ],
+                    vec![cutoff.into(), crate::param::limit(batch_size)],
                 )
                 .await?;
             let mut sequences = Vec::with_capacity(doomed.len());

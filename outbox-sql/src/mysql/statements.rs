@@ -40,13 +40,7 @@ pub(super) fn with<T: Clone + Into<Param>>(
     head.into_iter().chain(params(values)).collect()
 }
 
-pub(super) fn micros(duration: std::time::Duration) -> i64 {
-    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
-}
-
-pub(super) fn limit(n: usize) -> Param {
-    Param::Int(n.min(i64::MAX as usize) as i64)
-}
+pub(super) use crate::param::{limit, micros};
 
 /// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event:
 /// decoding is [`RawEvent::decode`], per row.

@@ -9,7 +9,6 @@ use outbox_core::store::{
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 
-use super::protocol::{limit, micros};
 use super::{Driver, Exec, Protocol, raw_event};
 use crate::admin_common::{
     attempt_record, blocked_key, event_state, explain_miss, held_back, relay_status, superseded_by,
@@ -17,6 +16,7 @@ use crate::admin_common::{
 };
 use crate::error::during;
 use crate::history::HistoryEntry;
+use crate::param::{limit, micros};
 use crate::row::from_micros;
 use crate::validate::{check_event, headers_json};
 

@@ -10,10 +10,11 @@ use outbox_core::store::{EnqueueOutcome, SettleReport};
 use outbox_core::{EventId, NewEvent, StoreError};
 use serde_json::json;
 
-use super::{Driver, Exec, Param, Queries, SCHEMA_VERSION};
+use super::{Driver, Exec, Queries, SCHEMA_VERSION};
 use crate::config::{Migrated, StoreConfig};
 use crate::error::during;
 use crate::history::HistoryEntry;
+use crate::param::{limit, micros};
 use crate::validate::{check_event, headers_json};
 
 /// The settings and the statements for their table names.
@@ -26,16 +27,6 @@ pub struct Statements {
 }
 
 dialect_protocol!();
-
-/// `duration` in microseconds, saturating.
-pub(super) fn micros(duration: Duration) -> i64 {
-    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// A row count as a LIMIT, saturating.
-pub(super) fn limit(n: usize) -> Param {
-    Param::Int(n.min(i64::MAX as usize) as i64)
-}
 
 impl Statements {
     /// The events table's name, for errors.
@@ -155,7 +146,7 @@ impl Statements {
     }
 }
 
-/// The `n` of a one-row `COUNT(*) AS n`.
+/// The `n` of a one-row query (`COUNT(*) AS n`, a setting `AS n`).
 fn count(rows: &[super::Row]) -> Result<i64, StoreError> {
     rows.first()
         .ok_or_else(|| StoreError::fatal("a count returned no row"))?

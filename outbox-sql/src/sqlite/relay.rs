@@ -11,12 +11,12 @@ use outbox_core::store::{
 use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent, UnreadableEvent};
 use serde_json::json;
 
-use super::protocol::{limit, micros};
 use super::{Driver, Exec, Protocol, Row, raw_event};
 use crate::blame::{InFlight, blame, new_lease_id, reap, suspect_span};
 use crate::codes;
 use crate::error::during;
 use crate::history::HistoryEntry;
+use crate::param::{limit, micros};
 
 /// A row's crash suspicion (`suspect`, `suspect_span`), as blame reads it.
 fn suspect(row: &Row) -> Result<Option<u32>, StoreError> {
