@@ -10,6 +10,9 @@ mod error;
 pub mod fields;
 mod inbox;
 mod publisher;
+/// A private `redis-server` for tests (feature `testing`).
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use config::{StreamRouter, Trim};
 pub use connection::{ConnectionSettings, LazyConnection};

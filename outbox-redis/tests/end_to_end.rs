@@ -3,6 +3,7 @@
 
 mod support;
 
+use outbox_redis::testing::PrivateRedis;
 use support::consumer_config;
 
 use std::sync::Arc;
@@ -153,7 +154,7 @@ async fn a_consumer_killed_mid_batch_is_reclaimed_and_applied_once() {
 async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
     let db = database().await;
     let prefix = support::prefix();
-    let mut own = support::OwnRedis::start().await;
+    let mut own = PrivateRedis::start();
     let watch = Arc::new(OutageCounter::new(RedisPublisher::new(
         support::connect(&own.url()).await,
         StreamRouter::with_prefix(&prefix),
@@ -175,7 +176,7 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
     OutboxWriter::enqueue(&*db.store, &before).await.unwrap();
     db.wait_for_effects(30, DEADLINE).await;
 
-    own.stop().await;
+    own.stop();
     let during: Vec<NewEvent> = (30..60).map(|n| event(&format!("k{}", n % 3), n)).collect();
     OutboxWriter::enqueue(&*db.store, &during).await.unwrap();
     within(
@@ -183,7 +184,7 @@ async fn a_redis_restart_loses_nothing_and_burns_no_attempts() {
         watch.wait_for_outages(2),
     )
     .await;
-    own.restart().await;
+    own.restart();
     db.wait_for_effects(60, DEADLINE).await;
 
     let report = relays.stop(DEADLINE).await;
@@ -306,7 +307,7 @@ impl Handler<Transaction<'static, Postgres>, StreamEvent> for BlipMidBatch {
 async fn a_broker_blip_mid_batch_keeps_key_order_for_a_live_consumer() {
     let db = database().await;
     let prefix = support::prefix();
-    let own = support::OwnRedis::start().await;
+    let own = PrivateRedis::start();
     let events = events_over_keys(300, 3);
     OutboxWriter::enqueue(&*db.store, &events).await.unwrap();
     let publisher = Arc::new(RedisPublisher::new(

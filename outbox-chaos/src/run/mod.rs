@@ -210,7 +210,7 @@ impl Broker {
 
     pub(crate) fn resume(&mut self) {
         match self {
-            Self::Redis(redis) => redis.spawn(),
+            Self::Redis(redis) => redis.restart(),
             Self::Kafka(kafka) => kafka.restore(),
         }
     }

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+use outbox_redis::testing::PrivateRedis;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -190,7 +191,7 @@ async fn a_failed_append_holds_back_the_rest_of_its_key_only() {
 /// A full server (maxmemory reached) refuses every write alike: an outage.
 #[tokio::test]
 async fn out_of_memory_is_an_outage() {
-    let own = support::OwnRedis::start().await;
+    let own = PrivateRedis::start();
     let mut connection = support::connect(&own.url()).await;
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -209,9 +210,9 @@ async fn out_of_memory_is_an_outage() {
 
 #[tokio::test]
 async fn unreachable_server_is_an_outage() {
-    let mut own = support::OwnRedis::start().await;
+    let mut own = PrivateRedis::start();
     let connection = support::connect(&own.url()).await;
-    own.stop().await;
+    own.stop();
     let publisher = RedisPublisher::new(connection, StreamRouter::default());
     let events = stored(vec![event("a", 1), event("b", 1)]);
     let outcomes = publisher.publish(&[&events[0], &events[1]]).await;
@@ -339,8 +340,8 @@ async fn approximate_trimming_caps_the_stream() {
 /// until Redis is back, then publishes.
 #[tokio::test]
 async fn a_publisher_built_while_redis_is_down_reports_outages_until_it_is_back() {
-    let mut own = support::OwnRedis::start().await;
-    own.stop().await;
+    let mut own = PrivateRedis::start();
+    own.stop();
     let publisher = RedisPublisher::from_url(&own.url(), StreamRouter::with_prefix("lazy:"))
         .expect("built without a server");
     let events = stored(vec![event("a", 1)]);
@@ -353,7 +354,7 @@ async fn a_publisher_built_while_redis_is_down_reports_outages_until_it_is_back(
         "refused within the connect timeout, took {:?}",
         started.elapsed()
     );
-    own.restart().await;
+    own.restart();
     let outcomes = publisher.publish(&[&events[0]]).await;
     assert!(outcomes[0].is_ok(), "{outcomes:?}");
 }
@@ -366,12 +367,12 @@ async fn a_publisher_built_while_redis_is_down_reports_outages_until_it_is_back(
 /// failure that burned an attempt.
 #[tokio::test]
 async fn a_dropped_connection_is_an_outage_at_once_and_recovery_is_prompt() {
-    let mut own = support::OwnRedis::start().await;
+    let mut own = PrivateRedis::start();
     let publisher = RedisPublisher::from_url(&own.url(), StreamRouter::with_prefix("drop:"))
         .expect("the URL parses");
     let events = stored(vec![event("a", 1), event("a", 2), event("a", 3)]);
     assert!(publisher.publish(&[&events[0]]).await[0].is_ok());
-    own.kill().await;
+    own.kill();
     for _ in 0..3 {
         let started = std::time::Instant::now();
         let outcomes = publisher.publish(&[&events[1]]).await;
@@ -383,7 +384,7 @@ async fn a_dropped_connection_is_an_outage_at_once_and_recovery_is_prompt() {
             started.elapsed()
         );
     }
-    own.restart().await;
+    own.restart();
     let started = std::time::Instant::now();
     let outcomes = publisher.publish(&[&events[2]]).await;
     assert!(outcomes[0].is_ok(), "{outcomes:?}");
@@ -406,7 +407,7 @@ async fn a_dropped_connection_is_an_outage_at_once_and_recovery_is_prompt() {
 async fn a_server_that_stops_answering_costs_a_publish_its_call_limit_at_most() {
     use outbox_redis::ConnectionSettings;
 
-    let mut own = support::OwnRedis::start().await;
+    let mut own = PrivateRedis::start();
     let settings = ConnectionSettings {
         connect_timeout: Duration::from_millis(300),
         response_timeout: Duration::from_millis(400),
@@ -452,8 +453,8 @@ async fn a_server_that_stops_answering_costs_a_publish_its_call_limit_at_most() 
     own.resume();
     recovers(&publisher, "paused, connection open").await;
 
-    own.kill().await;
-    own.restart().await;
+    own.kill();
+    own.restart();
     own.pause();
     stalled(&publisher, "restarted, paused before the reconnection").await;
     own.resume();
@@ -483,8 +484,8 @@ async fn a_consumer_built_while_redis_is_down_applies_once_it_is_back() {
         }
     }
 
-    let mut own = support::OwnRedis::start().await;
-    own.stop().await;
+    let mut own = PrivateRedis::start();
+    own.stop();
     let router = StreamRouter::with_prefix("back:");
     let stream = router.stream_for("invoice.paid");
     let mut config = ConsumerConfig::new("g", "c", vec![stream]);
@@ -495,8 +496,12 @@ async fn a_consumer_built_while_redis_is_down_applies_once_it_is_back() {
             .expect("built without a server");
     let stop = CancellationToken::new();
     let run = tokio::spawn(consumer.run(stop.clone()));
+    // The outage lasts 200 ms of the consumer's running (its first
+    // connection is tried at once); `restart` blocks this thread, so the
+    // consumer meets the refused port before it, not during it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
 
-    own.restart().await;
+    own.restart();
     let publisher = RedisPublisher::from_url(&own.url(), router).unwrap();
     let events = stored(vec![event("a", 1)]);
     assert!(publisher.publish(&[&events[0]]).await[0].is_ok());

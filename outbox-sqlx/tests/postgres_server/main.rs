@@ -16,11 +16,11 @@ use outbox_core::store::{HeldBack, OutboxAdmin, OutboxStore, OutboxWriter};
 use outbox_core::testing::store_suite::request;
 use outbox_core::testing::{event, events_over_keys};
 use outbox_core::{EventId, ManualClock, WakeUp};
+use outbox_sql::testing::PrivatePg;
 use outbox_sqlx::StoreConfig;
 use outbox_sqlx::postgres::PgStore;
 use sqlx::postgres::PgPoolOptions;
 use support::pg::{connect, shared_store, shared_url};
-use support::private_pg::PrivatePg;
 
 mod sql_producers;
 

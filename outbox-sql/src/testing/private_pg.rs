@@ -1,8 +1,8 @@
 //! A private PostgreSQL cluster for tests that restore, replicate or burn
 //! transaction ids: `initdb` + `pg_ctl` of the installed PostgreSQL on a
 //! free loopback port, in a directory of its own, stopped and removed on
-//! drop. The shared server is never touched.
-#![allow(dead_code)]
+//! drop. The shared server is never touched. Used by the stores' server
+//! tests and by the chaos run.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -19,10 +19,9 @@ fn bin_dir() -> PathBuf {
     versions.sort();
     match versions.pop() {
         Some(version) => version.join("bin"),
-        None => super::unreachable(
-            "PostgreSQL server binaries",
-            "/usr/lib/postgresql/*/bin",
-            "not installed",
+        None => panic!(
+            "PostgreSQL server binaries not installed under /usr/lib/postgresql/*/bin \
+             (set OUTBOX_PG_BIN, or install them with scripts/services.sh)"
         ),
     }
 }
@@ -73,7 +72,7 @@ impl PrivatePg {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let dir = std::env::temp_dir().join(format!("outbox-pg-{}", super::unique_name("c")));
+        let dir = std::env::temp_dir().join(format!("outbox-pg-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("cluster dir");
         // The server's user must own it.
         let _ = Command::new("chown")

@@ -3,6 +3,7 @@
 //! (feature `testing`): a write transaction left open, another host's
 //! clock, a row another tool wrote, a settlement slow to commit. An
 //! adapter's store gets them with [`sql_fault_seams!`](crate::sql_fault_seams).
+//! Beside them, [`PrivatePg`]: a PostgreSQL cluster of a test's own.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,6 +12,9 @@ use async_trait::async_trait;
 use outbox_core::store::{EnqueueOutcome, Lease, SettleReport};
 use outbox_core::testing::OpenWrite;
 use outbox_core::{EventId, NewEvent, StoreError};
+
+mod private_pg;
+pub use private_pg::PrivatePg;
 
 /// What a slow settlement waits for before it commits.
 pub type Release = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
