@@ -11,50 +11,24 @@ use outbox_core::consume::{Applied, Applier, Handler, HandlerError, metrics as n
 use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
 use outbox_core::policy::FixedRandom;
 use outbox_core::relay::OutagePolicy;
+use outbox_core::testing::{Faulty, InboxFault};
 use outbox_core::{CancellationToken, EventId, Headers, InboxStore, RetryPolicy, StoreError};
 
-/// An inbox whose first `n` `begin`s fail as a restarting database would.
+/// An inbox's fault: its first `n` `begin`s fail as a restarting database
+/// would.
 struct DownAtFirst {
-    inner: MemoryInbox,
     failures_left: AtomicU32,
 }
 
 #[async_trait::async_trait]
-impl InboxStore for DownAtFirst {
-    type Transaction = MemoryInboxTx;
-
-    async fn begin(&self) -> Result<MemoryInboxTx, StoreError> {
+impl InboxFault<MemoryInbox> for DownAtFirst {
+    async fn begin(&self, inner: &MemoryInbox) -> Result<MemoryInboxTx, StoreError> {
         let left = self.failures_left.load(Ordering::SeqCst);
         if left > 0 {
             self.failures_left.store(left - 1, Ordering::SeqCst);
             return Err(StoreError::Unavailable("injected: restarting".into()));
         }
-        self.inner.begin().await
-    }
-
-    async fn claim(
-        &self,
-        tx: &mut MemoryInboxTx,
-        consumer: &str,
-        event_id: EventId,
-    ) -> Result<bool, StoreError> {
-        self.inner.claim(tx, consumer, event_id).await
-    }
-
-    async fn commit(&self, tx: MemoryInboxTx) -> Result<(), StoreError> {
-        self.inner.commit(tx).await
-    }
-
-    async fn rollback(&self, tx: MemoryInboxTx) -> Result<(), StoreError> {
-        self.inner.rollback(tx).await
-    }
-
-    async fn purge_older_than(
-        &self,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        self.inner.purge_older_than(older_than, batch_size).await
+        inner.begin().await
     }
 }
 
@@ -87,10 +61,8 @@ async fn the_applier_counts_outcomes_retries_and_handler_time() {
     recorder.install().expect("first recorder in this process");
 
     // The inbox fails its first 2 transactions with a retryable error.
-    let inbox = DownAtFirst {
-        inner: MemoryInbox::new(),
-        failures_left: AtomicU32::new(2),
-    };
+    let failures_left = AtomicU32::new(2);
+    let inbox = Faulty::wrap(MemoryInbox::new(), DownAtFirst { failures_left });
     let handler = FailsOnce {
         calls: AtomicU32::new(0),
     };

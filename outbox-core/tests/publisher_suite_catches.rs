@@ -6,26 +6,30 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use outbox_core::memory::RecordingPublisher;
-use outbox_core::testing::{PublisherHarness, ReceivedEvent, RecordingHarness, publisher_suite};
+use outbox_core::testing::{
+    Faulty, PublishFault, PublisherHarness, ReceivedEvent, RecordingHarness, publisher_suite,
+};
 use outbox_core::{PublishError, PublishOutcome, Publisher, PublisherCapabilities, StoredEvent};
 
 /// Claims `preserves_key_order` but sends each call's events backwards.
-struct Reversing {
-    inner: RecordingPublisher,
-}
+struct Reversing;
 
 #[async_trait]
-impl Publisher for Reversing {
-    fn capabilities(&self) -> PublisherCapabilities {
+impl PublishFault<RecordingPublisher> for Reversing {
+    fn capabilities(&self, _: &RecordingPublisher) -> PublisherCapabilities {
         PublisherCapabilities {
             max_batch: 20,
             preserves_key_order: true,
         }
     }
 
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+    async fn publish(
+        &self,
+        inner: &RecordingPublisher,
+        batch: &[&StoredEvent],
+    ) -> Vec<PublishOutcome> {
         let reversed: Vec<&StoredEvent> = batch.iter().rev().copied().collect();
-        let mut outcomes = self.inner.publish(&reversed).await;
+        let mut outcomes = inner.publish(&reversed).await;
         outcomes.reverse();
         outcomes
     }
@@ -68,15 +72,13 @@ impl<P: Publisher + 'static> PublisherHarness for Harness<P> {
     }
 }
 
-fn reversing() -> Harness<Reversing> {
+fn reversing() -> Harness<Faulty<RecordingPublisher, Reversing>> {
     let recorded = RecordingPublisher::new();
     let down = RecordingPublisher::new();
     down.set_outage(true);
     Harness {
-        publisher: Arc::new(Reversing {
-            inner: recorded.clone(),
-        }),
-        down: Arc::new(Reversing { inner: down }),
+        publisher: Arc::new(Faulty::wrap(recorded.clone(), Reversing)),
+        down: Arc::new(Faulty::wrap(down, Reversing)),
         recorded,
     }
 }

@@ -8,10 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::memory::{MemoryStore, MockPublisher, RecordingPublisher};
 use outbox_core::store::{
-    ClaimRequest, ClaimedBatch, EventState, Heartbeat, Lease, Nack, OutboxAdmin, OutboxStore,
-    OutboxWriter, Release, SettleReport,
+    ClaimRequest, ClaimedBatch, EventState, OutboxAdmin, OutboxStore, OutboxWriter,
 };
-use outbox_core::testing::{event, relay_suite};
+use outbox_core::testing::{Faulty, StoreFault, event, relay_suite};
 use outbox_core::{
     CancellationToken, EventId, ManualClock, NewEvent, Ordering, PublishError,
     PublisherCapabilities, Relay, RelayConfig, StoreError,
@@ -153,7 +152,7 @@ async fn unordered_mode_fills_calls_up_to_max_batch() {
 #[tokio::test]
 async fn a_wake_up_hint_ends_the_idle_wait() {
     let inner = MemoryStore::with_clock(Arc::new(ManualClock::at_epoch()));
-    let store = InstrumentedStore::new(inner.clone(), 0);
+    let store = InstrumentedClaims::wrap(inner.clone(), 0);
     let publisher = Arc::new(RecordingPublisher::new());
     let mut config = relay_suite::config("sleepy");
     config.poll_interval = Duration::from_secs(3600);
@@ -207,23 +206,24 @@ async fn a_lease_too_short_for_another_attempt_is_released_unstarted() {
     assert!(history.is_empty(), "the release burned no attempt");
 }
 
-/// A memory store that counts claims (and can fail the first few with a
-/// retryable error), so tests can wait for "the relay has claimed".
-struct InstrumentedStore {
-    inner: MemoryStore,
+/// A memory store's fault that counts claims (and can fail the first few
+/// with a retryable error), so tests can wait for "the relay has claimed".
+struct InstrumentedClaims {
     failures_left: AtomicUsize,
     claims: AtomicUsize,
     claimed: Notify,
 }
 
-impl InstrumentedStore {
-    fn new(inner: MemoryStore, failures: usize) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
+type InstrumentedStore = Faulty<MemoryStore, InstrumentedClaims>;
+
+impl InstrumentedClaims {
+    fn wrap(inner: MemoryStore, failures: usize) -> Arc<InstrumentedStore> {
+        let fault = Self {
             failures_left: AtomicUsize::new(failures),
             claims: AtomicUsize::new(0),
             claimed: Notify::new(),
-        })
+        };
+        Arc::new(Faulty::wrap(inner, fault))
     }
 
     async fn wait_for_claims(&self, n: usize) {
@@ -240,8 +240,12 @@ impl InstrumentedStore {
 }
 
 #[async_trait]
-impl OutboxStore for InstrumentedStore {
-    async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
+impl StoreFault<MemoryStore> for InstrumentedClaims {
+    async fn claim_batch(
+        &self,
+        inner: &MemoryStore,
+        request: &ClaimRequest,
+    ) -> Result<ClaimedBatch, StoreError> {
         let left = self.failures_left.load(AtomicOrdering::SeqCst);
         let result = if left > 0 {
             self.failures_left.store(left - 1, AtomicOrdering::SeqCst);
@@ -249,23 +253,11 @@ impl OutboxStore for InstrumentedStore {
                 "connection reset (injected)".into(),
             ))
         } else {
-            self.inner.claim_batch(request).await
+            inner.claim_batch(request).await
         };
         self.claims.fetch_add(1, AtomicOrdering::SeqCst);
         self.claimed.notify_waiters();
         result
-    }
-    async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        self.inner.ack(leases).await
-    }
-    async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        self.inner.nack(nacks).await
-    }
-    async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        self.inner.release(releases).await
-    }
-    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
-        self.inner.heartbeat(beat).await
     }
 }
 
@@ -274,7 +266,7 @@ async fn store_errors_back_off_and_recover() {
     let inner = MemoryStore::with_clock(Arc::new(ManualClock::at_epoch()));
     let e = event("a", 1);
     enqueue(&inner, std::slice::from_ref(&e)).await;
-    let store = InstrumentedStore::new(inner.clone(), 3);
+    let store = InstrumentedClaims::wrap(inner.clone(), 3);
     let publisher = Arc::new(RecordingPublisher::new());
     let shutdown = CancellationToken::new();
     let task = Relay::new(store, publisher.clone(), relay_suite::config("flaky"))

@@ -44,6 +44,27 @@ pub trait OutboxStore: Send + Sync {
     async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError>;
 }
 
+/// A shared store is a store: a relay can run over an `Arc` the
+/// application also keeps (for its admin reads, or a test's faults).
+#[async_trait]
+impl<S: OutboxStore + ?Sized> OutboxStore for std::sync::Arc<S> {
+    async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
+        (**self).claim_batch(request).await
+    }
+    async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
+        (**self).ack(leases).await
+    }
+    async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
+        (**self).nack(nacks).await
+    }
+    async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
+        (**self).release(releases).await
+    }
+    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+        (**self).heartbeat(beat).await
+    }
+}
+
 /// Enqueue in a transaction of the store's own, committed on return.
 ///
 /// Business code enqueues inside its own transaction through the adapter's

@@ -1,23 +1,28 @@
-//! Faults and checks shared by adapters' end-to-end tests.
+//! Faults and checks shared by adapters' end-to-end tests. Each fault is a
+//! small type in front of a store, an inbox or a publisher through the one
+//! delegating [`Faulty`] wrapper; the names tests use ([`DieAfterCommit`],
+//! [`FlakyInbox`], …) are that wrapper with a fault.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
+use super::faulty::{Faulty, InboxFault, PublishFault};
 use crate::error::StoreError;
 use crate::event::{EventId, NewEvent, StoredEvent};
 use crate::inbox::InboxStore;
-use crate::publisher::{ErrorClass, PublishOutcome, Publisher, PublisherCapabilities};
+use crate::publisher::{ErrorClass, PublishOutcome, Publisher};
 
 /// An inbox whose `die_at`-th commit succeeds and then never returns: a
 /// consumer that dies after its effect committed and before it acknowledged
 /// the broker (`XACK`, offset commit).
-pub struct DieAfterCommit<I> {
-    inner: I,
+pub type DieAfterCommit<I> = Faulty<I, HangAfterCommit>;
+
+/// The fault of [`DieAfterCommit`].
+pub struct HangAfterCommit {
     commits: AtomicUsize,
     die_at: usize,
     died: Arc<Notify>,
@@ -26,51 +31,24 @@ pub struct DieAfterCommit<I> {
 impl<I> DieAfterCommit<I> {
     /// Wraps `inner`; `died` is notified when the consumer "dies".
     pub fn new(inner: I, die_at: usize, died: Arc<Notify>) -> Self {
-        Self {
-            inner,
+        let fault = HangAfterCommit {
             commits: AtomicUsize::new(0),
             die_at,
             died,
-        }
+        };
+        Faulty::wrap(inner, fault)
     }
 }
 
 #[async_trait]
-impl<I: InboxStore> InboxStore for DieAfterCommit<I> {
-    type Transaction = I::Transaction;
-
-    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        self.inner.begin().await
-    }
-
-    async fn claim(
-        &self,
-        tx: &mut Self::Transaction,
-        consumer: &str,
-        event_id: EventId,
-    ) -> Result<bool, StoreError> {
-        self.inner.claim(tx, consumer, event_id).await
-    }
-
-    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        self.inner.commit(tx).await?;
+impl<I: InboxStore> InboxFault<I> for HangAfterCommit {
+    async fn commit(&self, inner: &I, tx: I::Transaction) -> Result<(), StoreError> {
+        inner.commit(tx).await?;
         if self.commits.fetch_add(1, Ordering::SeqCst) + 1 == self.die_at {
             self.died.notify_one();
             std::future::pending::<()>().await;
         }
         Ok(())
-    }
-
-    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        self.inner.rollback(tx).await
-    }
-
-    async fn purge_older_than(
-        &self,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        self.inner.purge_older_than(older_than, batch_size).await
     }
 }
 
@@ -80,8 +58,10 @@ impl<I: InboxStore> InboxStore for DieAfterCommit<I> {
 /// would. Every second failing commit fails *after* the inner commit
 /// succeeded (the connection dropped while the COMMIT's reply was in
 /// flight), so a runner must find out from the inbox that it was applied.
-pub struct FlakyInbox<I> {
-    inner: I,
+pub type FlakyInbox<I> = Faulty<I, FailEvery>;
+
+/// The fault of [`FlakyInbox`].
+pub struct FailEvery {
     operations: AtomicUsize,
     failed_commits: AtomicUsize,
     every: usize,
@@ -96,93 +76,80 @@ impl<I> FlakyInbox<I> {
             every >= 2,
             "a FlakyInbox that fails every operation never commits"
         );
-        Self {
-            inner,
+        let fault = FailEvery {
             operations: AtomicUsize::new(0),
             failed_commits: AtomicUsize::new(0),
             every,
             injected: Arc::default(),
-        }
+        };
+        Faulty::wrap(inner, fault)
     }
+}
 
-    fn fails_now(&self) -> bool {
+impl FailEvery {
+    /// Fails this operation (`what`) if it is an `every`-th one.
+    fn check(&self, what: &str) -> Result<(), StoreError> {
         let failing = (self.operations.fetch_add(1, Ordering::SeqCst) + 1) % self.every == 0;
-        if failing {
-            self.injected.fetch_add(1, Ordering::SeqCst);
+        if !failing {
+            return Ok(());
         }
-        failing
-    }
-
-    fn unavailable(what: &str) -> StoreError {
-        StoreError::Unavailable(format!("injected: {what} lost the connection").into())
+        self.injected.fetch_add(1, Ordering::SeqCst);
+        Err(StoreError::Unavailable(
+            format!("injected: {what} lost the connection").into(),
+        ))
     }
 }
 
 #[async_trait]
-impl<I: InboxStore> InboxStore for FlakyInbox<I> {
-    type Transaction = I::Transaction;
-
-    async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        if self.fails_now() {
-            return Err(Self::unavailable("begin"));
-        }
-        self.inner.begin().await
+impl<I: InboxStore> InboxFault<I> for FailEvery {
+    async fn begin(&self, inner: &I) -> Result<I::Transaction, StoreError> {
+        self.check("begin")?;
+        inner.begin().await
     }
 
     async fn claim(
         &self,
-        tx: &mut Self::Transaction,
+        inner: &I,
+        tx: &mut I::Transaction,
         consumer: &str,
         event_id: EventId,
     ) -> Result<bool, StoreError> {
-        if self.fails_now() {
-            return Err(Self::unavailable("claim"));
-        }
-        self.inner.claim(tx, consumer, event_id).await
+        self.check("claim")?;
+        inner.claim(tx, consumer, event_id).await
     }
 
-    async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        if !self.fails_now() {
-            return self.inner.commit(tx).await;
-        }
+    async fn commit(&self, inner: &I, tx: I::Transaction) -> Result<(), StoreError> {
+        let Err(lost) = self.check("commit") else {
+            return inner.commit(tx).await;
+        };
         if self.failed_commits.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
-            self.inner.rollback(tx).await?;
+            inner.rollback(tx).await?;
         } else {
-            self.inner.commit(tx).await?;
+            inner.commit(tx).await?;
         }
-        Err(Self::unavailable("commit"))
-    }
-
-    async fn rollback(&self, tx: Self::Transaction) -> Result<(), StoreError> {
-        self.inner.rollback(tx).await
-    }
-
-    async fn purge_older_than(
-        &self,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        self.inner.purge_older_than(older_than, batch_size).await
+        Err(lost)
     }
 }
 
 /// Passes a publisher's outcomes through and counts the calls in which an
 /// outcome was an outage: lets a test wait until a relay has met an outage
 /// (a missing topic, a wrong-typed stream key) before it fixes the cause.
-pub struct OutageCounter<P> {
-    inner: P,
+pub type OutageCounter<P> = Faulty<P, CountOutages>;
+
+/// The fault (a counter) of [`OutageCounter`].
+pub struct CountOutages {
     outages: tokio::sync::watch::Sender<usize>,
 }
 
 impl<P> OutageCounter<P> {
     /// Wraps `inner`.
     pub fn new(inner: P) -> Self {
-        Self {
-            inner,
-            outages: tokio::sync::watch::Sender::new(0),
-        }
+        let outages = tokio::sync::watch::Sender::new(0);
+        Faulty::wrap(inner, CountOutages { outages })
     }
+}
 
+impl CountOutages {
     /// Calls that met an outage so far.
     pub fn outages(&self) -> usize {
         *self.outages.borrow()
@@ -200,17 +167,9 @@ impl<P> OutageCounter<P> {
 }
 
 #[async_trait]
-impl<P: Publisher> Publisher for OutageCounter<P> {
-    fn capabilities(&self) -> PublisherCapabilities {
-        self.inner.capabilities()
-    }
-
-    fn destination(&self) -> String {
-        self.inner.destination()
-    }
-
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        let outcomes = self.inner.publish(batch).await;
+impl<P: Publisher> PublishFault<P> for CountOutages {
+    async fn publish(&self, inner: &P, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let outcomes = inner.publish(batch).await;
         if outcomes
             .iter()
             .any(|o| matches!(o, Err(e) if e.class == ErrorClass::Outage))
@@ -225,8 +184,10 @@ impl<P: Publisher> Publisher for OutageCounter<P> {
 /// `victim`: a relay that dies after publishing and before acknowledging.
 /// `died` is notified when that call has published; the test then aborts
 /// the relay's task.
-pub struct DieAfterPublishing<P> {
-    inner: P,
+pub type DieAfterPublishing<P> = Faulty<P, HangAfterPublishing>;
+
+/// The fault of [`DieAfterPublishing`].
+pub struct HangAfterPublishing {
     victim: EventId,
     died: Arc<Notify>,
 }
@@ -234,26 +195,14 @@ pub struct DieAfterPublishing<P> {
 impl<P> DieAfterPublishing<P> {
     /// Wraps `inner`; hangs after publishing `victim`.
     pub fn new(inner: P, victim: EventId, died: Arc<Notify>) -> Self {
-        Self {
-            inner,
-            victim,
-            died,
-        }
+        Faulty::wrap(inner, HangAfterPublishing { victim, died })
     }
 }
 
 #[async_trait]
-impl<P: Publisher> Publisher for DieAfterPublishing<P> {
-    fn capabilities(&self) -> PublisherCapabilities {
-        self.inner.capabilities()
-    }
-
-    fn destination(&self) -> String {
-        self.inner.destination()
-    }
-
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        let outcomes = self.inner.publish(batch).await;
+impl<P: Publisher> PublishFault<P> for HangAfterPublishing {
+    async fn publish(&self, inner: &P, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        let outcomes = inner.publish(batch).await;
         if batch.iter().any(|e| e.event_id == self.victim) {
             self.died.notify_one();
             std::future::pending::<()>().await;
@@ -263,24 +212,25 @@ impl<P: Publisher> Publisher for DieAfterPublishing<P> {
 }
 
 /// Holds publishes back while a test changes the world under a relay
-/// (creates the missing topic, restarts the broker): [`PublishGate::close`]
+/// (creates the missing topic, restarts the broker): [`Gate::close`]
 /// waits for the publishes in flight and blocks new ones until its guard
 /// is dropped, so no publish straddles the change.
-pub struct PublishGate<P> {
-    /// The wrapped publisher.
-    pub inner: P,
+pub type PublishGate<P> = Faulty<P, Gate>;
+
+/// The fault (a gate) of [`PublishGate`].
+pub struct Gate {
     lock: tokio::sync::RwLock<()>,
 }
 
 impl<P> PublishGate<P> {
     /// Wraps `inner`, open.
     pub fn new(inner: P) -> Self {
-        Self {
-            inner,
-            lock: tokio::sync::RwLock::new(()),
-        }
+        let lock = tokio::sync::RwLock::new(());
+        Faulty::wrap(inner, Gate { lock })
     }
+}
 
+impl Gate {
     /// Closes the gate until the guard is dropped.
     pub async fn close(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
         self.lock.write().await
@@ -288,18 +238,10 @@ impl<P> PublishGate<P> {
 }
 
 #[async_trait]
-impl<P: Publisher> Publisher for PublishGate<P> {
-    fn capabilities(&self) -> PublisherCapabilities {
-        self.inner.capabilities()
-    }
-
-    fn destination(&self) -> String {
-        self.inner.destination()
-    }
-
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+impl<P: Publisher> PublishFault<P> for Gate {
+    async fn publish(&self, inner: &P, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
         let _open = self.lock.read().await;
-        self.inner.publish(batch).await
+        inner.publish(batch).await
     }
 }
 

@@ -14,6 +14,7 @@ mod cancel;
 mod downstream;
 pub mod failure_suite;
 pub mod faults;
+mod faulty;
 mod fixtures;
 mod fleet;
 pub mod inbox_suite;
@@ -34,9 +35,10 @@ use async_trait::async_trait;
 pub use cancel::{Cuts, cancel_after_pending, cancel_at_every_await, cut_store_operations};
 pub use downstream::Downstream;
 pub use faults::{
-    DieAfterCommit, DieAfterPublishing, FlakyInbox, OutageCounter, PublishGate,
-    assert_exactly_once_in_key_order,
+    CountOutages, DieAfterCommit, DieAfterPublishing, FailEvery, FlakyInbox, Gate, HangAfterCommit,
+    HangAfterPublishing, OutageCounter, PublishGate, assert_exactly_once_in_key_order,
 };
+pub use faulty::{Faulty, InboxFault, PublishFault, StoreFault};
 pub use fixtures::{event, event_with_payload, events_over_keys, namespace, stored};
 pub use fleet::RelayFleet;
 pub use proxy::CuttableProxy;

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::fixtures::{event, events_over_keys};
 use super::store_suite::LEASE;
-use super::{MemoryInboxHarness, StoreFactory, enqueue_all, inbox_suite};
+use super::{Faulty, MemoryInboxHarness, StoreFactory, StoreFault, enqueue_all, inbox_suite};
 use crate::clock::ManualClock;
 use crate::error::StoreError;
 use crate::event::{EventId, NewEvent, StoredEvent};
@@ -23,8 +23,7 @@ use crate::relay::{
     RelayReport,
 };
 use crate::store::{
-    AttemptKind, ClaimRequest, ClaimedBatch, EventState, Heartbeat, Lease, Nack, OutboxAdmin,
-    OutboxStore, RelayId, Release, SettleReport,
+    AttemptKind, ClaimRequest, ClaimedBatch, EventState, OutboxAdmin, OutboxStore, RelayId,
 };
 
 mod failures;
@@ -235,7 +234,7 @@ pub async fn few_keys_drain_without_idle_waits<F: StoreFactory>(factory: &F) {
         let batches = 3;
         let events = events_over_keys(relay_config.batch_size * batches, keys);
         enqueue_all(&*store, &events).await;
-        let claims = Arc::new(ClaimCounter::new(store.clone()));
+        let claims = Arc::new(CountClaims::wrap(store.clone()));
         // One call per batch: the publisher keeps key order within a call.
         let (mock, handle) = MockPublisher::pair();
         let mock = mock.with_capabilities(PublisherCapabilities {
@@ -267,17 +266,15 @@ pub async fn few_keys_drain_without_idle_waits<F: StoreFactory>(factory: &F) {
 }
 
 /// A store that counts the claims it has answered.
-struct ClaimCounter<S> {
-    inner: Arc<S>,
+/// Counts the claims a store has answered, so a test can wait for one.
+struct CountClaims {
     answered: tokio::sync::watch::Sender<usize>,
 }
 
-impl<S> ClaimCounter<S> {
-    fn new(inner: Arc<S>) -> Self {
-        Self {
-            inner,
-            answered: tokio::sync::watch::Sender::new(0),
-        }
+impl CountClaims {
+    fn wrap<S>(inner: Arc<S>) -> Faulty<Arc<S>, Self> {
+        let answered = tokio::sync::watch::Sender::new(0);
+        Faulty::wrap(inner, Self { answered })
     }
 
     async fn wait_for(&self, n: usize) {
@@ -290,23 +287,15 @@ impl<S> ClaimCounter<S> {
 }
 
 #[async_trait::async_trait]
-impl<S: OutboxStore> OutboxStore for ClaimCounter<S> {
-    async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        let batch = self.inner.claim_batch(request).await;
+impl<S: OutboxStore> StoreFault<Arc<S>> for CountClaims {
+    async fn claim_batch(
+        &self,
+        inner: &Arc<S>,
+        request: &ClaimRequest,
+    ) -> Result<ClaimedBatch, StoreError> {
+        let batch = inner.claim_batch(request).await;
         self.answered.send_modify(|n| *n += 1);
         batch
-    }
-    async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        self.inner.ack(leases).await
-    }
-    async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        self.inner.nack(nacks).await
-    }
-    async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        self.inner.release(releases).await
-    }
-    async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
-        self.inner.heartbeat(beat).await
     }
 }
 
