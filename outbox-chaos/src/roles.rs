@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use outbox_core::consume::Consumed;
 use outbox_core::relay::OutagePolicy;
 use outbox_core::store::RelayId;
 use outbox_core::{CancellationToken, Relay, RelayConfig};
@@ -14,13 +12,11 @@ use outbox_kafka::{
     KafkaConsumer, KafkaConsumerConfig, KafkaPublisher, KafkaPublisherConfig, TopicRouter,
 };
 use outbox_redis::{
-    ConnectionSettings, ConsumerConfig, Handler, HandlerError, RedisConsumer, RedisPublisher,
-    StreamRouter,
+    ConnectionSettings, ConsumerConfig, RedisConsumer, RedisPublisher, StreamRouter,
 };
 use outbox_sqlx::StoreConfig;
-use outbox_sqlx::postgres::PgStore;
+use outbox_sqlx::postgres::{EffectLog, PgStore, RecordEffect};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Postgres, Transaction};
 
 use crate::Error;
 
@@ -35,7 +31,9 @@ pub(crate) const KAFKA_PARTITIONS: i32 = 4;
 /// The consumer group, and the inbox's consumer name.
 pub(crate) const GROUP: &str = "chaos";
 /// The effects table the consumer writes in its inbox transaction.
-pub(crate) const EFFECTS: &str = "chaos_effects";
+pub(crate) const EFFECTS_SCHEMA: &str = "public";
+/// The consumers' effects (an [`EffectLog`] in [`EFFECTS_SCHEMA`]).
+pub(crate) const EFFECTS: &str = "public.effects";
 
 fn pool(url: &str) -> Result<sqlx::PgPool, Error> {
     Ok(
@@ -124,42 +122,13 @@ pub(crate) async fn relay(pg: &str, broker: &str, name: &str) -> Result<(), Erro
     Ok(())
 }
 
-/// Records `(key, event id)` in the inbox transaction.
-struct RecordEffect;
-
-impl RecordEffect {
-    async fn record(
-        tx: &mut Transaction<'static, Postgres>,
-        partition_key: &str,
-        event_id: outbox_core::EventId,
-    ) -> Result<(), HandlerError> {
-        sqlx::query(&format!(
-            "INSERT INTO {EFFECTS} (partition_key, event_id) VALUES ($1, $2)"
-        ))
-        .bind(partition_key)
-        .bind(event_id.as_uuid())
-        .execute(&mut **tx)
-        .await
-        .map_err(|e| HandlerError::Retry(e.to_string()))?;
-        Ok(())
-    }
-}
-
-/// Events from either broker: one handler.
-#[async_trait]
-impl<E: Consumed + Sync> Handler<Transaction<'static, Postgres>, E> for RecordEffect {
-    async fn handle(
-        &self,
-        tx: &mut Transaction<'static, Postgres>,
-        event: &E,
-    ) -> Result<(), HandlerError> {
-        Self::record(tx, event.partition_key(), event.event_id()).await
-    }
-}
-
 /// One consumer until SIGTERM (or SIGKILL).
 pub(crate) async fn consume(pg: &str, broker: &str, name: &str) -> Result<(), Error> {
-    let store = PgStore::new(pool(pg)?, StoreConfig::default());
+    let pool = pool(pg)?;
+    let effects = RecordEffect {
+        log: EffectLog::open(&pool, EFFECTS_SCHEMA)?,
+    };
+    let store = PgStore::new(pool, StoreConfig::default());
     if let Some(bootstrap) = broker.strip_prefix("kafka://") {
         let mut config = KafkaConsumerConfig::new(bootstrap, GROUP, vec![KAFKA_TOPIC.into()]);
         // A killed member's partitions move on after the session timeout.
@@ -168,7 +137,7 @@ pub(crate) async fn consume(pg: &str, broker: &str, name: &str) -> Result<(), Er
             ("heartbeat.interval.ms".to_owned(), "500".to_owned()),
             ("client.id".to_owned(), name.to_owned()),
         ]);
-        let consumer = KafkaConsumer::new(config, store.inbox(), RecordEffect)?;
+        let consumer = KafkaConsumer::new(config, store.inbox(), effects)?;
         let report = consumer.run(on_sigterm()?).await?;
         eprintln!("consumer {name}: {report:?}");
         return Ok(());
@@ -176,13 +145,8 @@ pub(crate) async fn consume(pg: &str, broker: &str, name: &str) -> Result<(), Er
     let redis_url = broker;
     let mut config = ConsumerConfig::new(GROUP, name, vec![STREAM.into()]);
     config.block = Duration::from_millis(200);
-    let consumer = RedisConsumer::from_url_with(
-        redis_url,
-        redis_settings(),
-        config,
-        store.inbox(),
-        RecordEffect,
-    )?;
+    let consumer =
+        RedisConsumer::from_url_with(redis_url, redis_settings(), config, store.inbox(), effects)?;
     let report = consumer.run(on_sigterm()?).await?;
     eprintln!("consumer {name}: {report:?}");
     Ok(())

@@ -16,8 +16,9 @@ use sqlx::Row;
 
 use crate::Error;
 use crate::cluster::{PrivatePg, PrivateRedis};
-use crate::roles::{EFFECTS, KAFKA_PARTITIONS, KAFKA_TOPIC, STREAM};
+use crate::roles::{EFFECTS, EFFECTS_SCHEMA, KAFKA_PARTITIONS, KAFKA_TOPIC, STREAM};
 use outbox_kafka::testing::PrivateBroker as PrivateKafka;
+use outbox_sqlx::postgres::EffectLog;
 
 mod accounting;
 pub(crate) use accounting::*;
@@ -73,6 +74,51 @@ impl Settings {
             }
         }
         settings
+    }
+}
+
+/// The run's child processes: relays and one consumer, each given the
+/// database's and the broker's URLs.
+pub(crate) struct Processes {
+    /// The relays, shared with the task that kills them.
+    pub(crate) relays: Arc<Mutex<Vec<Role>>>,
+    /// The consumer (`c1`).
+    pub(crate) consumer: Role,
+}
+
+impl Processes {
+    pub(crate) fn start(database_url: &str, broker_url: &str, relays: usize) -> Self {
+        let role = |kind: &str, name: String| {
+            Role::start(vec![
+                kind.into(),
+                database_url.into(),
+                broker_url.into(),
+                name,
+            ])
+        };
+        let relays = (0..relays).map(|i| role("relay", format!("relay-{i}")));
+        Self {
+            relays: Arc::new(Mutex::new(relays.collect())),
+            consumer: role("consume", "c1".into()),
+        }
+    }
+
+    /// Kills every process, then accounts for what was `committed`.
+    pub(crate) async fn kill_and_account(
+        &mut self,
+        committed: &Mutex<Committed>,
+        (pool, store): (&sqlx::PgPool, &PgStore),
+        broker: &mut Broker,
+    ) -> Result<(Committed, Accounting), Error> {
+        self.relays
+            .lock()
+            .expect("relays")
+            .iter_mut()
+            .for_each(Role::kill);
+        self.consumer.kill();
+        let committed = std::mem::take(&mut *committed.lock().expect("committed"));
+        let report = account(pool, store, broker, &committed).await?;
+        Ok((committed, report))
     }
 }
 
@@ -244,11 +290,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         .await?;
     let store = Arc::new(PgStore::new(pool.clone(), StoreConfig::default()));
     store.migrate().await?;
-    sqlx::query(&format!(
-        "CREATE TABLE {EFFECTS} (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL, event_id UUID NOT NULL)"
-    ))
-    .execute(&pool)
-    .await?;
+    EffectLog::create(&pool, EFFECTS_SCHEMA).await?;
     let broker_name = broker.name();
     println!(
         "# outbox-chaos: {} events over {} keys, {} relays SIGKILLed every 1-3 s, {broker_name} down {:?}, PostgreSQL restarted fast and down {:?}, consumer killed once, {broker_name} blip",
@@ -260,20 +302,12 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     );
 
     let broker_url = broker.url();
-    let role = |kind: &str, name: String| {
-        Role::start(vec![kind.into(), url.clone(), broker_url.clone(), name])
-    };
-    let relays: Arc<Mutex<Vec<Role>>> = Arc::new(Mutex::new(
-        (0..settings.relays)
-            .map(|i| role("relay", format!("relay-{i}")))
-            .collect(),
-    ));
-    let mut consumer = role("consume", "c1".into());
+    let mut processes = Processes::start(&url, &broker_url, settings.relays);
 
     let committed = Arc::new(Mutex::new(Committed::default()));
     let producer = tokio::spawn(produce(store.clone(), settings.clone(), committed.clone()));
     let faults_done = outbox_core::CancellationToken::new();
-    let killer = tokio::spawn(kill_relays(relays.clone(), faults_done.clone()));
+    let killer = tokio::spawn(kill_relays(processes.relays.clone(), faults_done.clone()));
 
     // The fault schedule.
     let step = Duration::from_secs(3);
@@ -298,7 +332,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         "  .. {:>5.1} s  consumer SIGKILLed, restarted under the same name",
         started.elapsed().as_secs_f64()
     );
-    consumer.kill_and_restart();
+    processes.consumer.kill_and_restart();
     tokio::time::sleep(step).await;
     println!(
         "  .. {:>5.1} s  {} blip (0.5 s)",
@@ -345,15 +379,9 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     let drain_time = last_fault.elapsed();
     // Let in-flight duplicates land before counting them.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    relays
-        .lock()
-        .expect("relays")
-        .iter_mut()
-        .for_each(Role::kill);
-    consumer.kill();
-
-    let committed = std::mem::take(&mut *committed.lock().expect("committed"));
-    let report = account(&pool, &store, &mut broker, &committed).await?;
+    let (committed, report) = processes
+        .kill_and_account(&committed, (&pool, &store), &mut broker)
+        .await?;
     println!();
     println!("| measure | value |");
     println!("|---|---|");

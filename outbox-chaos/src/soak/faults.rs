@@ -2,6 +2,7 @@
 //! lease, rolling deploys, and a report holding xmin.
 
 use super::*;
+use crate::run::Role;
 
 /// Relay faults on their own clocks: a SIGKILL and restart, a pause past
 /// the lease (SIGSTOP, then SIGCONT), a rolling redeploy (SIGTERM, drain,

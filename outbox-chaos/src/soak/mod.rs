@@ -30,8 +30,9 @@ use redis::AsyncCommands;
 
 use crate::Error;
 use crate::cluster::{PrivatePg, PrivateRedis};
-use crate::roles::{EFFECTS, GROUP, STREAM};
-use crate::run::{Broker, Committed, Role, account};
+use crate::roles::{EFFECTS, EFFECTS_SCHEMA, GROUP, STREAM};
+use crate::run::{Broker, Committed, Processes};
+use outbox_sqlx::postgres::EffectLog;
 
 /// The size and pace of a soak run.
 #[derive(Clone, Debug)]
@@ -204,12 +205,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         .await?;
     let store = Arc::new(PgStore::new(pool.clone(), StoreConfig::default()));
     store.migrate().await?;
-    sqlx::query(&format!(
-        "CREATE TABLE {EFFECTS} (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL,
-             event_id UUID NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
-    ))
-    .execute(&pool)
-    .await?;
+    EffectLog::create(&pool, EFFECTS_SCHEMA).await?;
     println!(
         "# outbox-chaos soak: {:?} at {}/s over {} Zipf keys, a {}-event burst on one key every {:?}; \
          a relay SIGKILLed every {:?}, one paused past its lease every {:?}, all redeployed every {:?}; \
@@ -230,15 +226,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     );
     let broker_url = redis.url();
     let mut broker = Broker::Redis(redis);
-    let role = |kind: &str, name: String| {
-        Role::start(vec![kind.into(), url.clone(), broker_url.clone(), name])
-    };
-    let relays: Arc<Mutex<Vec<Role>>> = Arc::new(Mutex::new(
-        (0..4)
-            .map(|i| role("relay", format!("relay-{i}")))
-            .collect(),
-    ));
-    let mut consumer = role("consume", "c1".into());
+    let mut processes = Processes::start(&url, &broker_url, 4);
 
     let observed = Arc::new(Mutex::new(Observed::default()));
     let committed = Arc::new(Mutex::new(Committed::default()));
@@ -251,7 +239,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         done.clone(),
     ));
     let faults = tokio::spawn(relay_faults(
-        relays.clone(),
+        processes.relays.clone(),
         settings.clone(),
         observed.clone(),
         done.clone(),
@@ -355,14 +343,9 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         .fetch_one(&pool)
         .await?;
 
-    relays
-        .lock()
-        .expect("relays")
-        .iter_mut()
-        .for_each(Role::kill);
-    consumer.kill();
-    let committed = std::mem::take(&mut *committed.lock().expect("committed"));
-    let report = account(&pool, &store, &mut broker, &committed).await?;
+    let (committed, report) = processes
+        .kill_and_account(&committed, (&pool, &store), &mut broker)
+        .await?;
     let published_at = first_publications(&broker_url).await?;
     let observed = std::mem::take(&mut *observed.lock().expect("observed"));
     let latency = Latency::of(&observed, &published_at);

@@ -23,19 +23,28 @@ pub struct EffectLog {
 }
 
 impl EffectLog {
-    /// Creates `{schema}.effects` (the schema must exist).
+    /// Creates `{schema}.effects` (the schema must exist). Each effect
+    /// keeps the time it was applied (`applied_at`), for latency reports.
     pub async fn create(pool: &sqlx::PgPool, schema: &str) -> Result<Self, StoreError> {
-        crate::config::check_identifier("schema", schema, 63)?;
-        let table = format!("{schema}.effects");
+        let log = Self::open(pool, schema)?;
         sqlx::query(&format!(
-            "CREATE TABLE {table} (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL, event_id UUID NOT NULL)"
+            "CREATE TABLE {} (seq BIGSERIAL PRIMARY KEY, partition_key TEXT NOT NULL,
+                 event_id UUID NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+            log.table
         ))
         .execute(pool)
         .await
         .store()?;
+        Ok(log)
+    }
+
+    /// The log another process created in `schema` (a consumer process
+    /// of a multi-process run).
+    pub fn open(pool: &sqlx::PgPool, schema: &str) -> Result<Self, StoreError> {
+        crate::config::check_identifier("schema", schema, 63)?;
         Ok(Self {
             pool: pool.clone(),
-            table,
+            table: format!("{schema}.effects"),
         })
     }
 
