@@ -1,45 +1,36 @@
 //! Where events go, and how the producer is configured.
 
-use std::collections::HashMap;
+use outbox_core::publisher::PrefixRoutes;
 use std::time::Duration;
 
 /// Chooses the topic for an event type: `{prefix}{event_type}` unless an
 /// override names another topic.
 #[derive(Clone, Debug)]
 pub struct TopicRouter {
-    prefix: String,
-    overrides: HashMap<String, String>,
+    routes: PrefixRoutes,
 }
 
 impl TopicRouter {
     /// Topics named `{prefix}{event_type}`.
     pub fn with_prefix(prefix: impl Into<String>) -> Self {
-        Self {
-            prefix: prefix.into(),
-            overrides: HashMap::new(),
-        }
+        let routes = PrefixRoutes::with_prefix(prefix);
+        Self { routes }
     }
 
     /// Sends `event_type` to `topic` instead.
     pub fn route(mut self, event_type: impl Into<String>, topic: impl Into<String>) -> Self {
-        self.overrides.insert(event_type.into(), topic.into());
+        self.routes.route(event_type, topic);
         self
     }
 
     /// The topic for `event_type`.
     pub fn topic_for(&self, event_type: &str) -> String {
-        self.overrides
-            .get(event_type)
-            .cloned()
-            .unwrap_or_else(|| format!("{}{event_type}", self.prefix))
+        self.routes.destination_for(event_type)
     }
 
     /// The routing in a few words, for operators: `orders.<event type>`.
     pub(crate) fn describe(&self) -> String {
-        match self.overrides.len() {
-            0 => format!("{}<event type>", self.prefix),
-            n => format!("{}<event type> ({n} routed elsewhere)", self.prefix),
-        }
+        self.routes.describe()
     }
 }
 

@@ -1,46 +1,37 @@
 //! Where events go and how streams are trimmed.
 
-use std::collections::HashMap;
+use outbox_core::publisher::PrefixRoutes;
 use std::time::Duration;
 
 /// Chooses the stream key for an event type: `{prefix}{event_type}` unless
 /// an override names another stream.
 #[derive(Clone, Debug)]
 pub struct StreamRouter {
-    prefix: String,
-    overrides: HashMap<String, String>,
+    routes: PrefixRoutes,
 }
 
 impl StreamRouter {
     /// Streams named `{prefix}{event_type}`, e.g. prefix `outbox:` gives
     /// `outbox:invoice.paid`.
     pub fn with_prefix(prefix: impl Into<String>) -> Self {
-        Self {
-            prefix: prefix.into(),
-            overrides: HashMap::new(),
-        }
+        let routes = PrefixRoutes::with_prefix(prefix);
+        Self { routes }
     }
 
     /// Sends `event_type` to `stream` instead.
     pub fn route(mut self, event_type: impl Into<String>, stream: impl Into<String>) -> Self {
-        self.overrides.insert(event_type.into(), stream.into());
+        self.routes.route(event_type, stream);
         self
     }
 
     /// The stream for `event_type`.
     pub fn stream_for(&self, event_type: &str) -> String {
-        self.overrides
-            .get(event_type)
-            .cloned()
-            .unwrap_or_else(|| format!("{}{event_type}", self.prefix))
+        self.routes.destination_for(event_type)
     }
 
     /// The routing in a few words, for operators: `outbox:<event type>`.
     pub(crate) fn describe(&self) -> String {
-        match self.overrides.len() {
-            0 => format!("{}<event type>", self.prefix),
-            n => format!("{}<event type> ({n} routed elsewhere)", self.prefix),
-        }
+        self.routes.describe()
     }
 }
 

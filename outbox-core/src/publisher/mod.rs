@@ -1,12 +1,14 @@
 //! The broker side of the outbox.
 
 mod error;
+mod routes;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
 pub use error::{ErrorClass, PublishError, PublishOutcome};
+pub use routes::PrefixRoutes;
 
 use crate::event::StoredEvent;
 
@@ -102,28 +104,22 @@ pub trait Publisher: Send + Sync {
     }
 }
 
-#[async_trait]
-impl<P: Publisher + ?Sized> Publisher for Arc<P> {
-    fn capabilities(&self) -> PublisherCapabilities {
-        (**self).capabilities()
-    }
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        (**self).publish(batch).await
-    }
-    fn destination(&self) -> String {
-        (**self).destination()
-    }
+/// A publisher behind a shared or boxed pointer is a publisher.
+macro_rules! pointer_publisher {
+    ($($pointer:ident),*) => {$(
+        #[async_trait]
+        impl<P: Publisher + ?Sized> Publisher for $pointer<P> {
+            fn capabilities(&self) -> PublisherCapabilities {
+                (**self).capabilities()
+            }
+            async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+                (**self).publish(batch).await
+            }
+            fn destination(&self) -> String {
+                (**self).destination()
+            }
+        }
+    )*};
 }
 
-#[async_trait]
-impl<P: Publisher + ?Sized> Publisher for Box<P> {
-    fn capabilities(&self) -> PublisherCapabilities {
-        (**self).capabilities()
-    }
-    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        (**self).publish(batch).await
-    }
-    fn destination(&self) -> String {
-        (**self).destination()
-    }
-}
+pointer_publisher!(Arc, Box);
