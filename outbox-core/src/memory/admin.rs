@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
-use super::state::{RowStatus, State};
+use super::state::{Row, RowStatus, State};
 use crate::clock::elapsed_between;
 use crate::error::StoreError;
 use crate::event::{EventId, NewEvent};
@@ -207,43 +208,19 @@ impl OutboxAdmin for MemoryStore {
     }
 
     async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        let now = self.clock.now();
-        {
-            let mut state = self.lock();
-            let row = failed_row(&mut state, event_id)?;
+        self.operator_change(event_id, action, AttemptKind::Requeued, |row, now| {
             row.status = RowStatus::Pending;
             row.stored.attempts = 0;
             row.stored.available_at = now;
-            row.record(
-                AttemptKind::Requeued,
-                now,
-                &action.operator,
-                None,
-                &action.reason,
-            );
-        }
-        self.notify_enqueued();
-        Ok(())
+        })
     }
 
     async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        let now = self.clock.now();
-        {
-            let mut state = self.lock();
-            let row = failed_row(&mut state, event_id)?;
+        self.operator_change(event_id, action, AttemptKind::Skipped, |row, _| {
             if let RowStatus::Failed { blocks_key, .. } = &mut row.status {
                 *blocks_key = false;
             }
-            row.record(
-                AttemptKind::Skipped,
-                now,
-                &action.operator,
-                None,
-                &action.reason,
-            );
-        }
-        self.notify_enqueued();
-        Ok(())
+        })
     }
 
     async fn supersede(
@@ -308,6 +285,28 @@ impl OutboxAdmin for MemoryStore {
 
     async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
         Ok(self.lock().relays.values().cloned().collect())
+    }
+}
+
+impl MemoryStore {
+    /// Changes a failed row as an operator asked (`change`, at the store's
+    /// now), records the action in its history and wakes the relays.
+    fn operator_change(
+        &self,
+        event_id: EventId,
+        action: &OperatorAction,
+        kind: AttemptKind,
+        change: impl FnOnce(&mut Row, DateTime<Utc>),
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        {
+            let mut state = self.lock();
+            let row = failed_row(&mut state, event_id)?;
+            change(row, now);
+            row.record(kind, now, &action.operator, None, &action.reason);
+        }
+        self.notify_enqueued();
+        Ok(())
     }
 }
 

@@ -252,8 +252,10 @@ impl State {
         }
     }
 
-    /// Fails a row that does not decode, on its own. Returns true if it did.
-    fn fail_if_unreadable(
+    /// Fails `sequence` on its own if it cannot be published: it has been
+    /// claimed too often without an outcome (a crash loop), or it does not
+    /// decode. Returns true if it did.
+    fn fail_if_unpublishable(
         &mut self,
         sequence: i64,
         request: &ClaimRequest,
@@ -261,58 +263,29 @@ impl State {
         batch: &mut ClaimedBatch,
     ) -> bool {
         let row = self.rows.get_mut(&sequence).expect("row exists");
-        let Some(reason) = row.unreadable.clone() else {
+        let (kind, detail) = if row.unfinished_claims >= request.crash_loop_limit {
+            let detail = format!(
+                "{} publish attempts started and none finished",
+                row.unfinished_claims
+            );
+            row.unfinished_claims = 0;
+            row.suspect_span = None;
+            batch.crash_looped.push(row.stored.clone());
+            (AttemptKind::CrashLoop, detail)
+        } else if let Some(reason) = row.unreadable.clone() {
+            batch.unreadable.push(crate::event::UnreadableEvent {
+                event: row.stored.clone(),
+                reason: reason.clone(),
+            });
+            (AttemptKind::Unreadable, reason)
+        } else {
             return false;
         };
         row.status = RowStatus::Failed {
             blocks_key: request.poison == PoisonPolicy::Block,
             superseded_by: None,
         };
-        row.record(
-            AttemptKind::Unreadable,
-            now,
-            request.owner.as_str(),
-            None,
-            &reason,
-        );
-        batch.unreadable.push(crate::event::UnreadableEvent {
-            event: row.stored.clone(),
-            reason,
-        });
-        true
-    }
-
-    /// Fails `sequence` as a crash loop if it has been claimed too often
-    /// without an outcome. Returns true if it did.
-    fn fail_if_crash_looping(
-        &mut self,
-        sequence: i64,
-        request: &ClaimRequest,
-        now: DateTime<Utc>,
-        batch: &mut ClaimedBatch,
-    ) -> bool {
-        let row = self.rows.get_mut(&sequence).expect("row exists");
-        if row.unfinished_claims < request.crash_loop_limit {
-            return false;
-        }
-        let detail = format!(
-            "{} publish attempts started and none finished",
-            row.unfinished_claims
-        );
-        row.status = RowStatus::Failed {
-            blocks_key: request.poison == PoisonPolicy::Block,
-            superseded_by: None,
-        };
-        row.unfinished_claims = 0;
-        row.suspect_span = None;
-        row.record(
-            AttemptKind::CrashLoop,
-            now,
-            request.owner.as_str(),
-            None,
-            &detail,
-        );
-        batch.crash_looped.push(row.stored.clone());
+        row.record(kind, now, request.owner.as_str(), None, &detail);
         true
     }
 
@@ -355,9 +328,7 @@ impl State {
                 if sequence > horizon || !row.is_claimable(now) {
                     break;
                 }
-                if self.fail_if_crash_looping(sequence, request, now, batch)
-                    || self.fail_if_unreadable(sequence, request, now, batch)
-                {
+                if self.fail_if_unpublishable(sequence, request, now, batch) {
                     if request.poison == PoisonPolicy::Block {
                         break;
                     }
@@ -426,9 +397,7 @@ impl State {
             if chosen.len() == request.limit {
                 break;
             }
-            if self.fail_if_crash_looping(sequence, request, now, batch)
-                || self.fail_if_unreadable(sequence, request, now, batch)
-            {
+            if self.fail_if_unpublishable(sequence, request, now, batch) {
                 continue;
             }
             if let Some(span) = self.rows[&sequence].suspect_span {
