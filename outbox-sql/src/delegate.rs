@@ -2,11 +2,36 @@
 //! store traits of the protocol it wraps, without restating each method.
 
 /// Implements `OutboxStore`, `OutboxWriter` and `OutboxAdmin` for `$store`
-/// by handing each call to its protocol field (MySQL's or PostgreSQL's `Protocol`) `$field`: an adapter's
-/// store is a named type over the shared protocol.
+/// by handing each call to its protocol field (a dialect's `Protocol`)
+/// `$field`: an adapter's store is a named type over the shared protocol.
+/// Also gives it what every store shows of itself: `Debug` (its tables),
+/// `config()` and `schema_version()`.
 #[macro_export]
 macro_rules! delegate_sql_store {
-    ($store:ty, $field:ident) => {
+    ($store:ident, $field:ident) => {
+        impl ::std::fmt::Debug for $store {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($store))
+                    .field("tables", &self.$field.config.tables)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl $store {
+            /// The settings.
+            pub fn config(&self) -> &$crate::StoreConfig {
+                &self.$field.config
+            }
+
+            /// The schema version of the outbox tables: `None` if there are
+            /// none, 1 for tables made before the version record existed.
+            pub async fn schema_version(
+                &self,
+            ) -> Result<Option<i32>, $crate::__private::StoreError> {
+                self.$field.schema_version().await
+            }
+        }
+
         #[$crate::__private::async_trait]
         impl $crate::__private::store::OutboxWriter for $store {
             async fn enqueue(
@@ -136,7 +161,7 @@ macro_rules! delegate_sql_store {
 /// existed.
 #[macro_export]
 macro_rules! delegate_mysql_store {
-    ($store:ty, $field:ident) => {
+    ($store:ident, $field:ident) => {
         $crate::delegate_sql_store!($store, $field);
     };
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chrono::{DateTime, Utc};
+use outbox_core::event::RawEvent;
 use outbox_core::{EventId, StoreError};
 use uuid::Uuid;
 
@@ -121,6 +122,36 @@ impl Row {
             Value::Null => Err(null(column)),
             other => Err(wrong_type(column, "text", other)),
         }
+    }
+
+    /// An event's columns (a dialect's `EVENT_COLUMNS`), not yet trusted
+    /// as an event: decoding is [`RawEvent::decode`], per row. The text
+    /// columns are moved out of the row (a claim reads a thousand
+    /// payloads; none is copied). `loose`: the columns take any type
+    /// (SQLite), so a number where text belongs reads as its text, NULL as
+    /// empty, and an unreadable version as -1; decoding says what is wrong.
+    pub fn raw_event(&mut self, loose: bool) -> Result<RawEvent, StoreError> {
+        let text = |row: &mut Self, column: &str| match loose {
+            true => row.take_loose_text(column),
+            false => row.take_text(column),
+        };
+        Ok(RawEvent {
+            sequence: self.int("sequence")?,
+            event_id: self.event_id("event_id")?,
+            aggregate_type: text(self, "aggregate_type")?,
+            aggregate_id: text(self, "aggregate_id")?,
+            event_type: text(self, "event_type")?,
+            partition_key: text(self, "partition_key")?,
+            payload: text(self, "payload")?,
+            payload_version: match loose {
+                true => self.int("payload_version").unwrap_or(-1),
+                false => self.int("payload_version")?,
+            },
+            headers: text(self, "headers")?,
+            created_at: self.time("created_at")?,
+            available_at: self.time("available_at")?,
+            attempts: self.int("attempts")?,
+        })
     }
 
     /// Whether the row has `column`.

@@ -23,14 +23,6 @@ pub struct MysqlStore {
     pub(super) protocol: Protocol<DieselDriver>,
 }
 
-impl std::fmt::Debug for MysqlStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MysqlStore")
-            .field("tables", &self.protocol.config.tables)
-            .finish_non_exhaustive()
-    }
-}
-
 outbox_sql::delegate_mysql_store!(MysqlStore, protocol);
 
 impl MysqlStore {
@@ -53,11 +45,6 @@ impl MysqlStore {
         }
     }
 
-    /// The settings.
-    pub fn config(&self) -> &StoreConfig {
-        &self.protocol.config
-    }
-
     pub(super) async fn conn(&self) -> Result<Object<AsyncMysqlConnection>, StoreError> {
         self.protocol.driver.conn().await
     }
@@ -72,11 +59,5 @@ impl MysqlStore {
     /// [`MysqlOutbox::migrate`]).
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         self.protocol.migrate().await
-    }
-
-    /// The schema version of the outbox tables: `None` if there are none,
-    /// 1 for tables made before the version record existed.
-    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
-        self.protocol.schema_version().await
     }
 }

@@ -24,14 +24,6 @@ pub struct PgStore {
     pub(super) outbox: PgOutbox,
 }
 
-impl std::fmt::Debug for PgStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore")
-            .field("tables", &self.protocol.config.tables)
-            .finish_non_exhaustive()
-    }
-}
-
 outbox_sql::delegate_sql_store!(PgStore, protocol);
 
 impl PgStore {
@@ -51,11 +43,6 @@ impl PgStore {
     /// Enqueue and migrate on connections of your own.
     pub fn outbox(&self) -> &PgOutbox {
         &self.outbox
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &StoreConfig {
-        &self.protocol.config
     }
 
     /// Creates or updates the tables on a pooled connection (see

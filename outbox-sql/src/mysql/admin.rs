@@ -131,12 +131,12 @@ impl<D: Driver> OutboxAdmin for Protocol<D> {
                 )
                 .await?;
             let mut failed = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let event = raw_event(r)?.decode().unwrap_or_else(|u| u.event);
+            for mut r in rows {
+                let event = raw_event(&mut r)?.decode().unwrap_or_else(|u| u.event);
                 failed.push(FailedEvent {
                     history: self.history(event.event_id).await?,
                     blocks_key: r.bool("blocks_key")?,
-                    superseded_by: superseded_by(r)?,
+                    superseded_by: superseded_by(&r)?,
                     event,
                 });
             }

@@ -213,10 +213,10 @@ impl<D: Driver> Protocol<D> {
         let read = with_in_list(&self.queries.read_rows, sequences.len());
         tx.fetch(&read, params(sequences))
             .await?
-            .iter()
-            .map(|r| {
+            .into_iter()
+            .map(|mut r| {
                 let token = r.int("fencing_token")?;
-                let raw = raw_event(r)?;
+                let raw = raw_event(&mut r)?;
                 Ok((raw.sequence, (token, raw.decode())))
             })
             .collect()

@@ -42,23 +42,10 @@ pub(super) fn with<T: Clone + Into<Param>>(
 
 pub(super) use crate::param::{limit, micros};
 
-/// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event:
-/// decoding is [`RawEvent::decode`], per row.
-pub fn raw_event(row: &Row) -> Result<RawEvent, StoreError> {
-    Ok(RawEvent {
-        sequence: row.int("sequence")?,
-        event_id: row.event_id("event_id")?,
-        aggregate_type: row.text("aggregate_type")?,
-        aggregate_id: row.text("aggregate_id")?,
-        event_type: row.text("event_type")?,
-        partition_key: row.text("partition_key")?,
-        payload: row.text("payload")?,
-        payload_version: row.int("payload_version")?,
-        headers: row.text("headers")?,
-        created_at: row.time("created_at")?,
-        available_at: row.time("available_at")?,
-        attempts: row.int("attempts")?,
-    })
+/// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event
+/// (see [`Row::raw_event`]).
+pub fn raw_event(row: &mut Row) -> Result<RawEvent, StoreError> {
+    row.raw_event(false)
 }
 
 /// Event ids as a JSON array of strings, for the statements that join

@@ -32,24 +32,10 @@ pub(super) fn limit(n: usize) -> Param {
     Param::BigInt(n.min(i64::MAX as usize) as i64)
 }
 
-/// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event:
-/// decoding is [`RawEvent::decode`], per row. The text columns are moved
-/// out of `row` (a claim reads a thousand payloads; none is copied).
+/// The columns of [`super::EVENT_COLUMNS`], not yet trusted as an event
+/// (see [`Row::raw_event`]).
 pub fn raw_event(row: &mut Row) -> Result<RawEvent, StoreError> {
-    Ok(RawEvent {
-        sequence: row.int("sequence")?,
-        event_id: row.event_id("event_id")?,
-        aggregate_type: row.take_text("aggregate_type")?,
-        aggregate_id: row.take_text("aggregate_id")?,
-        event_type: row.take_text("event_type")?,
-        partition_key: row.take_text("partition_key")?,
-        payload: row.take_text("payload")?,
-        payload_version: row.int("payload_version")?,
-        headers: row.take_text("headers")?,
-        created_at: row.time("created_at")?,
-        available_at: row.time("available_at")?,
-        attempts: row.int("attempts")?,
-    })
+    row.raw_event(false)
 }
 
 /// A claim's row: the event and its lease (see [`Exec::fetch_claimed`]).

@@ -38,22 +38,8 @@ pub fn schema_sql(tables: &TableNames) -> String {
     tables.render(SCHEMA)
 }
 
-/// The columns of [`EVENT_COLUMNS`], not yet trusted as an event:
-/// decoding is [`RawEvent::decode`], per row. SQLite columns take any
-/// type, so even a number where text belongs is read as its text here.
+/// The columns of [`EVENT_COLUMNS`], not yet trusted as an event (see
+/// [`Row::raw_event`]): SQLite columns take any type, so they read loose.
 pub fn raw_event(row: &mut Row) -> Result<RawEvent, StoreError> {
-    Ok(RawEvent {
-        sequence: row.int("sequence")?,
-        event_id: row.event_id("event_id")?,
-        aggregate_type: row.take_loose_text("aggregate_type")?,
-        aggregate_id: row.take_loose_text("aggregate_id")?,
-        event_type: row.take_loose_text("event_type")?,
-        partition_key: row.take_loose_text("partition_key")?,
-        payload: row.take_loose_text("payload")?,
-        payload_version: row.int("payload_version").unwrap_or(-1),
-        headers: row.take_loose_text("headers")?,
-        created_at: row.time("created_at")?,
-        available_at: row.time("available_at")?,
-        attempts: row.int("attempts")?,
-    })
+    row.raw_event(true)
 }

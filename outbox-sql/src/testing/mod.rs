@@ -3,7 +3,8 @@
 //! (feature `testing`): a write transaction left open, another host's
 //! clock, a row another tool wrote, a settlement slow to commit. An
 //! adapter's store gets them with [`sql_fault_seams!`](crate::sql_fault_seams).
-//! Beside them, [`PrivatePg`]: a PostgreSQL cluster of a test's own.
+//! Beside them, [`PrivatePg`](crate::testing::PrivatePg): a PostgreSQL
+//! cluster of a test's own.
 
 use std::future::Future;
 use std::pin::Pin;

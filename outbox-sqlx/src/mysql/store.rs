@@ -24,14 +24,6 @@ pub struct MySqlStore {
     pub(super) protocol: Protocol<SqlxDriver>,
 }
 
-impl std::fmt::Debug for MySqlStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlStore")
-            .field("tables", &self.protocol.config.tables)
-            .finish_non_exhaustive()
-    }
-}
-
 outbox_sql::delegate_mysql_store!(MySqlStore, protocol);
 
 impl MySqlStore {
@@ -47,11 +39,6 @@ impl MySqlStore {
         &self.protocol.driver.0
     }
 
-    /// The settings.
-    pub fn config(&self) -> &StoreConfig {
-        &self.protocol.config
-    }
-
     /// The schema DDL for these table names (what [`MySqlStore::migrate`] runs).
     pub fn schema_sql(&self) -> String {
         outbox_sql::mysql::schema_sql(&self.protocol.config.tables)
@@ -62,12 +49,6 @@ impl MySqlStore {
     /// with [`StoreError::Config`] naming the upgrade notes.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         self.protocol.migrate().await
-    }
-
-    /// The schema version of the outbox tables: `None` if there are none,
-    /// 1 for tables made before the version record existed.
-    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
-        self.protocol.schema_version().await
     }
 
     /// Enqueues `events` on `conn`, typically `&mut *tx` of the business

@@ -20,14 +20,6 @@ pub struct PgStore {
     pub(super) protocol: Protocol<SqlxDriver>,
 }
 
-impl std::fmt::Debug for PgStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore")
-            .field("tables", &self.protocol.config.tables)
-            .finish_non_exhaustive()
-    }
-}
-
 outbox_sql::delegate_sql_store!(PgStore, protocol);
 
 impl PgStore {
@@ -46,11 +38,6 @@ impl PgStore {
     /// The NOTIFY channel of these tables (schema and prefix).
     pub fn channel(&self) -> &str {
         &self.protocol.queries.channel
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &StoreConfig {
-        &self.protocol.config
     }
 
     /// The claim statement, for `EXPLAIN` and review: a call of the
@@ -78,12 +65,6 @@ impl PgStore {
     /// changed.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         self.protocol.migrate().await
-    }
-
-    /// The schema version of the outbox tables: `None` if there are none,
-    /// 1 for tables made before the version record existed.
-    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
-        self.protocol.schema_version().await
     }
 
     /// Enqueues `events` on `conn`, typically `&mut *tx` of the business

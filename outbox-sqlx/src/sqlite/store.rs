@@ -26,14 +26,6 @@ pub struct SqliteStore {
     pub(super) protocol: Protocol<SqlxDriver>,
 }
 
-impl std::fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore")
-            .field("tables", &self.protocol.config.tables)
-            .finish_non_exhaustive()
-    }
-}
-
 outbox_sql::delegate_sql_store!(SqliteStore, protocol);
 
 impl SqliteStore {
@@ -76,11 +68,6 @@ impl SqliteStore {
         &self.protocol.driver.0
     }
 
-    /// The settings.
-    pub fn config(&self) -> &StoreConfig {
-        &self.protocol.config
-    }
-
     /// The statement that finds a claim's candidates, for `EXPLAIN QUERY
     /// PLAN` and review. Parameters: `?1` now (microseconds), `?2` limit.
     pub fn claim_statement(&self, ordering: Ordering) -> &str {
@@ -100,12 +87,6 @@ impl SqliteStore {
     /// refused with [`StoreError::Config`] naming the upgrade notes.
     pub async fn migrate(&self) -> Result<Migrated, StoreError> {
         self.protocol.migrate().await
-    }
-
-    /// The schema version of the outbox tables: `None` if there are none,
-    /// 1 for tables made before the version record existed.
-    pub async fn schema_version(&self) -> Result<Option<i32>, StoreError> {
-        self.protocol.schema_version().await
     }
 
     /// Tests shift store time ([`outbox_core::StoreTime::Shifted`]): the
