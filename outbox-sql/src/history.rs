@@ -1,7 +1,7 @@
 //! History entries as the SQL stores append them in batches.
 
 use outbox_core::EventId;
-use outbox_core::store::AttemptKind;
+use outbox_core::store::{AttemptKind, OperatorAction};
 use serde_json::{Value, json};
 
 use crate::codes;
@@ -22,7 +22,26 @@ pub struct HistoryEntry<'a> {
     pub attempts: i64,
 }
 
-impl HistoryEntry<'_> {
+impl<'a> HistoryEntry<'a> {
+    /// An operator's action (`kind`) on `event_id`, with `detail` (the
+    /// reason) and the attempts the event is left with.
+    pub fn operator(
+        event_id: EventId,
+        kind: AttemptKind,
+        action: &'a OperatorAction,
+        detail: &'a str,
+        attempts: i64,
+    ) -> Self {
+        Self {
+            event_id,
+            kind,
+            actor: action.operator.as_str(),
+            error_class: None,
+            detail,
+            attempts,
+        }
+    }
+
     /// Entries as the JSON array the batch insert reads (`json_each` / `JSON_TABLE`).
     pub fn batch_json(entries: &[HistoryEntry<'_>]) -> String {
         let rows: Vec<Value> = entries

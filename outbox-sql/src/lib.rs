@@ -3,6 +3,8 @@
 
 /// Explains why an operator action found no event to act on.
 pub mod admin_common;
+/// `OutboxAdmin` on each dialect's protocol, written once.
+mod admin_traits;
 /// Crash blame for the stores that mark leases on rows (MySQL, SQLite).
 pub mod blame;
 /// Codes stored in the tables: event status, attempt kinds, error classes.

@@ -77,3 +77,9 @@ pub fn limit(n: usize) -> Param {
 pub fn micros(duration: std::time::Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
+
+impl From<outbox_core::EventId> for Param {
+    fn from(value: outbox_core::EventId) -> Self {
+        Self::Text(value.to_string())
+    }
+}

@@ -1,20 +1,21 @@
-//! [`OutboxAdmin`] on [`Protocol`]: lag, what holds publication back,
-//! failures, blocked keys, operator actions.
+//! What PostgreSQL's admin does its own way (the rest is
+//! `admin_traits.rs`): stats and purge in SQL functions, what holds
+//! publication back with open transactions, histories in one read, and
+//! operator actions that let a key's parked rows go.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use outbox_core::store::{
-    AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, HeldBack, OpenTransaction, OperatorAction, OutboxAdmin, RelayStatus,
+    AttemptKind, AttemptRecord, EnqueueOutcome, EventState, EventTypeStats, FailedEvent, HeldBack,
+    OpenTransaction, OperatorAction,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 
 use super::driver::{Driver, Exec, Param, Row};
-use super::protocol::{Protocol, during};
+use super::protocol::Protocol;
 use super::statements::raw_event;
-use crate::admin_common::{blocked_key, held_back, relay_status, type_stats};
+use crate::admin_common::{held_back, type_stats};
 use crate::codes;
 use crate::validate::{check_event, headers_json};
 
@@ -25,7 +26,8 @@ fn attempt_record(row: &Row) -> Result<(EventId, AttemptRecord), StoreError> {
     ))
 }
 
-fn event_state(row: &Row) -> Result<EventState, StoreError> {
+/// An `event_state` row: PostgreSQL's status codes.
+pub(crate) fn event_state(row: &Row) -> Result<EventState, StoreError> {
     let status = row.int("status")?;
     Ok(match status {
         s if s == i64::from(codes::PENDING) => EventState::Pending {
@@ -71,7 +73,7 @@ impl<D: Driver> Protocol<D> {
     /// Runs an operator update that returns `attempts` and the key, records
     /// it, and lets the key's parked rows go if nothing blocks it any more.
     /// `NotFound` or `WrongState` if it matched no row.
-    async fn operator_update(
+    pub(crate) async fn operator_update(
         &self,
         sql: &str,
         event_id: EventId,
@@ -100,14 +102,25 @@ impl<D: Driver> Protocol<D> {
         D::commit(tx).await
     }
 
-    async fn fetch(&self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
+    /// Rows of `sql` (parameters `params`) on a pooled connection.
+    pub(crate) async fn fetch_alone(
+        &self,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<Vec<Row>, StoreError> {
         let mut conn = self.driver.connect().await?;
         conn.fetch(sql, params).await
     }
 
-    async fn held_back_now(&self) -> Result<Vec<HeldBack>, StoreError> {
+    pub(crate) async fn stats_now(&self) -> Result<Vec<EventTypeStats>, StoreError> {
         self.sync_clock().await?;
-        let rows = self.fetch(&self.queries.held_back, vec![]).await?;
+        let rows = self.fetch_alone(&self.queries.stats, vec![]).await?;
+        rows.iter().map(|r| type_stats(r, r.time("now")?)).collect()
+    }
+
+    pub(crate) async fn held_back_now(&self) -> Result<Vec<HeldBack>, StoreError> {
+        self.sync_clock().await?;
+        let rows = self.fetch_alone(&self.queries.held_back, vec![]).await?;
         let r = rows
             .first()
             .ok_or_else(|| StoreError::fatal("no row from the held-back query"))?;
@@ -115,7 +128,7 @@ impl<D: Driver> Protocol<D> {
         // Seeing other sessions needs pg_read_all_stats (or the same role);
         // without it the list is what the server shows.
         let transactions = self
-            .fetch(&self.queries.open_transactions, vec![])
+            .fetch_alone(&self.queries.open_transactions, vec![])
             .await?
             .iter()
             .map(|t| {
@@ -134,9 +147,9 @@ impl<D: Driver> Protocol<D> {
         Ok(held)
     }
 
-    async fn failed_now(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
+    pub(crate) async fn failed_now(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
         let rows = self
-            .fetch(
+            .fetch_alone(
                 &self.queries.failed_events,
                 vec![Param::BigInt(limit.min(i64::MAX as usize) as i64)],
             )
@@ -147,7 +160,7 @@ impl<D: Driver> Protocol<D> {
             .collect::<Result<Vec<_>, StoreError>>()?;
         let mut histories: HashMap<EventId, Vec<AttemptRecord>> = HashMap::new();
         for r in self
-            .fetch(&self.queries.history_many, vec![Param::Uuids(ids)])
+            .fetch_alone(&self.queries.history_many, vec![Param::Uuids(ids)])
             .await?
         {
             let (id, record) = attempt_record(&r)?;
@@ -168,7 +181,7 @@ impl<D: Driver> Protocol<D> {
             .collect()
     }
 
-    async fn supersede_now(
+    pub(crate) async fn supersede_now(
         &self,
         event_id: EventId,
         replacement: NewEvent,
@@ -223,7 +236,11 @@ impl<D: Driver> Protocol<D> {
         Ok(EnqueueOutcome::Inserted { sequence })
     }
 
-    async fn purge_now(&self, older_than: Duration, batch_size: usize) -> Result<u64, StoreError> {
+    pub(crate) async fn purge_now(
+        &self,
+        older_than: Duration,
+        batch_size: usize,
+    ) -> Result<u64, StoreError> {
         self.sync_clock().await?;
         let mut conn = self.driver.connect().await?;
         let params = vec![
@@ -243,124 +260,5 @@ impl<D: Driver> Protocol<D> {
             conn.execute(&self.queries.prune_cursor_log, vec![]).await?;
         }
         Ok(purged)
-    }
-}
-
-#[async_trait]
-impl<D: Driver> OutboxAdmin for Protocol<D> {
-    async fn stats(&self) -> Result<Vec<EventTypeStats>, StoreError> {
-        during("stats", || self.events(), async move {
-            self.sync_clock().await?;
-            self.fetch(&self.queries.stats, vec![])
-                .await?
-                .iter()
-                .map(|r| type_stats(r, r.time("now")?))
-                .collect()
-        })
-        .await
-    }
-
-    async fn held_back(&self) -> Result<Vec<HeldBack>, StoreError> {
-        during("held_back", || self.events(), self.held_back_now()).await
-    }
-
-    async fn event_state(&self, event_id: EventId) -> Result<Option<EventState>, StoreError> {
-        during("event_state", || self.events(), async move {
-            let rows = self
-                .fetch(&self.queries.event_state, vec![event_id.into()])
-                .await?;
-            rows.first().map(event_state).transpose()
-        })
-        .await
-    }
-
-    async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
-        during("failed_events", || self.events(), self.failed_now(limit)).await
-    }
-
-    async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
-        during("history", || self.events(), async move {
-            if self.event_state(event_id).await?.is_none() {
-                return Err(StoreError::NotFound(event_id));
-            }
-            self.fetch(&self.queries.history, vec![event_id.into()])
-                .await?
-                .iter()
-                .map(|r| attempt_record(r).map(|(_, record)| record))
-                .collect()
-        })
-        .await
-    }
-
-    async fn blocked_keys(&self) -> Result<Vec<BlockedKey>, StoreError> {
-        during("blocked_keys", || self.events(), async move {
-            self.fetch(&self.queries.blocked_keys, vec![])
-                .await?
-                .iter()
-                .map(blocked_key)
-                .collect()
-        })
-        .await
-    }
-
-    async fn requeue(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        during(
-            "requeue",
-            || self.events(),
-            self.operator_update(
-                &self.queries.requeue,
-                event_id,
-                AttemptKind::Requeued,
-                action,
-            ),
-        )
-        .await
-    }
-
-    async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-        during(
-            "skip",
-            || self.events(),
-            self.operator_update(&self.queries.skip, event_id, AttemptKind::Skipped, action),
-        )
-        .await
-    }
-
-    async fn supersede(
-        &self,
-        event_id: EventId,
-        replacement: NewEvent,
-        action: &OperatorAction,
-    ) -> Result<EnqueueOutcome, StoreError> {
-        during(
-            "supersede",
-            || self.events(),
-            self.supersede_now(event_id, replacement, action),
-        )
-        .await
-    }
-
-    async fn purge_published(
-        &self,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        during(
-            "purge_published",
-            || self.events(),
-            self.purge_now(older_than, batch_size),
-        )
-        .await
-    }
-
-    async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
-        during("relays", || self.events(), async move {
-            self.fetch(&self.queries.relays, vec![])
-                .await?
-                .iter()
-                .map(relay_status)
-                .collect()
-        })
-        .await
     }
 }

@@ -1,7 +1,7 @@
 //! PostgreSQL: the schema template (tables, indexes, trigger and the
 //! functions that run the protocol), its version, and every statement.
 
-mod admin;
+pub(crate) mod admin;
 pub mod driver;
 mod protocol;
 mod queries;
