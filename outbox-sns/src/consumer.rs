@@ -144,27 +144,11 @@ pub struct ConsumerReport {
     pub visibility_extensions: u64,
 }
 
-/// Why a consumer stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum ConsumerError {
+outbox_core::consumer_error!(
     /// A queue that does not exist or may not be read (checked at start).
-    #[error("sqs: {0}")]
     Sqs(String),
-    /// The inbox's store failed with a non-retryable error.
-    #[error("inbox: {0}")]
-    Inbox(StoreError),
-    /// A setting that cannot work.
-    #[error("invalid consumer configuration: {0}")]
-    Config(String),
-}
-
-// By hand, not `#[from]`: that would also make the inner error this error's
-// `source` and repeat it in reports.
-impl From<StoreError> for ConsumerError {
-    fn from(error: StoreError) -> Self {
-        Self::Inbox(error)
-    }
-}
+    "sqs: {0}"
+);
 
 /// Why a batch was cut short.
 enum Failure {

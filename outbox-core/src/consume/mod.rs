@@ -17,6 +17,9 @@
 
 use tokio_util::sync::CancellationToken;
 
+/// `consumer_error!`: a broker's `ConsumerError`.
+mod consumer_error;
+
 use crate::error::StoreError;
 use crate::event::{EventId, Headers};
 use crate::inbox::InboxStore;

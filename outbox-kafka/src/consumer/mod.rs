@@ -32,7 +32,7 @@ use std::time::Duration;
 use outbox_core::consume::{Applied, Applier, default_store_outage};
 use outbox_core::policy::SplitMix64;
 use outbox_core::relay::OutagePolicy;
-use outbox_core::{InboxStore, RetryPolicy, StoreError};
+use outbox_core::{InboxStore, RetryPolicy};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
@@ -140,27 +140,11 @@ pub struct ConsumerReport {
     pub skipped_behind: u64,
 }
 
-/// Why a consumer stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum ConsumerError {
+outbox_core::consumer_error!(
     /// Kafka failed in a way the consumer cannot ride out.
-    #[error("kafka: {0}")]
     Kafka(KafkaError),
-    /// The inbox's store failed with a non-retryable error.
-    #[error("inbox: {0}")]
-    Inbox(StoreError),
-    /// A setting that cannot work.
-    #[error("invalid consumer configuration: {0}")]
-    Config(String),
-}
-
-// By hand, not `#[from]`: that would also make the inner error this error's
-// `source` and repeat it in reports.
-impl From<StoreError> for ConsumerError {
-    fn from(error: StoreError) -> Self {
-        Self::Inbox(error)
-    }
-}
+    "kafka: {0}"
+);
 
 impl From<KafkaError> for ConsumerError {
     fn from(error: KafkaError) -> Self {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use outbox_core::consume::default_store_outage;
 use outbox_core::relay::OutagePolicy;
-use outbox_core::{RetryPolicy, StoreError};
+use outbox_core::RetryPolicy;
 use redis::RedisError;
 
 /// Consumer settings.
@@ -119,25 +119,11 @@ pub struct ConsumerReport {
     pub redis_retries: u64,
 }
 
-/// Why a consumer stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum ConsumerError {
+outbox_core::consumer_error!(
     /// Redis failed.
-    #[error("redis: {0}")]
     Redis(RedisError),
-    /// The inbox's store failed with a non-retryable error.
-    #[error("inbox: {0}")]
-    Inbox(StoreError),
-    /// A setting that cannot work.
-    #[error("invalid consumer configuration: {0}")]
-    Config(String),
-}
-
-impl From<StoreError> for ConsumerError {
-    fn from(error: StoreError) -> Self {
-        Self::Inbox(error)
-    }
-}
+    "redis: {0}"
+);
 
 impl From<RedisError> for ConsumerError {
     fn from(error: RedisError) -> Self {
