@@ -7,6 +7,8 @@ pub mod admin_common;
 mod admin_traits;
 /// Crash blame for the stores that mark leases on rows (MySQL, SQLite).
 pub mod blame;
+/// A claim's choice in Rust (MySQL, SQLite).
+mod choose;
 /// Codes stored in the tables: event status, attempt kinds, error classes.
 pub mod codes;
 /// Table names, store settings, schema versions.

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use outbox_core::RetryPolicy;
 use outbox_core::consume::default_store_outage;
 use outbox_core::relay::OutagePolicy;
-use outbox_core::RetryPolicy;
 use redis::RedisError;
 
 /// Consumer settings.

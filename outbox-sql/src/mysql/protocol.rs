@@ -12,8 +12,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use outbox_core::store::{
-    ClaimRequest, ClaimedBatch, ClaimedEvent, CrashVerdict, FencingToken, Heartbeat, Lease, Nack,
-    NackAction, Release, SettleReport, SuspectAllowance,
+    ClaimRequest, ClaimedBatch, CrashVerdict, Heartbeat, Lease, Nack, Release, SettleReport,
 };
 use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent, UnreadableEvent};
 use serde_json::{Value as Json, json};
@@ -22,6 +21,7 @@ use super::driver::{Driver, Exec, Param, from_micros};
 use super::statements::{Statements, limit, micros, params, with};
 use super::{MAX_LISTED_KEYS, with_in_list, with_keys_in_flight};
 use crate::blame::{blame, new_lease_id, suspect_span};
+use crate::choose::{choose, leased, nack_state};
 use crate::codes;
 use crate::config::{Migrated, StoreConfig};
 pub(super) use crate::error::during;
@@ -186,38 +186,9 @@ impl<D: Driver> Protocol<D> {
             // decode under Block ends its key's prefix: nothing after it may
             // be leased in this batch.
             let rows = self.read_rows(&mut tx, &locked).await?;
-            let mut stopped: HashSet<&str> = keys_in_flight
-                .iter()
-                .skip(listed)
-                .map(String::as_str)
-                .collect();
-            let mut suspects = SuspectAllowance::default();
-            let mut chosen = Vec::new();
-            let mut unreadable = Vec::new();
-            for (sequence, key, suspect) in &candidates {
-                if ordered && stopped.contains(key.as_str()) {
-                    continue;
-                }
-                let Some((_, decoded)) = rows.get(sequence) else {
-                    stopped.insert(key);
-                    continue;
-                };
-                if let Some(span) = suspect {
-                    if !suspects.admit(*span) {
-                        stopped.insert(key);
-                        continue;
-                    }
-                }
-                match decoded {
-                    Ok(_) => chosen.push(*sequence),
-                    Err(bad) => {
-                        unreadable.push(bad.clone());
-                        if block {
-                            stopped.insert(key);
-                        }
-                    }
-                }
-            }
+            let stopped = keys_in_flight.iter().skip(listed).map(String::as_str);
+            let (chosen, unreadable) =
+                choose(&candidates, &rows, (ordered, block), stopped.collect());
             self.fail_unreadable(&mut tx, &unreadable, block, request.owner.as_str())
                 .await?;
             let mut events = Vec::new();
@@ -229,20 +200,7 @@ impl<D: Driver> Protocol<D> {
                     expires.into(),
                 ];
                 tx.execute(&lease, with(head, &chosen)).await?;
-                let lease_expires_at = from_micros(expires)?;
-                for sequence in &chosen {
-                    let (token, decoded) = &rows[sequence];
-                    let event = decoded.clone().expect("chosen rows decode");
-                    events.push(ClaimedEvent {
-                        lease: Lease {
-                            sequence: *sequence,
-                            event_id: event.event_id,
-                            fencing_token: FencingToken(token + 1),
-                            lease_expires_at,
-                        },
-                        event,
-                    });
-                }
+                events = leased(&chosen, &rows, from_micros(expires)?);
             }
             // The next claim's reaping read starts at the first row still
             // in flight (this claim's leases included).
@@ -334,14 +292,8 @@ impl<D: Driver> Protocol<D> {
                 let batch: Vec<_> = held
                     .iter()
                     .map(|h| {
-                        let (status, blocks, available) = match &by_id[&h.event_id].action {
-                            NackAction::Retry { after } => (
-                                codes::PENDING,
-                                false,
-                                Some(now.saturating_add(micros(*after))),
-                            ),
-                            NackAction::Fail { block_key, .. } => (codes::FAILED, *block_key, None),
-                        };
+                        let (status, blocks, available) =
+                            nack_state(&by_id[&h.event_id].action, now);
                         json!({"s": h.sequence, "st": status, "b": blocks, "a": available})
                     })
                     .collect();

@@ -5,14 +5,15 @@
 use std::collections::{HashMap, HashSet};
 
 use outbox_core::store::{
-    AttemptKind, ClaimRequest, ClaimedBatch, ClaimedEvent, CrashVerdict, FencingToken, Heartbeat,
-    Lease, Nack, NackAction, Release, SettleReport, SuspectAllowance,
+    AttemptKind, ClaimRequest, ClaimedBatch, CrashVerdict, Heartbeat, Lease, Nack, Release,
+    SettleReport,
 };
-use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent, UnreadableEvent};
+use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent};
 use serde_json::json;
 
 use super::{Driver, Exec, Protocol, Row, raw_event};
 use crate::blame::{InFlight, blame, new_lease_id, reap, suspect_span};
+use crate::choose::{ReadRows, choose, leased, nack_state};
 use crate::codes;
 use crate::error::during;
 use crate::history::HistoryEntry;
@@ -92,8 +93,7 @@ impl<D: Driver> Protocol<D> {
                 .map(|r| Ok((r.int("sequence")?, r.text("partition_key")?, suspect(r)?)))
                 .collect::<Result<_, StoreError>>()?;
             let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
-            let mut rows: HashMap<i64, (i64, Result<StoredEvent, UnreadableEvent>)> =
-                HashMap::new();
+            let mut rows = ReadRows::new();
             let read = vec![json!(sequences).to_string().into()];
             for (token, raw) in tx.fetch_events(&self.queries.read_rows, read).await? {
                 rows.insert(raw.sequence, (token, raw.decode()));
@@ -101,30 +101,7 @@ impl<D: Driver> Protocol<D> {
             // A crash suspect beyond the lease's allowance, or a row that
             // does not decode under Block, ends its key's prefix in this
             // batch.
-            let mut stopped: HashSet<&str> = HashSet::new();
-            let mut suspects = SuspectAllowance::default();
-            let mut chosen = Vec::new();
-            let mut unreadable = Vec::new();
-            for (sequence, key, suspect) in &candidates {
-                if ordered && stopped.contains(key.as_str()) {
-                    continue;
-                }
-                if let Some(span) = suspect {
-                    if !suspects.admit(*span) {
-                        stopped.insert(key);
-                        continue;
-                    }
-                }
-                match &rows[sequence].1 {
-                    Ok(_) => chosen.push(*sequence),
-                    Err(bad) => {
-                        unreadable.push(bad.clone());
-                        if block {
-                            stopped.insert(key);
-                        }
-                    }
-                }
-            }
+            let (chosen, unreadable) = choose(&candidates, &rows, (ordered, block), HashSet::new());
             if !unreadable.is_empty() {
                 let bad: Vec<i64> = unreadable.iter().map(|u| u.event.sequence).collect();
                 let fail = vec![json!(bad).to_string().into(), block.into()];
@@ -136,7 +113,7 @@ impl<D: Driver> Protocol<D> {
                 );
                 self.record(&mut tx, &bad_entries).await?;
             }
-            let mut events = Vec::with_capacity(chosen.len());
+            let mut events = Vec::new();
             if !chosen.is_empty() {
                 let lease = vec![
                     json!(chosen).to_string().into(),
@@ -145,20 +122,7 @@ impl<D: Driver> Protocol<D> {
                     expires.into(),
                 ];
                 tx.execute(&self.queries.lease_rows, lease).await?;
-                let lease_expires_at = crate::row::from_micros(expires)?;
-                for sequence in &chosen {
-                    let (token, decoded) = &rows[sequence];
-                    let event = decoded.clone().expect("chosen rows decode");
-                    events.push(ClaimedEvent {
-                        lease: Lease {
-                            sequence: *sequence,
-                            event_id: event.event_id,
-                            fencing_token: FencingToken(token + 1),
-                            lease_expires_at,
-                        },
-                        event,
-                    });
-                }
+                events = leased(&chosen, &rows, crate::row::from_micros(expires)?);
             }
             D::commit(tx).await?;
             Ok(ClaimedBatch {
@@ -200,14 +164,7 @@ impl<D: Driver> Protocol<D> {
             let batch: Vec<_> = nacks
                 .iter()
                 .map(|n| {
-                    let (status, blocks, available) = match &n.action {
-                        NackAction::Retry { after } => (
-                            codes::PENDING,
-                            false,
-                            Some(now.saturating_add(micros(*after))),
-                        ),
-                        NackAction::Fail { block_key, .. } => (codes::FAILED, *block_key, None),
-                    };
+                    let (status, blocks, available) = nack_state(&n.action, now);
                     json!({"s": n.lease.sequence, "t": n.lease.fencing_token.0, "st": status,
                            "b": blocks, "a": available})
                 })
