@@ -12,7 +12,7 @@ use outbox_core::memory::{MemoryInbox, MemoryInboxTx};
 use outbox_core::policy::FixedRandom;
 use outbox_core::relay::OutagePolicy;
 use outbox_core::testing::{Faulty, InboxFault};
-use outbox_core::{CancellationToken, EventId, Headers, InboxStore, RetryPolicy, StoreError};
+use outbox_core::{CancellationToken, EventId, Headers, RetryPolicy, StoreError};
 
 /// An inbox's fault: its first `n` `begin`s fail as a restarting database
 /// would.
@@ -20,15 +20,14 @@ struct DownAtFirst {
     failures_left: AtomicU32,
 }
 
-#[async_trait::async_trait]
 impl InboxFault<MemoryInbox> for DownAtFirst {
-    async fn begin(&self, inner: &MemoryInbox) -> Result<MemoryInboxTx, StoreError> {
+    fn before(&self, operation: &str) -> Result<(), StoreError> {
         let left = self.failures_left.load(Ordering::SeqCst);
-        if left > 0 {
+        if operation == "begin" && left > 0 {
             self.failures_left.store(left - 1, Ordering::SeqCst);
             return Err(StoreError::Unavailable("injected: restarting".into()));
         }
-        inner.begin().await
+        Ok(())
     }
 }
 

@@ -102,20 +102,8 @@ impl FailEvery {
 
 #[async_trait]
 impl<I: InboxStore> InboxFault<I> for FailEvery {
-    async fn begin(&self, inner: &I) -> Result<I::Transaction, StoreError> {
-        self.check("begin")?;
-        inner.begin().await
-    }
-
-    async fn claim(
-        &self,
-        inner: &I,
-        tx: &mut I::Transaction,
-        consumer: &str,
-        event_id: EventId,
-    ) -> Result<bool, StoreError> {
-        self.check("claim")?;
-        inner.claim(tx, consumer, event_id).await
+    fn before(&self, operation: &str) -> Result<(), StoreError> {
+        self.check(operation)
     }
 
     async fn commit(&self, inner: &I, tx: I::Transaction) -> Result<(), StoreError> {

@@ -80,19 +80,11 @@ impl<S: OutboxStore, F: StoreFault<S>> OutboxStore for Faulty<S, F> {
 /// through).
 #[async_trait]
 pub trait InboxFault<I: InboxStore>: Send + Sync {
-    /// A transaction's begin; by default `inner`'s.
-    async fn begin(&self, inner: &I) -> Result<I::Transaction, StoreError> {
-        inner.begin().await
-    }
-    /// A claim of `event_id`; by default `inner`'s.
-    async fn claim(
-        &self,
-        inner: &I,
-        tx: &mut I::Transaction,
-        consumer: &str,
-        event_id: EventId,
-    ) -> Result<bool, StoreError> {
-        inner.claim(tx, consumer, event_id).await
+    /// Before `begin` or `claim` (`operation`) reach the inner inbox: an
+    /// error fails the operation with it. By default nothing goes wrong.
+    fn before(&self, operation: &str) -> Result<(), StoreError> {
+        let _ = operation;
+        Ok(())
     }
     /// A commit; by default `inner`'s.
     async fn commit(&self, inner: &I, tx: I::Transaction) -> Result<(), StoreError> {
@@ -105,7 +97,8 @@ impl<I: InboxStore, F: InboxFault<I>> InboxStore for Faulty<I, F> {
     type Transaction = I::Transaction;
 
     async fn begin(&self) -> Result<Self::Transaction, StoreError> {
-        self.fault.begin(&self.inner).await
+        self.fault.before("begin")?;
+        self.inner.begin().await
     }
     async fn claim(
         &self,
@@ -113,7 +106,8 @@ impl<I: InboxStore, F: InboxFault<I>> InboxStore for Faulty<I, F> {
         consumer: &str,
         id: EventId,
     ) -> Result<bool, StoreError> {
-        self.fault.claim(&self.inner, tx, consumer, id).await
+        self.fault.before("claim")?;
+        self.inner.claim(tx, consumer, id).await
     }
     async fn commit(&self, tx: Self::Transaction) -> Result<(), StoreError> {
         self.fault.commit(&self.inner, tx).await
