@@ -107,17 +107,7 @@ impl PrivatePg {
         existing.push_str(&conf);
         std::fs::write(&conf_path, existing).expect("write postgresql.conf");
         let cluster = Self { dir, port };
-        run(
-            &bin.join("pg_ctl"),
-            &[
-                "-D",
-                &data.display().to_string(),
-                "-l",
-                &cluster.dir.join("log").display().to_string(),
-                "-w",
-                "start",
-            ],
-        );
+        cluster.pg_ctl(&["-w", "start"]);
         cluster
     }
 
@@ -131,34 +121,29 @@ impl PrivatePg {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
 
+    /// Runs `pg_ctl` on this cluster's data directory and log with `args`.
+    fn pg_ctl(&self, args: &[&str]) {
+        let data = self.dir.join("data").display().to_string();
+        let log = self.dir.join("log").display().to_string();
+        let mut all = vec!["-D", data.as_str(), "-l", log.as_str()];
+        all.extend_from_slice(args);
+        run(&bin_dir().join("pg_ctl"), &all);
+    }
+
     /// Restarts the server as an operator would (`pg_ctl restart -m fast`):
     /// every connection is terminated (57P01) and refused until it is back.
     pub fn restart_fast(&self) {
-        let data = self.dir.join("data").display().to_string();
-        let log = self.dir.join("log").display().to_string();
-        run(
-            &bin_dir().join("pg_ctl"),
-            &["-D", &data, "-l", &log, "-m", "fast", "-w", "restart"],
-        );
+        self.pg_ctl(&["-m", "fast", "-w", "restart"]);
     }
 
     /// Stops the server (`pg_ctl stop -m fast`); [`Self::resume`] starts it.
     pub fn stop(&self) {
-        let data = self.dir.join("data").display().to_string();
-        run(
-            &bin_dir().join("pg_ctl"),
-            &["-D", &data, "-m", "fast", "-w", "stop"],
-        );
+        self.pg_ctl(&["-m", "fast", "-w", "stop"]);
     }
 
     /// Starts a stopped server again on the same port and data.
     pub fn resume(&self) {
-        let data = self.dir.join("data").display().to_string();
-        let log = self.dir.join("log").display().to_string();
-        run(
-            &bin_dir().join("pg_ctl"),
-            &["-D", &data, "-l", &log, "-w", "start"],
-        );
+        self.pg_ctl(&["-w", "start"]);
     }
 
     /// Runs `psql -c sql` on `database`, failing the test on error.
