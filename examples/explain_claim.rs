@@ -70,13 +70,8 @@ async fn main() -> Result<(), Error> {
     let claim = store.claim_statement();
     println!("claim statement: {claim}\n");
     let mut tx = pool.begin().await?;
-    let plan = sqlx::query(&format!("EXPLAIN (ANALYZE, BUFFERS) {claim}"))
-        .bind("explain-relay")
-        .bind(256i32)
-        .bind(30_000i64)
-        .bind(5i32)
-        .bind(true)
-        .bind(false)
+    let explain = format!("EXPLAIN (ANALYZE, BUFFERS) {claim}");
+    let plan = bind_claim(sqlx::query(&explain))
         .fetch_all(&mut *tx)
         .await?;
     tx.rollback().await?;
@@ -87,15 +82,7 @@ async fn main() -> Result<(), Error> {
     for _ in 0..20 {
         let mut tx = pool.begin().await?;
         let started = std::time::Instant::now();
-        let claimed = sqlx::query(claim)
-            .bind("explain-relay")
-            .bind(256i32)
-            .bind(30_000i64)
-            .bind(5i32)
-            .bind(true)
-            .bind(false)
-            .fetch_all(&mut *tx)
-            .await?;
+        let claimed = bind_claim(sqlx::query(claim)).fetch_all(&mut *tx).await?;
         times.push(started.elapsed());
         tx.rollback().await?;
         assert_eq!(claimed.len(), 256.min(pending as usize));
@@ -107,4 +94,18 @@ async fn main() -> Result<(), Error> {
         times[times.len() - 1]
     );
     Ok(())
+}
+
+/// The claim's parameters (`PgStore::claim_statement`): owner, limit,
+/// lease in milliseconds, crash-loop limit, per-key order, block on poison.
+fn bind_claim(
+    query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind("explain-relay")
+        .bind(256i32)
+        .bind(30_000i64)
+        .bind(5i32)
+        .bind(true)
+        .bind(false)
 }

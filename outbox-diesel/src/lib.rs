@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+mod driver;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod effect;
 mod error;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

@@ -31,8 +31,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::error::SdkError;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
-use outbox_core::consume::{Applied, Applier, default_store_outage};
-use outbox_core::policy::SplitMix64;
+use outbox_core::consume::{Applied, Consuming, default_store_outage, pause_unless_shut_down};
 use outbox_core::relay::OutagePolicy;
 use outbox_core::{ErrorClass, InboxStore, RetryPolicy, StoreError};
 use tokio_util::sync::CancellationToken;
@@ -168,9 +167,7 @@ enum Handled {
 pub struct SqsConsumer<I, H> {
     client: aws_sdk_sqs::Client,
     config: ConsumerConfig,
-    inbox: I,
-    handler: H,
-    random: SplitMix64,
+    consuming: Consuming<I, H>,
     report: ConsumerReport,
 }
 
@@ -200,10 +197,8 @@ where
         config.validate()?;
         Ok(Self {
             client,
+            consuming: Consuming::new(inbox, handler, &config.handler_retry, &config.store_outage),
             config,
-            inbox,
-            handler,
-            random: SplitMix64::from_entropy(),
             report: ConsumerReport::default(),
         })
     }
@@ -217,7 +212,6 @@ where
         mut self,
         shutdown: CancellationToken,
     ) -> Result<ConsumerReport, ConsumerError> {
-        let mut consecutive_errors = 0u32;
         let mut queues_checked = false;
         while !shutdown.is_cancelled() {
             let step = if queues_checked {
@@ -227,24 +221,17 @@ where
             };
             let (class, message) = match step {
                 Ok(()) => {
-                    consecutive_errors = 0;
+                    self.consuming.step_succeeded();
                     continue;
                 }
                 Err(Failure::Inbox(error)) => return Err(ConsumerError::Inbox(error)),
                 Err(Failure::Refused(message)) => return Err(ConsumerError::Sqs(message)),
                 Err(Failure::Sqs(class, message)) => (class, message),
             };
-            consecutive_errors += 1;
             self.report.sqs_retries += 1;
-            let pause = self
-                .config
-                .store_outage
-                .pause(consecutive_errors, &self.random);
+            let pause = self.consuming.step_failed();
             tracing::warn!(error = %message, class = class.as_str(), ?pause, "sqs failed; consumer waiting");
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = shutdown.cancelled() => {}
-            }
+            pause_unless_shut_down(pause, &shutdown).await;
         }
         Ok(self.report)
     }
@@ -346,16 +333,7 @@ where
             Ok(event) => event,
             Err(e) => return self.dead_letter(message, &e.to_string()).await,
         };
-        let mut applier = Applier {
-            inbox: &self.inbox,
-            consumer: &self.config.consumer,
-            handler: &self.handler,
-            handler_retry: &self.config.handler_retry,
-            store_outage: &self.config.store_outage,
-            random: &self.random,
-            shutdown,
-            store_retries: 0,
-        };
+        let mut applier = self.consuming.applier(&self.config.consumer, shutdown);
         let applied = applier.apply(event.event_id, &event.headers, &event).await;
         self.report.store_retries += applier.store_retries;
         match applied.map_err(Failure::Inbox)? {

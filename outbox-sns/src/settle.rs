@@ -23,40 +23,49 @@ const ATTEMPTS: u32 = 3;
 /// Pause before the second attempt; doubled before each later one.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 
+/// One batch request of `$op` with an `$entry` per pending message (its
+/// position as the id, its receipt handle), answering what SQS refused.
+macro_rules! batch_request {
+    ($client:expr, $queue_url:expr, $pending:expr, $op:ident, $entry:ty $(, $set:ident($value:expr))*) => {{
+        let entries = $pending
+            .iter()
+            .filter_map(|(id, m)| {
+                <$entry>::builder()
+                    .id(id.to_string())
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    $(.$set($value))*
+                    .build()
+                    .ok()
+            })
+            .collect();
+        let output = $client
+            .$op()
+            .queue_url($queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|e| describe(&e))?;
+        Ok(refused(output.failed()))
+    }};
+}
+
 /// Deletes `settled`; returns how many could not be deleted.
 pub(crate) async fn delete(
     client: &aws_sdk_sqs::Client,
     queue_url: &str,
     settled: &[&Message],
 ) -> usize {
-    let left = in_chunks(settled, |pending| async move {
-        let entries = pending
-            .iter()
-            .filter_map(|(id, m)| {
-                DeleteMessageBatchRequestEntry::builder()
-                    .id(id.to_string())
-                    .receipt_handle(m.receipt_handle().unwrap_or_default())
-                    .build()
-                    .ok()
-            })
-            .collect();
-        let output = client
-            .delete_message_batch()
-            .queue_url(queue_url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .map_err(|e| describe(&e))?;
-        Ok(refused(output.failed()))
+    let unsettled = "settled messages not deleted; they will be redelivered and absorbed";
+    in_chunks(settled, unsettled, |pending| async move {
+        batch_request!(
+            client,
+            queue_url,
+            pending,
+            delete_message_batch,
+            DeleteMessageBatchRequestEntry
+        )
     })
-    .await;
-    if left > 0 {
-        tracing::warn!(
-            failed = left,
-            "settled messages not deleted; they will be redelivered and absorbed"
-        );
-    }
-    left
+    .await
 }
 
 /// Makes `rest` visible again at once; returns how many stay invisible
@@ -67,40 +76,24 @@ pub(crate) async fn hand_back(
     rest: &[Message],
 ) -> usize {
     let rest: Vec<&Message> = rest.iter().collect();
-    let left = in_chunks(&rest, |pending| async move {
-        let entries = pending
-            .iter()
-            .filter_map(|(id, m)| {
-                ChangeMessageVisibilityBatchRequestEntry::builder()
-                    .id(id.to_string())
-                    .receipt_handle(m.receipt_handle().unwrap_or_default())
-                    .visibility_timeout(0)
-                    .build()
-                    .ok()
-            })
-            .collect();
-        let output = client
-            .change_message_visibility_batch()
-            .queue_url(queue_url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .map_err(|e| describe(&e))?;
-        Ok(refused(output.failed()))
+    let held = "messages not handed back; they reappear after the visibility timeout";
+    in_chunks(&rest, held, |pending| async move {
+        batch_request!(
+            client,
+            queue_url,
+            pending,
+            change_message_visibility_batch,
+            ChangeMessageVisibilityBatchRequestEntry,
+            visibility_timeout(0)
+        )
     })
-    .await;
-    if left > 0 {
-        tracing::warn!(
-            failed = left,
-            "messages not handed back; they reappear after the visibility timeout"
-        );
-    }
-    left
+    .await
 }
 
 /// `messages` in batch requests of ten (SQS's limit), each sent by `send`
-/// [`with_retries`]; returns how many were never accepted.
-async fn in_chunks<'m, F, Fut>(messages: &[&'m Message], send: F) -> usize
+/// [`with_retries`]; returns how many were never accepted, and warns with
+/// `warning` when any were not.
+async fn in_chunks<'m, F, Fut>(messages: &[&'m Message], warning: &str, send: F) -> usize
 where
     F: Fn(Vec<(usize, &'m Message)>) -> Fut,
     Fut: Future<Output = Result<Vec<Refused>, String>>,
@@ -108,6 +101,9 @@ where
     let mut left = 0;
     for chunk in messages.chunks(10) {
         left += with_retries(chunk, &send).await;
+    }
+    if left > 0 {
+        tracing::warn!(failed = left, "{warning}");
     }
     left
 }

@@ -34,7 +34,7 @@ macro_rules! admin_on_protocol {
             async fn event_state(&self, id: EventId) -> Result<Option<EventState>, StoreError> {
                 during("event_state", || self.events(), async move {
                     let rows = self
-                        .fetch_alone(&self.queries.event_state, vec![id.into()])
+                        .fetch_alone(&self.queries.admin.event_state, vec![id.into()])
                         .await?;
                     rows.first().map($event_state).transpose()
                 })
@@ -50,7 +50,7 @@ macro_rules! admin_on_protocol {
                     if self.event_state(id).await?.is_none() {
                         return Err(StoreError::NotFound(id));
                     }
-                    let rows = self.fetch_alone(&self.queries.history, vec![id.into()]);
+                    let rows = self.fetch_alone(&self.queries.admin.history, vec![id.into()]);
                     rows.await?.iter().map(attempt_record).collect()
                 })
                 .await
@@ -58,7 +58,7 @@ macro_rules! admin_on_protocol {
 
             async fn blocked_keys(&self) -> Result<Vec<BlockedKey>, StoreError> {
                 during("blocked_keys", || self.events(), async move {
-                    let rows = self.fetch_alone(&self.queries.blocked_keys, vec![]);
+                    let rows = self.fetch_alone(&self.queries.admin.blocked_keys, vec![]);
                     rows.await?.iter().map(blocked_key).collect()
                 })
                 .await
@@ -69,13 +69,13 @@ macro_rules! admin_on_protocol {
                 id: EventId,
                 action: &OperatorAction,
             ) -> Result<(), StoreError> {
-                let query = &self.queries.requeue;
+                let query = &self.queries.admin.requeue;
                 let update = self.operator_update(query, id, AttemptKind::Requeued, action);
                 during("requeue", || self.events(), update).await
             }
 
             async fn skip(&self, id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
-                let query = &self.queries.skip;
+                let query = &self.queries.admin.skip;
                 let update = self.operator_update(query, id, AttemptKind::Skipped, action);
                 during("skip", || self.events(), update).await
             }
@@ -101,7 +101,7 @@ macro_rules! admin_on_protocol {
 
             async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
                 during("relays", || self.events(), async move {
-                    let rows = self.fetch_alone(&self.queries.relays, vec![]);
+                    let rows = self.fetch_alone(&self.queries.admin.relays, vec![]);
                     rows.await?.iter().map(relay_status).collect()
                 })
                 .await
@@ -137,7 +137,7 @@ macro_rules! scalar_admin_reads {
                 let mut conn = self.driver.connect().await?;
                 let now_us = self.now(&mut conn).await?;
                 let now = crate::row::from_micros(now_us)?;
-                let rows = conn.fetch(&self.queries.stats, vec![now_us.into(); $stats]);
+                let rows = conn.fetch(&self.queries.admin.stats, vec![now_us.into(); $stats]);
                 let rows = rows.await?;
                 rows.iter()
                     .map(|r| crate::admin_common::type_stats(r, now))
@@ -149,7 +149,7 @@ macro_rules! scalar_admin_reads {
                 self.sync_clock().await?;
                 let mut conn = self.driver.connect().await?;
                 let now = self.now(&mut conn).await?;
-                let rows = conn.fetch(&self.queries.held_back, vec![now.into(); $held_back]);
+                let rows = conn.fetch(&self.queries.admin.held_back, vec![now.into(); $held_back]);
                 let rows = rows.await?;
                 let r = rows
                     .first()
@@ -159,7 +159,9 @@ macro_rules! scalar_admin_reads {
 
             async fn failed_now(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
                 let limit = vec![crate::param::limit(limit)];
-                let rows = self.fetch_alone(&self.queries.failed_events, limit).await?;
+                let rows = self
+                    .fetch_alone(&self.queries.admin.failed_events, limit)
+                    .await?;
                 let mut failed = Vec::with_capacity(rows.len());
                 for mut r in rows {
                     // A row that does not decode is listed as far as it

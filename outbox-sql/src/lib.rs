@@ -3,6 +3,8 @@
 
 /// Explains why an operator action found no event to act on.
 pub mod admin_common;
+/// The statements `OutboxAdmin` runs, and those dialects write alike.
+pub mod admin_queries;
 /// `OutboxAdmin` on each dialect's protocol, written once.
 mod admin_traits;
 /// Crash blame for the stores that mark leases on rows (MySQL, SQLite).

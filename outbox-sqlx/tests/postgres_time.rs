@@ -127,9 +127,9 @@ async fn admin_reads_cost_the_backlog_not_the_retained_history() {
     .unwrap();
     let queries = Queries::new(&store.config().tables);
     for (name, statement) in [
-        ("stats", &queries.stats),
-        ("held_back", &queries.held_back),
-        ("blocked_keys", &queries.blocked_keys),
+        ("stats", &queries.admin.stats),
+        ("held_back", &queries.admin.held_back),
+        ("blocked_keys", &queries.admin.blocked_keys),
     ] {
         let pages = pages_read(&pool, statement).await;
         println!("{name}: {pages} pages ({table_pages}-page events table)");

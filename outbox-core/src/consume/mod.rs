@@ -19,6 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 /// `consumer_error!`: a broker's `ConsumerError`.
 mod consumer_error;
+/// What every broker's consumer holds beside its client.
+mod consuming;
+
+pub use consuming::{Consuming, pause_unless_shut_down};
 
 use crate::error::StoreError;
 use crate::event::{EventId, Headers};
@@ -233,9 +237,8 @@ where
                     }
                 }
             };
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = self.shutdown.cancelled() => return Ok(Applied::Interrupted),
+            if !pause_unless_shut_down(pause, self.shutdown).await {
+                return Ok(Applied::Interrupted);
             }
         }
     }

@@ -12,11 +12,11 @@ use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel::row::{Field, NamedRow};
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
-use diesel_async::pooled_connection::deadpool::{Object, Pool};
-use diesel_async::{AnsiTransactionManager, AsyncMysqlConnection, TransactionManager};
+use diesel_async::AsyncMysqlConnection;
 use outbox_core::StoreError;
 use outbox_sql::mysql::{Driver, Exec, Param, Row, Value};
 
+pub(crate) use crate::driver::Diesel;
 use crate::error::{ResultExt, store_error};
 
 /// A statement with the protocol's parameters bound.
@@ -71,10 +71,6 @@ pub(super) fn unique(result: Result<usize, DieselError>) -> Result<bool, StoreEr
     }
 }
 
-/// A diesel-async connection the protocol runs statements on: pooled, in
-/// a transaction, or the caller's `&mut AsyncMysqlConnection`.
-pub(crate) struct Diesel<C>(pub(crate) C);
-
 #[async_trait]
 impl<C> Exec for Diesel<C>
 where
@@ -99,26 +95,15 @@ where
     }
 }
 
-/// A deadpool pool of [`AsyncMysqlConnection`]s as the protocol's driver.
-#[derive(Clone)]
-pub(crate) struct DieselDriver(pub(crate) Pool<AsyncMysqlConnection>);
-
-impl DieselDriver {
-    pub(crate) async fn conn(&self) -> Result<Object<AsyncMysqlConnection>, StoreError> {
-        self.0
-            .get()
-            .await
-            .map_err(|e| StoreError::Unavailable(Box::new(e)))
-    }
-}
+crate::driver::diesel_driver!(AsyncMysqlConnection);
 
 #[async_trait]
 impl Driver for DieselDriver {
-    type Conn = Diesel<Object<AsyncMysqlConnection>>;
+    type Conn = Diesel<Pooled>;
     /// Diesel's transaction manager knows the transaction: dropped
     /// uncommitted, the connection counts as broken and the pool discards
     /// it (the server rolls back).
-    type Tx = Diesel<Object<AsyncMysqlConnection>>;
+    type Tx = Diesel<Pooled>;
 
     async fn connect(&self) -> Result<Self::Conn, StoreError> {
         self.conn().await.map(Diesel)
@@ -135,15 +120,10 @@ impl Driver for DieselDriver {
             .await
             .store()?;
         }
-        AnsiTransactionManager::begin_transaction(&mut *conn)
-            .await
-            .store()?;
-        Ok(Diesel(conn))
+        DieselDriver::begin_on(conn).await
     }
 
-    async fn commit(mut tx: Self::Tx) -> Result<(), StoreError> {
-        AnsiTransactionManager::commit_transaction(&mut *tx.0)
-            .await
-            .store()
+    async fn commit(tx: Self::Tx) -> Result<(), StoreError> {
+        DieselDriver::commit_on(tx).await
     }
 }

@@ -14,14 +14,12 @@ use diesel::row::{Field, NamedRow};
 use diesel::sql_types::{
     Array, BigInt, Bool, Integer, Nullable, SmallInt, Text, Timestamptz, Uuid as SqlUuid,
 };
-use diesel_async::pooled_connection::deadpool::{Object, Pool};
-use diesel_async::{
-    AnsiTransactionManager, AsyncPgConnection, SimpleAsyncConnection, TransactionManager,
-};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use outbox_core::{EventId, RawEvent, StoreError};
 use outbox_sql::postgres::{Driver, Exec, Param, Row, Value};
 use outbox_sql::settle::ClaimRow;
 
+pub(crate) use crate::driver::Diesel;
 use crate::error::{ResultExt, store_error};
 
 /// A statement with the protocol's parameters bound.
@@ -209,10 +207,6 @@ pub(super) fn is_lock_timeout(error: &diesel::result::Error) -> bool {
         if info.message().contains("lock timeout"))
 }
 
-/// A diesel-async connection the protocol runs statements on: pooled, in
-/// a transaction, or the caller's `&mut AsyncPgConnection`.
-pub(crate) struct Diesel<C>(pub(crate) C);
-
 #[async_trait]
 impl<C> Exec for Diesel<C>
 where
@@ -263,43 +257,25 @@ where
     }
 }
 
-/// A deadpool pool of [`AsyncPgConnection`]s as the protocol's driver.
-#[derive(Clone)]
-pub(crate) struct DieselDriver(pub(crate) Pool<AsyncPgConnection>);
-
-impl DieselDriver {
-    /// A pooled connection; a pool that cannot give one is unavailable.
-    pub(crate) async fn conn(&self) -> Result<Object<AsyncPgConnection>, StoreError> {
-        self.0
-            .get()
-            .await
-            .map_err(|e| StoreError::Unavailable(Box::new(e)))
-    }
-}
+crate::driver::diesel_driver!(AsyncPgConnection);
 
 #[async_trait]
 impl Driver for DieselDriver {
-    type Conn = Diesel<Object<AsyncPgConnection>>;
+    type Conn = Diesel<Pooled>;
     /// Diesel's transaction manager knows the transaction: dropped
     /// uncommitted, the connection counts as broken and the pool discards
     /// it (the server rolls back).
-    type Tx = Diesel<Object<AsyncPgConnection>>;
+    type Tx = Diesel<Pooled>;
 
     async fn connect(&self) -> Result<Self::Conn, StoreError> {
         self.conn().await.map(Diesel)
     }
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
-        let mut conn = self.conn().await?;
-        AnsiTransactionManager::begin_transaction(&mut *conn)
-            .await
-            .store()?;
-        Ok(Diesel(conn))
+        DieselDriver::begin_on(self.conn().await?).await
     }
 
-    async fn commit(mut tx: Self::Tx) -> Result<(), StoreError> {
-        AnsiTransactionManager::commit_transaction(&mut *tx.0)
-            .await
-            .store()
+    async fn commit(tx: Self::Tx) -> Result<(), StoreError> {
+        DieselDriver::commit_on(tx).await
     }
 }

@@ -29,8 +29,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::consume::{Applied, Applier, default_store_outage};
-use outbox_core::policy::SplitMix64;
+use outbox_core::consume::{Applied, Consuming, default_store_outage, pause_unless_shut_down};
 use outbox_core::relay::OutagePolicy;
 use outbox_core::{InboxStore, RetryPolicy};
 use rdkafka::ClientConfig;
@@ -167,9 +166,7 @@ pub struct KafkaConsumer<I, H> {
     consumer: Arc<StreamConsumer<CommitWatch>>,
     dead_letters: FutureProducer,
     config: KafkaConsumerConfig,
-    inbox: I,
-    handler: H,
-    random: SplitMix64,
+    consuming: Consuming<I, H>,
     report: ConsumerReport,
     /// The next offset to read of each partition, as stored after the last
     /// message handled there: what the shutdown commit commits.
@@ -214,10 +211,8 @@ where
         Ok(Self {
             consumer: Arc::new(consumer.create_with_context(CommitWatch::default())?),
             dead_letters: producer.create()?,
+            consuming: Consuming::new(inbox, handler, &config.handler_retry, &config.store_outage),
             config,
-            inbox,
-            handler,
-            random: SplitMix64::from_entropy(),
             report: ConsumerReport::default(),
             stored: std::collections::BTreeMap::new(),
             resuming: std::collections::BTreeSet::new(),
@@ -273,16 +268,7 @@ where
             }
             let handled = match KafkaEvent::decode(&message) {
                 Ok(event) => {
-                    let mut applier = Applier {
-                        inbox: &self.inbox,
-                        consumer: &self.config.group_id,
-                        handler: &self.handler,
-                        handler_retry: &self.config.handler_retry,
-                        store_outage: &self.config.store_outage,
-                        random: &self.random,
-                        shutdown: &shutdown,
-                        store_retries: 0,
-                    };
+                    let mut applier = self.consuming.applier(&self.config.group_id, &shutdown);
                     let applied = applier.apply(event.event_id, &event.headers, &event).await;
                     self.report.store_retries += applier.store_retries;
                     match applied? {
@@ -368,11 +354,10 @@ where
                 return Err(ConsumerError::Kafka(error));
             }
             failures += 1;
-            let pause = self.config.store_outage.pause(failures, &self.random);
+            let pause = self.consuming.outage_pause(failures);
             tracing::warn!(%error, ?pause, "dead-letter write failed; retrying the same message");
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = shutdown.cancelled() => return Ok(Handled::Interrupted),
+            if !pause_unless_shut_down(pause, shutdown).await {
+                return Ok(Handled::Interrupted);
             }
         }
     }

@@ -23,8 +23,7 @@
 
 use std::collections::HashMap;
 
-use outbox_core::consume::{Applied, Applier};
-use outbox_core::policy::SplitMix64;
+use outbox_core::consume::{Applied, Applier, Consuming, pause_unless_shut_down};
 use outbox_core::{ErrorClass, EventId, Headers, InboxStore};
 use redis::aio::ConnectionManager;
 use redis::streams::{
@@ -69,9 +68,7 @@ enum Reading {
 pub struct RedisConsumer<I, H> {
     connection: LazyConnection,
     config: ConsumerConfig,
-    inbox: I,
-    handler: H,
-    random: SplitMix64,
+    consuming: Consuming<I, H>,
     report: ConsumerReport,
     reading: Reading,
 }
@@ -133,10 +130,8 @@ where
         config.validate()?;
         Ok(Self {
             connection,
+            consuming: Consuming::new(inbox, handler, &config.handler_retry, &config.store_outage),
             config,
-            inbox,
-            handler,
-            random: SplitMix64::from_entropy(),
             report: ConsumerReport::default(),
             reading: Reading::OwnPending,
         })
@@ -172,7 +167,6 @@ where
         mut self,
         shutdown: CancellationToken,
     ) -> Result<ConsumerReport, ConsumerError> {
-        let mut consecutive_errors = 0u32;
         let mut groups_ready = false;
         while !shutdown.is_cancelled() {
             let step = if groups_ready {
@@ -182,7 +176,7 @@ where
             };
             let error = match step {
                 Ok(()) => {
-                    consecutive_errors = 0;
+                    self.consuming.step_succeeded();
                     continue;
                 }
                 Err(ConsumerError::Redis(e)) => e,
@@ -195,12 +189,8 @@ where
             if class == ErrorClass::Permanent {
                 return Err(ConsumerError::Redis(error));
             }
-            consecutive_errors += 1;
             self.report.redis_retries += 1;
-            let pause = self
-                .config
-                .store_outage
-                .pause(consecutive_errors, &self.random);
+            let pause = self.consuming.step_failed();
             if class == ErrorClass::Outage {
                 tracing::warn!(%error, ?pause, "redis unavailable; consumer waiting");
             } else {
@@ -211,10 +201,7 @@ where
                 // persistence, a DEL): create them again.
                 groups_ready = false;
             }
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = shutdown.cancelled() => {}
-            }
+            pause_unless_shut_down(pause, &shutdown).await;
         }
         Ok(self.report)
     }
@@ -439,16 +426,7 @@ where
 
     /// The core's applier, over this consumer's inbox, handler and policies.
     fn applier<'a>(&'a self, shutdown: &'a CancellationToken) -> Applier<'a, I, H> {
-        Applier {
-            inbox: &self.inbox,
-            consumer: &self.config.group,
-            handler: &self.handler,
-            handler_retry: &self.config.handler_retry,
-            store_outage: &self.config.store_outage,
-            random: &self.random,
-            shutdown,
-            store_retries: 0,
-        }
+        self.consuming.applier(&self.config.group, shutdown)
     }
 
     /// Copies the entry, its error and delivery count to `{stream}{suffix}`.

@@ -9,9 +9,10 @@ mod statements;
 #[cfg(feature = "testing")]
 mod testing;
 
+pub use crate::admin_queries::EVENT_COLUMNS;
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::Protocol;
-pub use queries::{EVENT_COLUMNS, MAX_LISTED_KEYS, Queries, with_in_list, with_keys_in_flight};
+pub use queries::{MAX_LISTED_KEYS, Queries, with_in_list, with_keys_in_flight};
 pub use statements::{Statements, raw_event};
 
 use crate::config::TableNames;

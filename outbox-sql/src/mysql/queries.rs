@@ -3,11 +3,8 @@
 //! statement locks exactly its batch; per-row values travel as one JSON
 //! parameter joined with `JSON_TABLE`.
 
+use crate::admin_queries::{self, AdminQueries, EVENT_COLUMNS};
 use crate::config::TableNames;
-
-/// Columns that rebuild a [`outbox_core::RawEvent`], in the row mapper\'s order.
-pub const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
-    event_type, partition_key, payload, payload_version, headers, created_at, available_at, attempts";
 
 /// Pending and due (`?` is now). Expired leases are reaped before any
 /// claim looks for candidates.
@@ -19,6 +16,7 @@ const CLAIMABLE: &str = "(c.status = 0 AND c.available_at <= ?)";
 /// uses it).
 #[allow(missing_docs)]
 pub struct Queries {
+    pub admin: AdminQueries,
     pub now: String,
     pub sync_clock: String,
     pub lock_keys: String,
@@ -49,20 +47,11 @@ pub struct Queries {
     pub release: String,
     pub record_many: String,
     pub heartbeat: String,
-    pub stats: String,
-    pub held_back: String,
-    pub event_state: String,
-    pub failed_events: String,
-    pub history: String,
-    pub blocked_keys: String,
-    pub requeue: String,
-    pub skip: String,
     pub select_failed: String,
     pub supersede_mark: String,
     pub purge_select: String,
     pub purge_history: String,
     pub purge: String,
-    pub relays: String,
     pub inbox_claim: String,
     pub inbox_purge: String,
 }
@@ -148,6 +137,34 @@ impl Queries {
             )
         };
         Self {
+            admin: AdminQueries {
+                stats: admin_queries::row_stats(names, "?"),
+                held_back: admin_queries::row_held_back(names, "?"),
+                event_state: admin_queries::row_event_state(names, "?"),
+                failed_events: admin_queries::failed_events(names, "?"),
+                history: admin_queries::history(names, "?"),
+                blocked_keys: format!(
+                    "SELECT b.partition_key, b.event_id,
+                         (SELECT COUNT(*) FROM {events} p
+                          WHERE p.partition_key = b.partition_key AND p.status = 0) AS backlog
+                     FROM {events} b
+                     WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
+                         SELECT 1 FROM {events} e2
+                         WHERE e2.partition_key = b.partition_key AND e2.status = 3 AND e2.blocks_key
+                           AND e2.sequence < b.sequence)
+                     ORDER BY b.partition_key"
+                ),
+                requeue: format!(
+                    "UPDATE {events} SET status = 0, blocks_key = FALSE, attempts = 0,
+                         unfinished_claims = 0, suspect = FALSE, available_at = ?
+                     WHERE event_id = ? AND status = 3 AND superseded_by IS NULL"
+                ),
+                skip: format!(
+                    "UPDATE {events} SET blocks_key = FALSE
+                     WHERE event_id = ? AND status = 3 AND superseded_by IS NULL"
+                ),
+                relays: admin_queries::relays(names),
+            },
             // Store time: the server's clock in microseconds, plus the
             // shift tests set.
             now: format!(
@@ -314,79 +331,6 @@ impl Queries {
                      outage_destination = VALUES(outage_destination),
                      outage_reason = VALUES(outage_reason)"
             ),
-            stats: format!(
-                "SELECT e.event_type,
-                     CAST(SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at <= ?)
-                         AS SIGNED) AS claimable,
-                     MIN(CASE WHEN e.status = 0 AND b.partition_key IS NULL AND e.available_at <= ?
-                         THEN e.available_at END) AS oldest,
-                     CAST(SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at > ?)
-                         AS SIGNED) AS parked,
-                     CAST(SUM(e.status = 0 AND b.partition_key IS NOT NULL) AS SIGNED) AS blocked,
-                     CAST(SUM(e.status = 1) AS SIGNED) AS in_flight,
-                     CAST(SUM(e.status = 3) AS SIGNED) AS failed
-                 FROM {events} e
-                 LEFT JOIN (SELECT DISTINCT partition_key FROM {events}
-                            WHERE status = 3 AND blocks_key) b
-                     ON b.partition_key = e.partition_key AND e.status = 0
-                 WHERE e.status IN (0, 1, 3)
-                 GROUP BY e.event_type ORDER BY e.event_type"
-            ),
-            held_back: format!(
-                "SELECT
-                     (SELECT COUNT(DISTINCT partition_key) FROM {events}
-                      WHERE status = 3 AND blocks_key) AS blocked_keys,
-                     (SELECT COUNT(*) FROM {events} p
-                      WHERE p.status = 0 AND p.partition_key IN (
-                          SELECT partition_key FROM {events} WHERE status = 3 AND blocks_key)) AS blocked_waiting,
-                     (SELECT COUNT(DISTINCT partition_key) FROM {events}
-                      WHERE status = 0 AND available_at > ?) AS backoff_keys,
-                     (SELECT COUNT(*) FROM {events} p
-                      WHERE p.status = 0 AND p.partition_key IN (
-                          SELECT partition_key FROM {events} WHERE status = 0 AND available_at > ?)) AS backoff_waiting,
-                     (SELECT MIN(available_at) FROM {events}
-                      WHERE status = 0 AND available_at > ?) AS next_due,
-                     (SELECT COUNT(DISTINCT lease_id) FROM {events}
-                      WHERE status = 1 AND lease_expires_at <= ?) AS expired_leases,
-                     (SELECT COUNT(*) FROM {events}
-                      WHERE status = 1 AND lease_expires_at <= ?) AS expired_events,
-                     (SELECT MIN(lease_expires_at) FROM {events}
-                      WHERE status = 1 AND lease_expires_at <= ?) AS first_expired_at,
-                     (SELECT COUNT(*) FROM {events} WHERE status = 0 AND suspect) AS suspects"
-            ),
-            event_state: format!(
-                "SELECT status, available_at, attempts, lease_owner, lease_expires_at, published_at,
-                        blocks_key, superseded_by
-                 FROM {events} WHERE event_id = ?"
-            ),
-            failed_events: format!(
-                "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
-                 WHERE status = 3 ORDER BY sequence LIMIT ?"
-            ),
-            history: format!(
-                "SELECT event_id, kind, at, actor, error_class, detail, attempts
-                 FROM {attempts} WHERE event_id = ? ORDER BY id"
-            ),
-            blocked_keys: format!(
-                "SELECT b.partition_key, b.event_id,
-                     (SELECT COUNT(*) FROM {events} p
-                      WHERE p.partition_key = b.partition_key AND p.status = 0) AS backlog
-                 FROM {events} b
-                 WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
-                     SELECT 1 FROM {events} e2
-                     WHERE e2.partition_key = b.partition_key AND e2.status = 3 AND e2.blocks_key
-                       AND e2.sequence < b.sequence)
-                 ORDER BY b.partition_key"
-            ),
-            requeue: format!(
-                "UPDATE {events} SET status = 0, blocks_key = FALSE, attempts = 0,
-                     unfinished_claims = 0, suspect = FALSE, available_at = ?
-                 WHERE event_id = ? AND status = 3 AND superseded_by IS NULL"
-            ),
-            skip: format!(
-                "UPDATE {events} SET blocks_key = FALSE
-                 WHERE event_id = ? AND status = 3 AND superseded_by IS NULL"
-            ),
             select_failed: format!(
                 "SELECT attempts, blocks_key, partition_key FROM {events}
                  WHERE event_id = ? AND status = 3 AND superseded_by IS NULL FOR UPDATE"
@@ -405,11 +349,6 @@ impl Queries {
             ),
             purge: format!(
                 "DELETE FROM {events} WHERE sequence IN ({{in}})"
-            ),
-            relays: format!(
-                "SELECT relay, last_seen, clock_skew_ms, outage_since, outage_destination,
-                     outage_reason
-                 FROM {relays} ORDER BY relay"
             ),
             inbox_claim: format!(
                 "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES (?, ?, ?)"

@@ -114,13 +114,15 @@ impl<D: Driver> Protocol<D> {
 
     pub(crate) async fn stats_now(&self) -> Result<Vec<EventTypeStats>, StoreError> {
         self.sync_clock().await?;
-        let rows = self.fetch_alone(&self.queries.stats, vec![]).await?;
+        let rows = self.fetch_alone(&self.queries.admin.stats, vec![]).await?;
         rows.iter().map(|r| type_stats(r, r.time("now")?)).collect()
     }
 
     pub(crate) async fn held_back_now(&self) -> Result<Vec<HeldBack>, StoreError> {
         self.sync_clock().await?;
-        let rows = self.fetch_alone(&self.queries.held_back, vec![]).await?;
+        let rows = self
+            .fetch_alone(&self.queries.admin.held_back, vec![])
+            .await?;
         let r = rows
             .first()
             .ok_or_else(|| StoreError::fatal("no row from the held-back query"))?;
@@ -150,7 +152,7 @@ impl<D: Driver> Protocol<D> {
     pub(crate) async fn failed_now(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
         let rows = self
             .fetch_alone(
-                &self.queries.failed_events,
+                &self.queries.admin.failed_events,
                 vec![Param::BigInt(limit.min(i64::MAX as usize) as i64)],
             )
             .await?;

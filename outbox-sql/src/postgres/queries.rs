@@ -2,6 +2,7 @@
 //! protocol itself (tick, claim, settlements) lives in the functions that
 //! `schema.sql` installs; these statements call them or read the tables.
 
+use crate::admin_queries::{self, AdminQueries};
 use crate::config::TableNames;
 
 /// Columns that rebuild a [`outbox_core::RawEvent`], in `row::raw_event` order.
@@ -15,6 +16,7 @@ pub const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_i
 /// uses it).
 #[allow(missing_docs)]
 pub struct Queries {
+    pub admin: AdminQueries,
     pub channel: String,
     pub claim_lock: i64,
     /// Held shared by every transaction that inserts events (the insert
@@ -31,16 +33,8 @@ pub struct Queries {
     pub nack: String,
     pub release: String,
     pub heartbeat: String,
-    pub stats: String,
-    pub held_back: String,
     pub open_transactions: String,
-    pub event_state: String,
-    pub failed_events: String,
-    pub history: String,
     pub history_many: String,
-    pub blocked_keys: String,
-    pub requeue: String,
-    pub skip: String,
     pub supersede_lock: String,
     pub supersede_insert: String,
     pub supersede_mark: String,
@@ -48,7 +42,6 @@ pub struct Queries {
     pub record: String,
     pub purge: String,
     pub prune_cursor_log: String,
-    pub relays: String,
     pub inbox_claim: String,
     pub inbox_purge: String,
     /// Taken first by `migrate`'s transaction: concurrent migrations take
@@ -86,6 +79,81 @@ impl Queries {
         let now = format!("{}()", function("now"));
         let seq = format!("{}{}_events_seq", names.qualifier(), names.prefix());
         Self {
+            admin: AdminQueries {
+                stats: format!(
+                    "SELECT event_type, claimable, oldest, parked, in_flight, failed, now, blocked
+                     FROM {}()",
+                    function("stats")
+                ),
+                held_back: format!("SELECT * FROM {}()", function("held_back")),
+                // The state as the core models it: in a live lease → in flight
+                // (1); in a lane, not yet taken → pending (0); a stream row the
+                // cursor passed or a claim took and acked → published (2), at
+                // the time the cursor log says (to the second); tracked or
+                // parked → pending (0).
+                event_state: format!(
+                    "WITH e AS (SELECT * FROM {events} WHERE event_id = $1),
+                     c AS (SELECT * FROM {cursor}),
+                     lease AS (
+                         SELECT l.owner, l.expires_at FROM {leases} l, e
+                         WHERE l.token >= {live_from}() AND cardinality(l.held) > 0
+                           AND e.sequence = ANY(l.held) LIMIT 1
+                     ), laned AS (
+                         SELECT 1 AS laned FROM {lanes} l, e
+                         WHERE e.status = 0 AND l.partition_key = e.partition_key
+                           AND array_position(l.sequences, e.sequence) > l.taken
+                         LIMIT 1
+                     ), stream AS (
+                         SELECT o.first_position + array_position(o.sequences, e.sequence) - 1 AS position
+                         FROM {order} o, e
+                         WHERE e.status = 0 AND int8range(o.lo_sequence, o.hi_sequence, '[]') @> e.sequence
+                           AND e.sequence = ANY(o.sequences)
+                         LIMIT 1
+                     ), passed AS (
+                         SELECT s.position FROM stream s, c
+                         WHERE s.position < c.position
+                            OR EXISTS (SELECT 1 FROM {leases} l
+                                       WHERE l.token >= {kept_from}() AND s.position = ANY(l.positions))
+                     )
+                     SELECT CASE WHEN lease.owner IS NOT NULL THEN 1
+                                 WHEN laned.laned IS NOT NULL THEN 0
+                                 WHEN passed.position IS NOT NULL THEN 2
+                                 WHEN e.status IN (0, 4, 5) THEN 0
+                                 ELSE e.status END::int2 AS status,
+                            e.available_at, e.attempts, lease.owner AS lease_owner,
+                            lease.expires_at AS lease_expires_at,
+                            CASE WHEN laned.laned IS NOT NULL THEN NULL
+                                 WHEN passed.position IS NOT NULL
+                                 THEN coalesce((SELECT g.at FROM {cursor_log} g
+                                                WHERE g.position > passed.position
+                                                ORDER BY g.position LIMIT 1), c.moved_at)
+                                 ELSE e.published_at END AS published_at,
+                            e.blocks_key, e.superseded_by
+                     FROM e LEFT JOIN c ON TRUE
+                     LEFT JOIN lease ON TRUE LEFT JOIN laned ON TRUE LEFT JOIN passed ON TRUE"
+                ),
+                failed_events: format!(
+                    "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
+                     WHERE status = 3 ORDER BY sequence LIMIT $1"
+                ),
+                history: admin_queries::history(names, "$1"),
+                blocked_keys: format!(
+                    "SELECT partition_key, event_id, backlog FROM {}()",
+                    function("blocked_keys")
+                ),
+                requeue: format!(
+                    "UPDATE {events} SET status = 4, blocks_key = FALSE, attempts = 0,
+                         unfinished_claims = 0, suspect = FALSE, available_at = {now}
+                     WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
+                     RETURNING attempts, partition_key"
+                ),
+                skip: format!(
+                    "UPDATE {events} SET blocks_key = FALSE
+                     WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
+                     RETURNING attempts, partition_key"
+                ),
+                relays: admin_queries::relays(names),
+            },
             channel: channel(names),
             claim_lock: lock_key(&events),
             producer_lock: lock_key(&events) ^ 0x0b5e_55ed,
@@ -184,12 +252,6 @@ impl Queries {
                      outage_destination = EXCLUDED.outage_destination,
                      outage_reason = EXCLUDED.outage_reason"
             ),
-            stats: format!(
-                "SELECT event_type, claimable, oldest, parked, in_flight, failed, now, blocked
-                 FROM {}()",
-                function("stats")
-            ),
-            held_back: format!("SELECT * FROM {}()", function("held_back")),
             // Other sessions' transactions that inserted events and have
             // not ended: the holders of the producer lock the insert trigger
             // takes. Not "a write lock on the events table": relays and
@@ -209,78 +271,9 @@ impl Queries {
                      ORDER BY a.xact_start"
                 )
             },
-            // The state as the core models it: in a live lease → in flight
-            // (1); in a lane, not yet taken → pending (0); a stream row the
-            // cursor passed or a claim took and acked → published (2), at
-            // the time the cursor log says (to the second); tracked or
-            // parked → pending (0).
-            event_state: format!(
-                "WITH e AS (SELECT * FROM {events} WHERE event_id = $1),
-                 c AS (SELECT * FROM {cursor}),
-                 lease AS (
-                     SELECT l.owner, l.expires_at FROM {leases} l, e
-                     WHERE l.token >= {live_from}() AND cardinality(l.held) > 0
-                       AND e.sequence = ANY(l.held) LIMIT 1
-                 ), laned AS (
-                     SELECT 1 AS laned FROM {lanes} l, e
-                     WHERE e.status = 0 AND l.partition_key = e.partition_key
-                       AND array_position(l.sequences, e.sequence) > l.taken
-                     LIMIT 1
-                 ), stream AS (
-                     SELECT o.first_position + array_position(o.sequences, e.sequence) - 1 AS position
-                     FROM {order} o, e
-                     WHERE e.status = 0 AND int8range(o.lo_sequence, o.hi_sequence, '[]') @> e.sequence
-                       AND e.sequence = ANY(o.sequences)
-                     LIMIT 1
-                 ), passed AS (
-                     SELECT s.position FROM stream s, c
-                     WHERE s.position < c.position
-                        OR EXISTS (SELECT 1 FROM {leases} l
-                                   WHERE l.token >= {kept_from}() AND s.position = ANY(l.positions))
-                 )
-                 SELECT CASE WHEN lease.owner IS NOT NULL THEN 1
-                             WHEN laned.laned IS NOT NULL THEN 0
-                             WHEN passed.position IS NOT NULL THEN 2
-                             WHEN e.status IN (0, 4, 5) THEN 0
-                             ELSE e.status END::int2 AS status,
-                        e.available_at, e.attempts, lease.owner AS lease_owner,
-                        lease.expires_at AS lease_expires_at,
-                        CASE WHEN laned.laned IS NOT NULL THEN NULL
-                             WHEN passed.position IS NOT NULL
-                             THEN coalesce((SELECT g.at FROM {cursor_log} g
-                                            WHERE g.position > passed.position
-                                            ORDER BY g.position LIMIT 1), c.moved_at)
-                             ELSE e.published_at END AS published_at,
-                        e.blocks_key, e.superseded_by
-                 FROM e LEFT JOIN c ON TRUE
-                 LEFT JOIN lease ON TRUE LEFT JOIN laned ON TRUE LEFT JOIN passed ON TRUE"
-            ),
-            failed_events: format!(
-                "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
-                 WHERE status = 3 ORDER BY sequence LIMIT $1"
-            ),
-            history: format!(
-                "SELECT event_id, kind, at, actor, error_class, detail, attempts
-                 FROM {attempts} WHERE event_id = $1 ORDER BY id"
-            ),
             history_many: format!(
                 "SELECT event_id, kind, at, actor, error_class, detail, attempts
                  FROM {attempts} WHERE event_id = ANY($1) ORDER BY id"
-            ),
-            blocked_keys: format!(
-                "SELECT partition_key, event_id, backlog FROM {}()",
-                function("blocked_keys")
-            ),
-            requeue: format!(
-                "UPDATE {events} SET status = 4, blocks_key = FALSE, attempts = 0,
-                     unfinished_claims = 0, suspect = FALSE, available_at = {now}
-                 WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
-                 RETURNING attempts, partition_key"
-            ),
-            skip: format!(
-                "UPDATE {events} SET blocks_key = FALSE
-                 WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
-                 RETURNING attempts, partition_key"
             ),
             supersede_lock: format!(
                 "SELECT position, attempts, partition_key FROM {events}
@@ -390,11 +383,6 @@ impl Queries {
                 "DELETE FROM {cursor_log} g
                  WHERE g.position < coalesce((SELECT min(first_position) FROM {order}), 0)
                    AND g.position < (SELECT max(position) FROM {cursor_log})"
-            ),
-            relays: format!(
-                "SELECT relay, last_seen, clock_skew_ms, outage_since, outage_destination,
-                     outage_reason
-                 FROM {relays} ORDER BY relay"
             ),
             inbox_claim: format!(
                 "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES ($1, $2, {now})

@@ -9,9 +9,10 @@ mod relay;
 #[cfg(feature = "testing")]
 mod testing;
 
+pub use crate::admin_queries::EVENT_COLUMNS;
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::{Protocol, Statements};
-pub use queries::{EVENT_COLUMNS, Queries};
+pub use queries::Queries;
 
 use outbox_core::{RawEvent, StoreError};
 

@@ -2,11 +2,8 @@
 //! travel as one JSON array parameter read with `json_each`, so each
 //! settlement is one statement whatever the batch size.
 
+use crate::admin_queries::{self, AdminQueries, EVENT_COLUMNS};
 use crate::config::TableNames;
-
-/// Columns that rebuild a [`outbox_core::RawEvent`], in the row mapper\'s order.
-pub const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
-    event_type, partition_key, payload, payload_version, headers, created_at, available_at, attempts";
 
 /// Pending and due (`?1` is now). Expired leases are reaped before any
 /// claim looks for candidates.
@@ -18,6 +15,7 @@ const CLAIMABLE: &str = "(c.status = 0 AND c.available_at <= ?1)";
 /// uses it).
 #[allow(missing_docs)]
 pub struct Queries {
+    pub admin: AdminQueries,
     pub now: String,
     pub sync_clock: String,
     pub enqueue: String,
@@ -37,20 +35,11 @@ pub struct Queries {
     pub release: String,
     pub record_many: String,
     pub heartbeat: String,
-    pub stats: String,
-    pub held_back: String,
-    pub event_state: String,
-    pub failed_events: String,
-    pub history: String,
-    pub blocked_keys: String,
-    pub requeue: String,
-    pub skip: String,
     pub supersede_lock: String,
     pub supersede_insert: String,
     pub supersede_mark: String,
     pub purge_history: String,
     pub purge: String,
-    pub relays: String,
     pub inbox_claim: String,
     pub inbox_purge: String,
 }
@@ -106,6 +95,37 @@ impl Queries {
             )
         };
         Self {
+            admin: AdminQueries {
+                stats: admin_queries::row_stats(names, "?1"),
+                held_back: admin_queries::row_held_back(names, "?1"),
+                event_state: admin_queries::row_event_state(names, "?1"),
+                failed_events: admin_queries::failed_events(names, "?1"),
+                history: admin_queries::history(names, "?1"),
+                blocked_keys: format!(
+                    "SELECT b.partition_key, b.event_id,
+                         (SELECT count(*) FROM {events} p
+                          WHERE p.partition_key = b.partition_key AND p.status = 0) AS backlog
+                     FROM {events} b
+                     WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
+                         SELECT 1 FROM {events} e2
+                         WHERE e2.partition_key = b.partition_key AND e2.status = 3 AND e2.blocks_key
+                           AND (COALESCE(e2.ord, e2.sequence), e2.sequence)
+                               < (COALESCE(b.ord, b.sequence), b.sequence))
+                     ORDER BY b.partition_key"
+                ),
+                requeue: format!(
+                    "UPDATE {events} SET status = 0, blocks_key = 0, attempts = 0,
+                         unfinished_claims = 0, suspect = 0, available_at = ?2
+                     WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL
+                     RETURNING attempts"
+                ),
+                skip: format!(
+                    "UPDATE {events} SET blocks_key = 0
+                     WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL
+                     RETURNING attempts"
+                ),
+                relays: admin_queries::relays(names),
+            },
             // Store time: this host's clock in microseconds, plus the shift
             // tests set.
             now: format!(
@@ -234,82 +254,6 @@ impl Queries {
                      outage_destination = excluded.outage_destination,
                      outage_reason = excluded.outage_reason"
             ),
-            stats: format!(
-                "SELECT e.event_type,
-                     SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at <= ?1)
-                         AS claimable,
-                     MIN(CASE WHEN e.status = 0 AND b.partition_key IS NULL
-                              AND e.available_at <= ?1 THEN e.available_at END) AS oldest,
-                     SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at > ?1)
-                         AS parked,
-                     SUM(e.status = 0 AND b.partition_key IS NOT NULL) AS blocked,
-                     SUM(e.status = 1) AS in_flight,
-                     SUM(e.status = 3) AS failed
-                 FROM {events} e
-                 LEFT JOIN (SELECT DISTINCT partition_key FROM {events}
-                            WHERE status = 3 AND blocks_key) b
-                     ON b.partition_key = e.partition_key AND e.status = 0
-                 WHERE e.status IN (0, 1, 3)
-                 GROUP BY e.event_type ORDER BY e.event_type"
-            ),
-            held_back: format!(
-                "SELECT
-                     (SELECT count(DISTINCT partition_key) FROM {events}
-                      WHERE status = 3 AND blocks_key) AS blocked_keys,
-                     (SELECT count(*) FROM {events} p
-                      WHERE p.status = 0 AND p.partition_key IN (
-                          SELECT partition_key FROM {events} WHERE status = 3 AND blocks_key)) AS blocked_waiting,
-                     (SELECT count(DISTINCT partition_key) FROM {events}
-                      WHERE status = 0 AND available_at > ?1) AS backoff_keys,
-                     (SELECT count(*) FROM {events} p
-                      WHERE p.status = 0 AND p.partition_key IN (
-                          SELECT partition_key FROM {events} WHERE status = 0 AND available_at > ?1)) AS backoff_waiting,
-                     (SELECT min(available_at) FROM {events}
-                      WHERE status = 0 AND available_at > ?1) AS next_due,
-                     (SELECT count(DISTINCT lease_id) FROM {events}
-                      WHERE status = 1 AND lease_expires_at <= ?1) AS expired_leases,
-                     (SELECT count(*) FROM {events}
-                      WHERE status = 1 AND lease_expires_at <= ?1) AS expired_events,
-                     (SELECT min(lease_expires_at) FROM {events}
-                      WHERE status = 1 AND lease_expires_at <= ?1) AS first_expired_at,
-                     (SELECT count(*) FROM {events} WHERE status = 0 AND suspect) AS suspects"
-            ),
-            event_state: format!(
-                "SELECT status, available_at, attempts, lease_owner, lease_expires_at, published_at,
-                        blocks_key, superseded_by
-                 FROM {events} WHERE event_id = ?1"
-            ),
-            failed_events: format!(
-                "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
-                 WHERE status = 3 ORDER BY sequence LIMIT ?1"
-            ),
-            history: format!(
-                "SELECT event_id, kind, at, actor, error_class, detail, attempts
-                 FROM {attempts} WHERE event_id = ?1 ORDER BY id"
-            ),
-            blocked_keys: format!(
-                "SELECT b.partition_key, b.event_id,
-                     (SELECT count(*) FROM {events} p
-                      WHERE p.partition_key = b.partition_key AND p.status = 0) AS backlog
-                 FROM {events} b
-                 WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
-                     SELECT 1 FROM {events} e2
-                     WHERE e2.partition_key = b.partition_key AND e2.status = 3 AND e2.blocks_key
-                       AND (COALESCE(e2.ord, e2.sequence), e2.sequence)
-                           < (COALESCE(b.ord, b.sequence), b.sequence))
-                 ORDER BY b.partition_key"
-            ),
-            requeue: format!(
-                "UPDATE {events} SET status = 0, blocks_key = 0, attempts = 0,
-                     unfinished_claims = 0, suspect = 0, available_at = ?2
-                 WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL
-                 RETURNING attempts"
-            ),
-            skip: format!(
-                "UPDATE {events} SET blocks_key = 0
-                 WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL
-                 RETURNING attempts"
-            ),
             supersede_lock: format!(
                 "SELECT COALESCE(ord, sequence) AS ord_key, attempts FROM {events}
                  WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL"
@@ -333,11 +277,6 @@ impl Queries {
                 "DELETE FROM {events} WHERE sequence IN (
                      SELECT sequence FROM {events}
                      WHERE status = 2 AND published_at <= ?1 ORDER BY published_at LIMIT ?2)"
-            ),
-            relays: format!(
-                "SELECT relay, last_seen, clock_skew_ms, outage_since, outage_destination,
-                     outage_reason
-                 FROM {relays} ORDER BY relay"
             ),
             inbox_claim: format!(
                 "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES (?1, ?2, ?3)

@@ -1,0 +1,116 @@
+//! The statements `OutboxAdmin` runs, one set per dialect, and the ones
+//! dialects write alike but for how a parameter is spelled (`param`: `$1`,
+//! `?1` or `?`; a dialect that spells it `?` binds the value once for each).
+
+use crate::config::TableNames;
+
+/// Columns that rebuild a [`outbox_core::RawEvent`], in the row mapper's order.
+pub const EVENT_COLUMNS: &str = "sequence, event_id, aggregate_type, aggregate_id, \
+    event_type, partition_key, payload, payload_version, headers, created_at, available_at, attempts";
+
+/// Each field is the statement of the `OutboxAdmin` call it is named
+/// after (`admin_traits.rs` runs them); its parameters and result columns
+/// are what that call binds and maps.
+#[allow(missing_docs)]
+pub struct AdminQueries {
+    pub stats: String,
+    pub held_back: String,
+    pub event_state: String,
+    pub failed_events: String,
+    pub history: String,
+    pub blocked_keys: String,
+    pub requeue: String,
+    pub skip: String,
+    pub relays: String,
+}
+
+/// Failed events in sequence order, with what an operator may do to them
+/// (`param`: the limit).
+pub fn failed_events(names: &TableNames, param: &str) -> String {
+    let events = names.events();
+    format!(
+        "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
+         WHERE status = 3 ORDER BY sequence LIMIT {param}"
+    )
+}
+
+/// An event's attempt history in the order written (`param`: its id).
+pub fn history(names: &TableNames, param: &str) -> String {
+    let attempts = names.attempts();
+    format!(
+        "SELECT event_id, kind, at, actor, error_class, detail, attempts
+         FROM {attempts} WHERE event_id = {param} ORDER BY id"
+    )
+}
+
+/// Every relay's last heartbeat.
+pub fn relays(names: &TableNames) -> String {
+    let relays = names.relays();
+    format!(
+        "SELECT relay, last_seen, clock_skew_ms, outage_since, outage_destination,
+             outage_reason
+         FROM {relays} ORDER BY relay"
+    )
+}
+
+/// An event's row state (`param`: its id), for the stores whose rows hold
+/// their lease (MySQL, SQLite).
+pub fn row_event_state(names: &TableNames, param: &str) -> String {
+    let events = names.events();
+    format!(
+        "SELECT status, available_at, attempts, lease_owner, lease_expires_at, published_at,
+                blocks_key, superseded_by
+         FROM {events} WHERE event_id = {param}"
+    )
+}
+
+/// Per event type, counted over the rows (MySQL, SQLite; `now`: store time).
+pub fn row_stats(names: &TableNames, now: &str) -> String {
+    let events = names.events();
+    format!(
+        "SELECT e.event_type,
+             CAST(SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at <= {now})
+                 AS SIGNED) AS claimable,
+             MIN(CASE WHEN e.status = 0 AND b.partition_key IS NULL AND e.available_at <= {now}
+                 THEN e.available_at END) AS oldest,
+             CAST(SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at > {now})
+                 AS SIGNED) AS parked,
+             CAST(SUM(e.status = 0 AND b.partition_key IS NOT NULL) AS SIGNED) AS blocked,
+             CAST(SUM(e.status = 1) AS SIGNED) AS in_flight,
+             CAST(SUM(e.status = 3) AS SIGNED) AS failed
+         FROM {events} e
+         LEFT JOIN (SELECT DISTINCT partition_key FROM {events}
+                    WHERE status = 3 AND blocks_key) b
+             ON b.partition_key = e.partition_key AND e.status = 0
+         WHERE e.status IN (0, 1, 3)
+         GROUP BY e.event_type ORDER BY e.event_type"
+    )
+}
+
+/// What holds publication back, counted over the rows (MySQL, SQLite;
+/// `now`: store time).
+pub fn row_held_back(names: &TableNames, now: &str) -> String {
+    let events = names.events();
+    format!(
+        "SELECT
+             (SELECT COUNT(DISTINCT partition_key) FROM {events}
+              WHERE status = 3 AND blocks_key) AS blocked_keys,
+             (SELECT COUNT(*) FROM {events} p
+              WHERE p.status = 0 AND p.partition_key IN (
+                  SELECT partition_key FROM {events} WHERE status = 3 AND blocks_key)) AS blocked_waiting,
+             (SELECT COUNT(DISTINCT partition_key) FROM {events}
+              WHERE status = 0 AND available_at > {now}) AS backoff_keys,
+             (SELECT COUNT(*) FROM {events} p
+              WHERE p.status = 0 AND p.partition_key IN (
+                  SELECT partition_key FROM {events} WHERE status = 0 AND available_at > {now})) AS backoff_waiting,
+             (SELECT MIN(available_at) FROM {events}
+              WHERE status = 0 AND available_at > {now}) AS next_due,
+             (SELECT COUNT(DISTINCT lease_id) FROM {events}
+              WHERE status = 1 AND lease_expires_at <= {now}) AS expired_leases,
+             (SELECT COUNT(*) FROM {events}
+              WHERE status = 1 AND lease_expires_at <= {now}) AS expired_events,
+             (SELECT MIN(lease_expires_at) FROM {events}
+              WHERE status = 1 AND lease_expires_at <= {now}) AS first_expired_at,
+             (SELECT COUNT(*) FROM {events} WHERE status = 0 AND suspect) AS suspects"
+    )
+}
