@@ -260,44 +260,23 @@ async fn migrate_on_current_tables_takes_no_lock_producers_queue_behind() {
         .await
         .unwrap();
     // Three instances of the application start at once.
-    let deploys: Vec<_> = (0..3)
-        .map(|_| {
+    outbox_sql::testing::three_deploys_beside_a_producer(
+        || {
             let store = store.clone();
-            tokio::spawn(async move { store.migrate().await })
-        })
-        .collect();
-    let started = std::time::Instant::now();
-    let enqueued = tokio::time::timeout(std::time::Duration::from_secs(3), async {
-        let mut conn = store.pool().get().await.unwrap();
-        conn.transaction::<_, outbox_diesel::Error, _>(async |conn| {
-            store
-                .outbox()
-                .enqueue(conn, &[outbox_core::testing::event("a", 1)])
-                .await?;
-            Ok(())
-        })
-        .await
-    })
+            async move { store.migrate().await }
+        },
+        || async {
+            let mut conn = store.pool().get().await.unwrap();
+            conn.transaction::<_, outbox_diesel::Error, _>(async |conn| {
+                store
+                    .outbox()
+                    .enqueue(conn, &[outbox_core::testing::event("a", 1)])
+                    .await?;
+                Ok(())
+            })
+            .await
+        },
+    )
     .await;
-    let waited = started.elapsed();
-    let mut migrated = Vec::new();
-    for deploy in deploys {
-        migrated.push(tokio::time::timeout(std::time::Duration::from_secs(3), deploy).await);
-    }
     report.batch_execute("ROLLBACK").await.unwrap();
-    assert!(
-        matches!(enqueued, Ok(Ok(_))),
-        "a producer queued behind migrate(): {enqueued:?}"
-    );
-    assert!(
-        waited < std::time::Duration::from_millis(100),
-        "the enqueue took {waited:?} beside three migrate() calls"
-    );
-    for migrated in migrated {
-        let migrated = migrated
-            .expect("migrate() returned while the report was open")
-            .unwrap()
-            .unwrap();
-        assert_eq!(migrated.found, Some(2));
-    }
 }

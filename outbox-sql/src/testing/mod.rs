@@ -14,7 +14,9 @@ use outbox_core::store::{EnqueueOutcome, Lease, SettleReport};
 use outbox_core::testing::OpenWrite;
 use outbox_core::{EventId, NewEvent, StoreError};
 
+mod deploys;
 mod private_pg;
+pub use deploys::{PRODUCER_BESIDE_MIGRATE, three_deploys_beside_a_producer};
 pub use private_pg::PrivatePg;
 
 /// What a slow settlement waits for before it commits.

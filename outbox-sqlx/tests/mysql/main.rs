@@ -557,7 +557,7 @@ async fn migrate_on_current_tables_takes_no_lock_producers_queue_behind() {
             let store = store.clone();
             async move { store.migrate().await }
         },
-        async {
+        || async {
             OutboxWriter::enqueue(&store, &[event("a", 1)])
                 .await
                 .map(drop)

@@ -62,7 +62,7 @@ pub(super) async fn migrate_on_current_tables_takes_no_lock_producers_queue_behi
             let store = store.clone();
             async move { store.migrate().await }
         },
-        async {
+        || async {
             OutboxWriter::enqueue(&store, &[event("a", 1)])
                 .await
                 .map(drop)

@@ -47,11 +47,6 @@ pub async fn assert_closed_pool_errors_name_their_operation<S, I>(
     outbox_core::testing::assert_names_the_operation_once(&error, "inbox begin", inbox_table);
 }
 
-/// How long a producer's enqueue and commit may take while three
-/// application instances call `migrate()` on current tables beside a
-/// report holding the events table open (the bound).
-pub const PRODUCER_BESIDE_MIGRATE: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// Opens `n` connections of `pool` at once and returns them to it, so a
 /// timed operation afterwards measures the database, not a connect.
 pub async fn warm<DB: sqlx::Database>(pool: &sqlx::Pool<DB>, n: usize) {
@@ -61,37 +56,5 @@ pub async fn warm<DB: sqlx::Database>(pool: &sqlx::Pool<DB>, n: usize) {
     }
 }
 
-/// Three instances call `migrate()` at once (`deploy`) while `enqueue`
-/// commits an unrelated event, all beside a report the caller holds open on
-/// the events table: every migrate() returns at the current version, and
-/// the enqueue commits within [`PRODUCER_BESIDE_MIGRATE`].
-pub async fn three_deploys_beside_a_producer<M, F, E>(deploy: M, enqueue: E)
-where
-    M: Fn() -> F,
-    F: std::future::Future<Output = Result<outbox_sqlx::Migrated, outbox_core::StoreError>>
-        + Send
-        + 'static,
-    E: std::future::Future<Output = Result<(), outbox_core::StoreError>>,
-{
-    use std::time::{Duration, Instant};
-    let deploys: Vec<_> = (0..3).map(|_| tokio::spawn(deploy())).collect();
-    let started = Instant::now();
-    let enqueued = tokio::time::timeout(Duration::from_secs(3), enqueue).await;
-    let waited = started.elapsed();
-    for deploy in deploys {
-        let migrated = tokio::time::timeout(Duration::from_secs(3), deploy)
-            .await
-            .expect("migrate() returned while the report was open")
-            .unwrap()
-            .unwrap();
-        assert_eq!(migrated.found, Some(2));
-    }
-    assert!(
-        matches!(enqueued, Ok(Ok(()))),
-        "a producer queued behind migrate(): {enqueued:?}"
-    );
-    assert!(
-        waited < PRODUCER_BESIDE_MIGRATE,
-        "the enqueue took {waited:?} beside three migrate() calls"
-    );
-}
+#[allow(unused_imports)]
+pub use outbox_sql::testing::three_deploys_beside_a_producer;
