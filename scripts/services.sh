@@ -74,3 +74,6 @@ command -v redis-server >/dev/null || { echo "error: redis-server not installed"
 
 # SNS/SQS emulator (installed and started by the project; see scripts/sns.sh)
 "$(dirname "$0")/sns.sh"
+
+# PgQ for the benchmark's PgQ contenders (installed by the project; see scripts/pgq.sh)
+"$(dirname "$0")/pgq.sh"

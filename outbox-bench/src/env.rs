@@ -310,8 +310,19 @@ pub async fn pg_fill_with(
     n: usize,
     event: impl Fn(usize) -> NewEvent,
 ) -> Result<(), Error> {
-    for start in (0..n).step_by(FILL_CHUNK) {
-        let events: Vec<NewEvent> = (start..(start + FILL_CHUNK).min(n)).map(&event).collect();
+    pg_fill_in(store, n, FILL_CHUNK, event).await
+}
+
+/// Like [`pg_fill_with`], `per_transaction` events a transaction.
+pub async fn pg_fill_in(
+    store: &PgStore,
+    n: usize,
+    per_transaction: usize,
+    event: impl Fn(usize) -> NewEvent,
+) -> Result<(), Error> {
+    for start in (0..n).step_by(per_transaction) {
+        let end = (start + per_transaction).min(n);
+        let events: Vec<NewEvent> = (start..end).map(&event).collect();
         let mut tx = store.pool().begin().await?;
         store.enqueue(&mut tx, &events).await?;
         tx.commit().await?;

@@ -10,6 +10,7 @@
 mod counting;
 mod env;
 mod fleet;
+mod pgq;
 mod plot;
 mod query_count;
 mod relay_process;
@@ -26,7 +27,7 @@ use std::time::Instant;
 use report::Report;
 use scenario::Scale;
 
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "drain",
     "drain-sql",
     "keys",
@@ -38,6 +39,7 @@ const SCENARIOS: [&str; 11] = [
     "read-view",
     "enqueue",
     "claim",
+    "pgq",
 ];
 
 struct Args {
@@ -162,6 +164,7 @@ async fn run(args: Args) -> i32 {
             "enqueue" => scenario::enqueue::run(args.scale.clone(), &mut report).await,
             "claim" => scenario::claim::run(args.scale.clone(), &mut report).await,
             "keys" => scenario::keys::run(args.scale.clone(), &mut report).await,
+            "pgq" => scenario::pgq::run(args.scale.clone(), &mut report).await,
             _ => unreachable!("parse_args admits known scenarios only"),
         };
         eprintln!("<== {name} in {:.1} s", started.elapsed().as_secs_f64());

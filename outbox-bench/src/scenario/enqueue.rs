@@ -1,5 +1,7 @@
 //! What enqueueing costs the business transaction: one `UPDATE invoices`
-//! with and without one event, and one transaction of 40,000 events.
+//! with and without one event, the same with one event into PgQ
+//! (`pgq.insert_event`, the cost to match), and one transaction of 40,000
+//! events.
 
 use std::time::Instant;
 
@@ -8,18 +10,26 @@ use sqlx::Executor;
 
 use super::{Rounds, Scale, progress};
 use crate::env::{self, Error};
+use crate::pgq;
 use crate::report::{Report, TargetCheck};
 
 /// Scenario name.
 pub const NAME: &str = "enqueue-postgres";
 const INVOICES: i64 = 10_000;
 const BULK: usize = 40_000;
+/// The business transaction alone.
+const UPDATE_ONLY: &str = "update-only";
+/// With one event through the store's enqueue.
+const UPDATE_EVENT: &str = "update+event";
+/// With one event through `pgq.insert_event`.
+const UPDATE_PGQ: &str = "update+pgq-event";
 
 /// Runs the scenario.
 pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     let transactions = scale.pick(5_000, 300);
     let pool = env::pg_pool(4).await?;
     let store = env::pg_store(&pool).await?;
+    pgq::install(&pool).await?;
     pool.execute(&*format!(
         "CREATE TABLE IF NOT EXISTS bench_invoices (id BIGINT PRIMARY KEY, status TEXT NOT NULL, amount_cents BIGINT NOT NULL);
          TRUNCATE bench_invoices;
@@ -30,12 +40,8 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     let mut rounds = Rounds::default();
     for round in 0..scale.rounds {
         env::pg_reset(&pool).await?;
-        for with_event in [false, true] {
-            let name = if with_event {
-                "update+event"
-            } else {
-                "update-only"
-            };
+        pgq::reset(&pool, 1_000).await?;
+        for name in [UPDATE_ONLY, UPDATE_EVENT, UPDATE_PGQ] {
             let started = Instant::now();
             for i in 0..transactions {
                 let id = (i as i64 % INVOICES) + 1;
@@ -44,9 +50,13 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     .bind(id)
                     .execute(&mut *tx)
                     .await?;
-                if with_event {
-                    let event = env::event(round, i);
-                    store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
+                let event = env::event(round, i);
+                match name {
+                    UPDATE_EVENT => {
+                        store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
+                    }
+                    UPDATE_PGQ => pgq::insert_events(&mut tx, std::slice::from_ref(&event)).await?,
+                    _ => {}
                 }
                 tx.commit().await?;
             }
@@ -59,8 +69,11 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         let written: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_events")
             .fetch_one(&pool)
             .await?;
-        if written != transactions as i64 {
-            return Err(format!("{written} of {transactions} events written").into());
+        let queued = pgq::events_in_queue(&pool).await?;
+        if written != transactions as i64 || queued != transactions as i64 {
+            return Err(
+                format!("{written} of {transactions} events written, {queued} into PgQ").into(),
+            );
         }
         if scale.includes("bulk") {
             env::pg_reset(&pool).await?;
@@ -80,10 +93,15 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     rounds.finish(NAME, report);
     let m =
         |report: &Report, c: &str, metric: &str| report.median(NAME, c, metric).unwrap_or(f64::NAN);
-    let overhead = m(report, "update+event", "µs/txn") / m(report, "update-only", "µs/txn");
+    let with_event = m(report, UPDATE_EVENT, "µs/txn");
+    report.target(TargetCheck::at_most(
+        "enqueue: business txn with one event / with one pgq.insert_event",
+        with_event / m(report, UPDATE_PGQ, "µs/txn"),
+        1.1,
+    ));
     report.target(TargetCheck::at_most(
         "enqueue: business txn with / without one event",
-        overhead,
+        with_event / m(report, UPDATE_ONLY, "µs/txn"),
         1.25,
     ));
     let bulk = m(report, "bulk-40k", "seconds");

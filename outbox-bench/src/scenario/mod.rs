@@ -11,6 +11,7 @@ pub mod enqueue;
 pub mod hot_key;
 pub mod keys;
 pub mod latency;
+pub mod pgq;
 pub mod read_view;
 pub mod week;
 

@@ -1155,7 +1155,32 @@ CREATE OR REPLACE FUNCTION {{schema}}outbox_take(p_sequences bigint[], p_tokens 
     RETURNS TABLE (sequence bigint, token bigint, claim_position bigint, tracked boolean, owner text)
     LANGUAGE plpgsql AS $$
 #variable_conflict use_column
+DECLARE
+    v_lease record;
 BEGIN
+    -- The common settlement: every row of one lease at once (a relay's
+    -- whole batch published). The lease empties: no set operations over
+    -- the batch (3.4 ms a batch of 1,000 in the general statement below,
+    -- the PgQ profile of BENCHMARKS.md).
+    IF cardinality(p_tokens) > 0 AND p_tokens[1] = ALL (p_tokens) THEN
+        SELECT l.token, l.owner, l.held, l.held_positions, l.tracked INTO v_lease
+        FROM {{schema}}outbox_leases l WHERE l.token = p_tokens[1]
+        FOR UPDATE;
+        IF FOUND AND cardinality(v_lease.held) = cardinality(p_sequences)
+           AND (v_lease.held = p_sequences
+                OR ARRAY(SELECT x FROM unnest(v_lease.held) AS x ORDER BY x)
+                   = ARRAY(SELECT x FROM unnest(p_sequences) AS x ORDER BY x)) THEN
+            UPDATE {{schema}}outbox_leases l
+            SET held = '{}', held_positions = '{}', tracked = '{}', keys = '{}', suspect = NULL
+            WHERE l.token = v_lease.token;
+            RETURN QUERY
+            SELECT u.s, v_lease.token, u.p,
+                   cardinality(v_lease.tracked) > 0 AND u.s = ANY (v_lease.tracked),
+                   v_lease.owner
+            FROM unnest(v_lease.held, v_lease.held_positions) AS u(s, p);
+            RETURN;
+        END IF;
+    END IF;
     RETURN QUERY
     WITH input AS (
         SELECT DISTINCT i.sequence, i.token FROM unnest(p_sequences, p_tokens) AS i(sequence, token)
