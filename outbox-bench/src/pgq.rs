@@ -22,8 +22,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::Publisher;
+use outbox_core::event::StoredEvent;
+use outbox_core::{CancellationToken, NewEvent, Publisher};
 use sqlx::{Executor, PgPool, Row};
+use tokio::task::JoinHandle;
 
 use crate::env::Error;
 
@@ -155,48 +157,108 @@ pub async fn drain(
         if started.elapsed() > Duration::from_secs(600) {
             return Err(format!("pgq consumer: {consumed} of {expected} after 600 s").into());
         }
-        let batch: Option<i64> = sqlx::query_scalar("SELECT pgq.next_batch($1, $2)")
-            .bind(QUEUE)
-            .bind(CONSUMER)
-            .fetch_one(pool)
-            .await?;
-        let Some(batch) = batch else {
-            // The last events are past the last tick: force one.
-            sqlx::query("SELECT pgq.force_tick($1)")
-                .bind(QUEUE)
-                .execute(pool)
-                .await?;
-            tick(pool).await?;
-            continue;
-        };
-        let rows = sqlx::query(
-            "SELECT ev_id, ev_time, ev_type, ev_data, ev_extra1, ev_extra2
-             FROM pgq.get_batch_events($1)",
-        )
-        .bind(batch)
-        .fetch_all(pool)
-        .await?;
-        let mut events = Vec::with_capacity(rows.len());
-        for row in &rows {
-            events.push(crate::seed::stored_event(
-                row.try_get("ev_id")?,
-                row.try_get("ev_type")?,
-                "invoice".into(),
-                row.try_get::<String, _>("ev_extra2")?,
-                row.try_get("ev_extra1")?,
-                row.try_get("ev_data")?,
-                row.try_get("ev_time")?,
-            )?);
+        match consume_batch(pool, publisher.as_ref()).await? {
+            Some(events) => consumed += events as u64,
+            None => {
+                // The last events are past the last tick: force one.
+                sqlx::query("SELECT pgq.force_tick($1)")
+                    .bind(QUEUE)
+                    .execute(pool)
+                    .await?;
+                tick(pool).await?;
+            }
         }
-        let refs: Vec<_> = events.iter().collect();
-        for result in publisher.publish(&refs).await {
-            result.map_err(|e| e.to_string())?;
-        }
-        sqlx::query("SELECT pgq.finish_batch($1)")
-            .bind(batch)
-            .execute(pool)
-            .await?;
-        consumed += rows.len() as u64;
     }
     Ok(started.elapsed())
+}
+
+/// `pgqd`'s ticker: [`tick`] every `period` until `shutdown`.
+pub fn spawn_ticker(
+    pool: PgPool,
+    period: Duration,
+    shutdown: CancellationToken,
+) -> JoinHandle<Result<(), Error>> {
+    tokio::spawn(async move {
+        while !shutdown.is_cancelled() {
+            tick(&pool).await?;
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+        Ok(())
+    })
+}
+
+/// A consumer that asks for the next batch every `poll` while there is
+/// none, until `shutdown`.
+pub fn spawn_consumer(
+    pool: PgPool,
+    publisher: Arc<dyn Publisher>,
+    poll: Duration,
+    shutdown: CancellationToken,
+) -> JoinHandle<Result<(), Error>> {
+    tokio::spawn(async move {
+        while !shutdown.is_cancelled() {
+            if consume_batch(&pool, publisher.as_ref()).await?.is_none() {
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The next batch, if a tick closed one: read, published whole, finished.
+/// Returns its events' count.
+async fn consume_batch(pool: &PgPool, publisher: &dyn Publisher) -> Result<Option<usize>, Error> {
+    let batch: Option<i64> = sqlx::query_scalar("SELECT pgq.next_batch($1, $2)")
+        .bind(QUEUE)
+        .bind(CONSUMER)
+        .fetch_one(pool)
+        .await?;
+    let Some(batch) = batch else {
+        return Ok(None);
+    };
+    let rows = sqlx::query(
+        "SELECT ev_id, ev_time, ev_type, ev_data, ev_extra1, ev_extra2
+         FROM pgq.get_batch_events($1)",
+    )
+    .bind(batch)
+    .fetch_all(pool)
+    .await?;
+    let mut events = Vec::with_capacity(rows.len());
+    for row in &rows {
+        events.push(stored_event(row)?);
+    }
+    let refs: Vec<_> = events.iter().collect();
+    for result in publisher.publish(&refs).await {
+        result.map_err(|e| e.to_string())?;
+    }
+    sqlx::query("SELECT pgq.finish_batch($1)")
+        .bind(batch)
+        .execute(pool)
+        .await?;
+    Ok(Some(rows.len()))
+}
+
+/// The event a queue row holds, as the relay would hand it to its
+/// publisher (its id from `ev_extra2`, its key from `ev_extra1`).
+fn stored_event(row: &sqlx::postgres::PgRow) -> Result<StoredEvent, Error> {
+    let id: String = row.try_get("ev_extra2")?;
+    let created_at = row.try_get("ev_time")?;
+    let event = NewEvent::builder(row.try_get::<String, _>("ev_type")?, "invoice", "pgq")
+        .event_id(id.parse()?)
+        .partition_key(row.try_get::<String, _>("ev_extra1")?)
+        .payload_json(row.try_get::<String, _>("ev_data")?)
+        .build()?;
+    Ok(StoredEvent {
+        sequence: row.try_get("ev_id")?,
+        event,
+        created_at,
+        available_at: created_at,
+        attempts: 0,
+    })
 }

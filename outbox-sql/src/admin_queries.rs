@@ -24,6 +24,43 @@ pub struct AdminQueries {
     pub relays: String,
 }
 
+impl AdminQueries {
+    /// The statements of a store whose rows hold their state (MySQL,
+    /// SQLite): `param` spells its first parameter (and, as `?`, every
+    /// one), `earlier` says that row `e2` of a key comes before row `b` in
+    /// claim order; `requeue` and `skip` are the dialect's own.
+    pub fn over_rows(
+        names: &TableNames,
+        param: &str,
+        earlier: &str,
+        requeue: String,
+        skip: String,
+    ) -> Self {
+        let events = names.events();
+        Self {
+            stats: row_stats(names, param),
+            held_back: row_held_back(names, param),
+            event_state: row_event_state(names, param),
+            failed_events: failed_events(names, param),
+            history: history(names, param),
+            blocked_keys: format!(
+                "SELECT b.partition_key, b.event_id,
+                     (SELECT COUNT(*) FROM {events} p
+                      WHERE p.partition_key = b.partition_key AND p.status = 0) AS backlog
+                 FROM {events} b
+                 WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
+                     SELECT 1 FROM {events} e2
+                     WHERE e2.partition_key = b.partition_key AND e2.status = 3 AND e2.blocks_key
+                       AND {earlier})
+                 ORDER BY b.partition_key"
+            ),
+            requeue,
+            skip,
+            relays: relays(names),
+        }
+    }
+}
+
 /// Failed events in sequence order, with what an operator may do to them
 /// (`param`: the limit).
 pub fn failed_events(names: &TableNames, param: &str) -> String {
@@ -55,7 +92,7 @@ pub fn relays(names: &TableNames) -> String {
 
 /// An event's row state (`param`: its id), for the stores whose rows hold
 /// their lease (MySQL, SQLite).
-pub fn row_event_state(names: &TableNames, param: &str) -> String {
+fn row_event_state(names: &TableNames, param: &str) -> String {
     let events = names.events();
     format!(
         "SELECT status, available_at, attempts, lease_owner, lease_expires_at, published_at,
@@ -65,7 +102,7 @@ pub fn row_event_state(names: &TableNames, param: &str) -> String {
 }
 
 /// Per event type, counted over the rows (MySQL, SQLite; `now`: store time).
-pub fn row_stats(names: &TableNames, now: &str) -> String {
+fn row_stats(names: &TableNames, now: &str) -> String {
     let events = names.events();
     format!(
         "SELECT e.event_type,
@@ -89,7 +126,7 @@ pub fn row_stats(names: &TableNames, now: &str) -> String {
 
 /// What holds publication back, counted over the rows (MySQL, SQLite;
 /// `now`: store time).
-pub fn row_held_back(names: &TableNames, now: &str) -> String {
+fn row_held_back(names: &TableNames, now: &str) -> String {
     let events = names.events();
     format!(
         "SELECT

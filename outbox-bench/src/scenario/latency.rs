@@ -6,7 +6,9 @@
 //! (what that costs the others), during a rolling restart (three
 //! application instances start one after another and each calls
 //! `migrate()`, while a report holds the events table open the whole
-//! round), and, for contrast, polling at the default interval; and the
+//! round), and, for contrast, polling at the default interval, and PgQ
+//! in the relay's place (`pgq.insert_event` in the same transaction; ticked
+//! as `pgqd` does by default, and every 10 ms); and the
 //! statements per second an idle relay sends. One second
 //! of load before the first round warms the process up (not measured).
 
@@ -20,9 +22,9 @@ use outbox_sqlx::postgres::PgStore;
 use super::{Rounds, Scale, progress};
 use crate::counting::CountingPublisher;
 use crate::env::{self, Error};
-use crate::query_count;
 use crate::report::{Report, TargetCheck};
 use crate::stats::percentiles;
+use crate::{pgq, query_count};
 
 /// Scenario name.
 pub const NAME: &str = "latency-postgres";
@@ -47,6 +49,12 @@ enum Mode {
     RollingMigrate,
     /// The default 1 s poll, no wake-up.
     Polling,
+    /// PgQ instead of the relay, ticked as `pgqd` does by default (every
+    /// second; a tick per 500 events or 3 s), its consumer asking for a
+    /// batch every 10 ms while there is none.
+    PgqDefault,
+    /// PgQ ticked every 10 ms whenever anything is new.
+    PgqTight,
 }
 
 impl Mode {
@@ -57,6 +65,17 @@ impl Mode {
             Self::Held => "notify-held-producers",
             Self::RollingMigrate => "notify-rolling-migrate",
             Self::Polling => "polling-1s",
+            Self::PgqDefault => "pgq-pgqd-default",
+            Self::PgqTight => "pgq-ticker-10ms",
+        }
+    }
+
+    /// For PgQ: the ticker's period and the queue's events per tick.
+    fn pgq_ticker(self) -> Option<(Duration, usize)> {
+        match self {
+            Self::PgqDefault => Some((Duration::from_secs(1), 500)),
+            Self::PgqTight => Some((Duration::from_millis(10), 1)),
+            _ => None,
         }
     }
 
@@ -73,6 +92,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     // Enough connections for the producers a Held round keeps open.
     let pool = env::pg_pool(80).await?;
     let store = Arc::new(env::pg_store(&pool).await?);
+    pgq::install(&pool).await?;
     sqlx::Executor::execute(
         &pool,
         &*format!(
@@ -96,12 +116,17 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             Mode::Held,
             Mode::RollingMigrate,
             Mode::Polling,
+            Mode::PgqDefault,
+            Mode::PgqTight,
         ] {
             let contender = mode.name();
             if !scale.includes(contender) {
                 continue;
             }
             env::pg_reset(&pool).await?;
+            if let Some((_, per_tick)) = mode.pgq_ticker() {
+                pgq::reset(&pool, per_tick).await?;
+            }
             // Another application's write transaction, open in another
             // database for the whole round.
             let stranger = if mode == Mode::Stranger {
@@ -182,6 +207,12 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             / m(report, Mode::Notify.name(), "producer txn p99 ms"),
         1.2,
     ));
+    for metric in ["p50 ms", "p99 ms"] {
+        report.target(TargetCheck::reported(
+            format!("latency: notify {metric} / PgQ ticked every 10 ms"),
+            m(report, Mode::Notify.name(), metric) / m(report, Mode::PgqTight.name(), metric),
+        ));
+    }
     report.target(TargetCheck::at_most(
         "idle relay (notify) statements/s",
         idle,
@@ -203,13 +234,28 @@ async fn open_loop(
     seconds: u64,
 ) -> Result<(Vec<f64>, Vec<f64>), Error> {
     let total = RATE * seconds;
-    let publisher = Arc::new(CountingPublisher::noop(256).recording_arrivals());
-    let mut relay = Relay::new(store.clone(), publisher.clone(), RelayConfig::default())?;
-    if mode != Mode::Polling {
-        relay = relay.with_wake_up(store.wake_up().await?);
-    }
+    let publisher = Arc::new(CountingPublisher::noop(1_000).recording_arrivals());
     let shutdown = CancellationToken::new();
-    let handle = relay.spawn(shutdown.clone());
+    let handles = match mode.pgq_ticker() {
+        Some((period, _)) => {
+            let pool = store.pool().clone();
+            let poll = Duration::from_millis(10);
+            vec![
+                pgq::spawn_ticker(pool.clone(), period, shutdown.clone()),
+                pgq::spawn_consumer(pool, publisher.clone(), poll, shutdown.clone()),
+            ]
+        }
+        None => {
+            let mut relay = Relay::new(store.clone(), publisher.clone(), RelayConfig::default())?;
+            if mode != Mode::Polling {
+                relay = relay.with_wake_up(store.wake_up().await?);
+            }
+            let relay = relay.spawn(shutdown.clone());
+            vec![tokio::spawn(async move {
+                relay.await?.map(drop).map_err(Error::from)
+            })]
+        }
+    };
     // Let the relay reach its idle wait before the first event.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let commits: Arc<Mutex<HashMap<EventId, Instant>>> = Arc::default();
@@ -229,7 +275,11 @@ async fn open_loop(
                 .execute(&mut *tx)
                 .await?;
             let began = Instant::now();
-            store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
+            if mode.pgq_ticker().is_some() {
+                pgq::insert_events(&mut tx, std::slice::from_ref(&event)).await?;
+            } else {
+                store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
+            }
             let held = mode.hold(i);
             if let Some(hold) = held {
                 tokio::time::sleep(hold).await;
@@ -253,7 +303,9 @@ async fn open_loop(
     let offered = start.elapsed();
     let reached = tokio::time::timeout(Duration::from_secs(30), publisher.wait_for(total)).await;
     shutdown.cancel();
-    handle.await??;
+    for handle in handles {
+        handle.await??;
+    }
     if reached.is_err() {
         return Err(format!("only {} of {total} events delivered", publisher.delivered()).into());
     }

@@ -3,7 +3,7 @@
 //! statement locks exactly its batch; per-row values travel as one JSON
 //! parameter joined with `JSON_TABLE`.
 
-use crate::admin_queries::{self, AdminQueries, EVENT_COLUMNS};
+use crate::admin_queries::{AdminQueries, EVENT_COLUMNS};
 use crate::config::TableNames;
 
 /// Pending and due (`?` is now). Expired leases are reaped before any
@@ -137,34 +137,20 @@ impl Queries {
             )
         };
         Self {
-            admin: AdminQueries {
-                stats: admin_queries::row_stats(names, "?"),
-                held_back: admin_queries::row_held_back(names, "?"),
-                event_state: admin_queries::row_event_state(names, "?"),
-                failed_events: admin_queries::failed_events(names, "?"),
-                history: admin_queries::history(names, "?"),
-                blocked_keys: format!(
-                    "SELECT b.partition_key, b.event_id,
-                         (SELECT COUNT(*) FROM {events} p
-                          WHERE p.partition_key = b.partition_key AND p.status = 0) AS backlog
-                     FROM {events} b
-                     WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
-                         SELECT 1 FROM {events} e2
-                         WHERE e2.partition_key = b.partition_key AND e2.status = 3 AND e2.blocks_key
-                           AND e2.sequence < b.sequence)
-                     ORDER BY b.partition_key"
-                ),
-                requeue: format!(
+            admin: AdminQueries::over_rows(
+                names,
+                "?",
+                "e2.sequence < b.sequence",
+                format!(
                     "UPDATE {events} SET status = 0, blocks_key = FALSE, attempts = 0,
                          unfinished_claims = 0, suspect = FALSE, available_at = ?
                      WHERE event_id = ? AND status = 3 AND superseded_by IS NULL"
                 ),
-                skip: format!(
+                format!(
                     "UPDATE {events} SET blocks_key = FALSE
                      WHERE event_id = ? AND status = 3 AND superseded_by IS NULL"
                 ),
-                relays: admin_queries::relays(names),
-            },
+            ),
             // Store time: the server's clock in microseconds, plus the
             // shift tests set.
             now: format!(

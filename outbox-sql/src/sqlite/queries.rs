@@ -2,7 +2,7 @@
 //! travel as one JSON array parameter read with `json_each`, so each
 //! settlement is one statement whatever the batch size.
 
-use crate::admin_queries::{self, AdminQueries, EVENT_COLUMNS};
+use crate::admin_queries::{AdminQueries, EVENT_COLUMNS};
 use crate::config::TableNames;
 
 /// Pending and due (`?1` is now). Expired leases are reaped before any
@@ -95,37 +95,23 @@ impl Queries {
             )
         };
         Self {
-            admin: AdminQueries {
-                stats: admin_queries::row_stats(names, "?1"),
-                held_back: admin_queries::row_held_back(names, "?1"),
-                event_state: admin_queries::row_event_state(names, "?1"),
-                failed_events: admin_queries::failed_events(names, "?1"),
-                history: admin_queries::history(names, "?1"),
-                blocked_keys: format!(
-                    "SELECT b.partition_key, b.event_id,
-                         (SELECT count(*) FROM {events} p
-                          WHERE p.partition_key = b.partition_key AND p.status = 0) AS backlog
-                     FROM {events} b
-                     WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
-                         SELECT 1 FROM {events} e2
-                         WHERE e2.partition_key = b.partition_key AND e2.status = 3 AND e2.blocks_key
-                           AND (COALESCE(e2.ord, e2.sequence), e2.sequence)
-                               < (COALESCE(b.ord, b.sequence), b.sequence))
-                     ORDER BY b.partition_key"
-                ),
-                requeue: format!(
+            admin: AdminQueries::over_rows(
+                names,
+                "?1",
+                "(COALESCE(e2.ord, e2.sequence), e2.sequence) \
+                 < (COALESCE(b.ord, b.sequence), b.sequence)",
+                format!(
                     "UPDATE {events} SET status = 0, blocks_key = 0, attempts = 0,
                          unfinished_claims = 0, suspect = 0, available_at = ?2
                      WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL
                      RETURNING attempts"
                 ),
-                skip: format!(
+                format!(
                     "UPDATE {events} SET blocks_key = 0
                      WHERE event_id = ?1 AND status = 3 AND superseded_by IS NULL
                      RETURNING attempts"
                 ),
-                relays: admin_queries::relays(names),
-            },
+            ),
             // Store time: this host's clock in microseconds, plus the shift
             // tests set.
             now: format!(
