@@ -24,7 +24,7 @@ const ATTEMPTS: usize = 3;
 /// commits an unrelated event, all beside a report the caller holds open on
 /// the events table: every migrate() returns at the current version, and
 /// the enqueue commits within [`PRODUCER_BESIDE_MIGRATE`] in one of
-/// [`ATTEMPTS`] tries (each a new enqueue beside three new deploys).
+/// three tries (each a new enqueue beside three new deploys).
 pub async fn three_deploys_beside_a_producer<M, F, E, EF, X>(deploy: M, enqueue: E)
 where
     M: Fn() -> F,
