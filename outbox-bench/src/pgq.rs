@@ -22,6 +22,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outbox_core::consume::pause_unless_shut_down;
 use outbox_core::event::StoredEvent;
 use outbox_core::{CancellationToken, NewEvent, Publisher};
 use sqlx::{Executor, PgPool, Row};
@@ -181,10 +182,7 @@ pub fn spawn_ticker(
     tokio::spawn(async move {
         while !shutdown.is_cancelled() {
             tick(&pool).await?;
-            tokio::select! {
-                _ = tokio::time::sleep(period) => {}
-                _ = shutdown.cancelled() => {}
-            }
+            pause_unless_shut_down(period, &shutdown).await;
         }
         Ok(())
     })
@@ -201,10 +199,7 @@ pub fn spawn_consumer(
     tokio::spawn(async move {
         while !shutdown.is_cancelled() {
             if consume_batch(&pool, publisher.as_ref()).await?.is_none() {
-                tokio::select! {
-                    _ = tokio::time::sleep(poll) => {}
-                    _ = shutdown.cancelled() => {}
-                }
+                pause_unless_shut_down(poll, &shutdown).await;
             }
         }
         Ok(())
