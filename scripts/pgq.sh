@@ -9,14 +9,14 @@ say() { printf '    %s\n' "$*"; }
 # The server's major version (its binaries' directory), not libpq's.
 major=$(ls /usr/lib/postgresql | sort -n | tail -1)
 package="postgresql-${major}-pgq3"
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep 'ok installed' >/dev/null; }
 
 if installed "$package" && installed pgqd; then
   say "PgQ ($package, pgqd) installed"
   exit 0
 fi
 plan() { apt-get -s install -y --no-install-recommends "$package" pgqd 2>/dev/null; }
-if ! plan | grep -q "^Inst $package"; then
+if ! plan | grep "^Inst $package" >/dev/null; then
   apt-get update -q >/dev/null
 fi
 touched=$(plan | awk '/^Inst /{print $2}' | grep -E '^(postgresql|libpq)' | grep -vx "$package" || true)

@@ -17,6 +17,8 @@ wait_for() { # name, command...
   return 1
 }
 
+# (No `| grep -q` under pipefail: grep quitting early makes the writer die
+# of SIGPIPE and the pipeline fail.)
 # Tools the tests call: curl (the daemon test scrapes /metrics with it),
 # libpq (Diesel's synchronous PgConnection links it; libpq-dev comes with
 # the machine and is never installed here: that could upgrade PostgreSQL).
@@ -24,11 +26,11 @@ if ! command -v curl >/dev/null; then
   say "installing curl"
   apt-get update -q >/dev/null && apt-get install -y -q curl >/dev/null
 fi
-ldconfig -p | grep -q 'libpq\.so' || { echo "error: libpq not installed (libpq-dev)" >&2; exit 1; }
+ldconfig -p | grep 'libpq\.so' >/dev/null || { echo "error: libpq not installed (libpq-dev)" >&2; exit 1; }
 # Diesel's synchronous MysqlConnection links the MariaDB client library the
 # machine's MariaDB already uses (libmariadb3); its headers come at exactly
 # that version, so nothing the running server depends on is upgraded.
-if ! dpkg-query -W -f='${Status}' libmariadb-dev 2>/dev/null | grep -q 'ok installed'; then
+if ! dpkg-query -W -f='${Status}' libmariadb-dev 2>/dev/null | grep 'ok installed' >/dev/null; then
   client=$(dpkg-query -W -f='${Version}' libmariadb3 2>/dev/null) \
     || { echo "error: libmariadb3 (MariaDB's client library) is not installed" >&2; exit 1; }
   say "installing libmariadb-dev=$client"
