@@ -79,3 +79,7 @@ command -v redis-server >/dev/null || { echo "error: redis-server not installed"
 
 # PgQ for the benchmark's PgQ contenders (installed by the project; see scripts/pgq.sh)
 "$(dirname "$0")/pgq.sh"
+
+# Headless Chromium and ChromeDriver for the dashboard's browser tests
+# (installed by the project; see scripts/chromium.sh)
+"$(dirname "$0")/chromium.sh"

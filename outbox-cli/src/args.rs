@@ -108,6 +108,21 @@ pub enum Command {
         #[command(subcommand)]
         action: DeadLetterAction,
     },
+    /// Serve the operators' dashboard over HTTP until SIGTERM/SIGINT:
+    /// overview with charts, failed events, requeue / skip / supersede.
+    Dashboard {
+        /// Where to listen (loopback unless told otherwise; port 0 picks a
+        /// free one, printed at start).
+        #[arg(long, default_value = "127.0.0.1:8089")]
+        listen: String,
+        /// The token a visitor signs in with to act (requeue, skip,
+        /// supersede); without one the dashboard is read-only.
+        #[arg(long, env = "OUTBOX_DASHBOARD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// How often the charts' counts are read from the store.
+        #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
+        sample_every: Duration,
+    },
     /// Exit non-zero with a one-line reason when something is stuck.
     Health {
         /// A claimable event older than this is stuck.

@@ -60,6 +60,11 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             batch_size,
             inbox,
         } => purge(&store, older_than, batch_size as usize, inbox).await,
+        Command::Dashboard {
+            listen,
+            token,
+            sample_every,
+        } => dashboard(store, &listen, token, sample_every).await,
         Command::Relay { .. } | Command::DeadLetters { .. } => unreachable!("handled above"),
         Command::Health {
             max_age,
@@ -76,6 +81,44 @@ fn operator_action(repair: &Repair) -> Result<OperatorAction, CliError> {
         ));
     }
     Ok(OperatorAction::new(&repair.operator, &repair.reason))
+}
+
+/// Serves the dashboard until SIGTERM/SIGINT; says where on stdout.
+async fn dashboard(
+    store: Store,
+    listen: &str,
+    token: Option<String>,
+    sample_every: std::time::Duration,
+) -> Result<(), CliError> {
+    if token.as_deref().is_some_and(|t| t.len() < 16) {
+        return Err(CliError::usage(
+            "the dashboard token must be at least 16 characters long",
+        ));
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| CliError::usage(format!("--listen {listen}: {e}")))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| CliError::failure(format!("--listen {listen}: {e}")))?;
+    let settings = crate::dashboard::Settings {
+        base: String::new(),
+        token,
+        sample_every,
+    };
+    let read_only = if settings.token.is_none() {
+        " (read-only: no token)"
+    } else {
+        ""
+    };
+    println!("dashboard on http://{address}/{read_only}");
+    let dashboard = crate::dashboard::Dashboard::start(store, settings);
+    let stop = outbox_core::CancellationToken::new();
+    tokio::spawn(crate::daemon::stop_on_signal(stop.clone()));
+    tokio::select! {
+        () = dashboard.serve(listener) => Ok(()),
+        () = stop.cancelled() => Ok(()),
+    }
 }
 
 /// Creates or updates the tables and says which schema version it found
@@ -127,10 +170,7 @@ async fn status(store: &Store, output: Output) -> Result<(), CliError> {
     let blocked = admin.blocked_keys().await?;
     let relays = admin.relays().await?;
     let now = chrono::Utc::now();
-    // A broker outage holds back everything its relays would publish: said
-    // first, as what to fix first.
-    let mut held_back_lines = render::outages(&relays, now, LIVE_RELAY_WITHIN.as_secs_f64());
-    held_back_lines.extend(held_back.iter().map(render::held_back));
+    let held_back_lines = render::held_back_lines(&held_back, &relays, now);
     let document = json!({
         "schema_version": schema_version,
         "event_types": stats.iter().map(render::stats).collect::<Vec<_>>(),
@@ -207,11 +247,6 @@ async fn status(store: &Store, output: Output) -> Result<(), CliError> {
     Ok(())
 }
 
-/// A relay that reported within this long speaks for the broker now
-/// (`status` lists the outages of such relays as holding publication back;
-/// `health --relay-timeout` defaults to the same).
-const LIVE_RELAY_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
-
 async fn failed(store: &Store, action: FailedAction, output: Output) -> Result<(), CliError> {
     match action {
         FailedAction::List { limit } => {
@@ -258,7 +293,7 @@ async fn failed(store: &Store, action: FailedAction, output: Output) -> Result<(
 }
 
 /// The failed event `id`, or an error saying where it stands instead.
-async fn find_failed(store: &Store, id: EventId) -> Result<FailedEvent, CliError> {
+pub async fn find_failed(store: &Store, id: EventId) -> Result<FailedEvent, CliError> {
     // Failed events are few by design; a limit this high finds any of them.
     let failed = store.admin().failed_events(100_000).await?;
     if let Some(found) = failed.into_iter().find(|f| f.event.event.event_id == id) {
@@ -272,20 +307,26 @@ async fn find_failed(store: &Store, id: EventId) -> Result<FailedEvent, CliError
     }
 }
 
+/// A new event that can supersede `failed`: the same type, aggregate, key,
+/// payload version and headers, a new id, `payload`.
+pub fn replacement_of(failed: &FailedEvent, payload: &Value) -> Result<NewEvent, CliError> {
+    let old = &failed.event.event;
+    NewEvent::builder(&old.event_type, &old.aggregate_type, &old.aggregate_id)
+        .event_id(EventId::random())
+        .partition_key(&old.partition_key)
+        .payload(payload)
+        .payload_version(old.payload_version)
+        .headers(old.headers.clone())
+        .build()
+        .map_err(|e| CliError::usage(format!("the replacement is not a valid event: {e}")))
+}
+
 async fn supersede(store: &Store, repair: &Repair, payload: &str) -> Result<(), CliError> {
     let action = operator_action(repair)?;
     let payload: Value = serde_json::from_str(payload)
         .map_err(|e| CliError::usage(format!("--payload is not JSON: {e}")))?;
     let failed = find_failed(store, repair.id).await?;
-    let old = &failed.event.event;
-    let replacement = NewEvent::builder(&old.event_type, &old.aggregate_type, &old.aggregate_id)
-        .event_id(EventId::random())
-        .partition_key(&old.partition_key)
-        .payload(&payload)
-        .payload_version(old.payload_version)
-        .headers(old.headers.clone())
-        .build()
-        .map_err(|e| CliError::usage(format!("the replacement is not a valid event: {e}")))?;
+    let replacement = replacement_of(&failed, &payload)?;
     let new_id = replacement.event_id;
     store
         .admin()

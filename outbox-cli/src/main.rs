@@ -4,6 +4,7 @@ mod args;
 mod aws;
 mod commands;
 mod daemon;
+mod dashboard;
 mod dead_letters;
 mod duration;
 mod error;

@@ -115,6 +115,24 @@ pub fn blocked_key(key: &BlockedKey) -> Value {
     })
 }
 
+/// A relay that reported within this long speaks for the broker now
+/// (`status` and the dashboard list the outages of such relays as holding
+/// publication back; `health --relay-timeout` defaults to the same).
+pub const LIVE_RELAY_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Everything that holds publication back, one value per cause: a broker
+/// outage first (it holds back everything its relays would publish, so it
+/// is what to fix first), then the store's causes.
+pub fn held_back_lines(
+    held_back: &[HeldBack],
+    relays: &[RelayStatus],
+    now: DateTime<Utc>,
+) -> Vec<Value> {
+    let mut lines = outages(relays, now, LIVE_RELAY_WITHIN.as_secs_f64());
+    lines.extend(held_back.iter().map(self::held_back));
+    lines
+}
+
 /// A relay's last heartbeat, and how long ago it was at `now`; its
 /// publisher outage, if it is paused by one.
 pub fn relay(relay: &RelayStatus, now: DateTime<Utc>) -> Value {

@@ -119,9 +119,29 @@ pub struct HttpSection {
     /// answers 503 (`5m` by default; `0s` at once). Until then it answers
     /// 200 with the outage in the body.
     pub outage_unhealthy_after: Option<String>,
+    /// Where to serve the operators' dashboard (`/ui`); not served unless
+    /// set. Actions need the token in `OUTBOX_DASHBOARD_TOKEN`.
+    pub dashboard: Option<String>,
 }
 
 impl HttpSection {
+    /// [`Self::dashboard`], checked: a path of its own.
+    pub fn dashboard_path(&self) -> Result<Option<String>, CliError> {
+        let Some(path) = &self.dashboard else {
+            return Ok(None);
+        };
+        let valid = path.starts_with('/')
+            && path.len() > 1
+            && !path.ends_with('/')
+            && !["/metrics", "/health"].contains(&path.as_str());
+        if !valid {
+            return Err(CliError::usage(format!(
+                "http.dashboard {path:?}: a path such as \"/ui\" (not /, /metrics or /health)"
+            )));
+        }
+        Ok(Some(path.clone()))
+    }
+
     /// [`Self::outage_unhealthy_after`], parsed.
     pub fn outage_unhealthy_after(&self) -> Result<Duration, CliError> {
         Ok(
@@ -362,5 +382,21 @@ mod tests {
         assert!(typo.contains("unknown field `batchsize`"), "{typo}");
         assert!(typo.contains("OUTBOX_* overrides"), "{typo}");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn the_dashboard_needs_a_path_of_its_own() {
+        let section = |path: &str| HttpSection {
+            listen: "127.0.0.1:0".into(),
+            outage_unhealthy_after: None,
+            dashboard: Some(path.into()),
+        };
+        assert_eq!(
+            section("/ui").dashboard_path().unwrap().as_deref(),
+            Some("/ui")
+        );
+        for bad in ["/", "ui", "/ui/", "/metrics", "/health"] {
+            assert!(section(bad).dashboard_path().is_err(), "{bad}");
+        }
     }
 }

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use outbox_core::relay::RelayHealth;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
+use crate::dashboard::Dashboard;
 use crate::error::CliError;
 use crate::store::Store;
 
@@ -135,12 +136,14 @@ impl Liveness {
 
 /// Serves until the process ends. `/health` is 200 while the relay runs
 /// (saying "degraded: …" during a broker outage), 503 once it stopped or
-/// an outage outlasted `outage_unhealthy_after`.
+/// an outage outlasted `outage_unhealthy_after`; the dashboard under its
+/// path when it is mounted.
 pub async fn serve(
     listener: TcpListener,
     metrics: PrometheusHandle,
     store: Store,
     liveness: Liveness,
+    dashboard: Option<Arc<Dashboard>>,
 ) {
     loop {
         let Ok((mut socket, _)) = listener.accept().await else {
@@ -149,17 +152,19 @@ pub async fn serve(
         let metrics = metrics.clone();
         let liveness = liveness.clone();
         let store = store.clone();
+        let dashboard = dashboard.clone();
         tokio::spawn(async move {
-            let mut request = vec![0u8; 4096];
-            let Ok(n) = socket.read(&mut request).await else {
+            let Some(request) = crate::dashboard::read(&mut socket).await else {
                 return;
             };
-            let head = String::from_utf8_lossy(&request[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("/");
-            if path == "/metrics" {
+            if let Some(dashboard) = dashboard.filter(|d| d.serves(&request.path)) {
+                dashboard.respond(&request).await.write(&mut socket).await;
+                return;
+            }
+            if request.path == "/metrics" {
                 refresh_gauges(&store).await;
             }
-            let (status, content_type, body) = match path {
+            let (status, content_type, body) = match request.path.as_str() {
                 "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
                 "/health" => {
                     let (status, body) = liveness.answer();

@@ -68,6 +68,17 @@ pub async fn run(
             .await
             .map_err(|e| CliError::usage(format!("http.listen {}: {e}", section.listen)))?;
         tracing::info!(listen = %section.listen, "serving /metrics and /health");
+        let dashboard = section.dashboard_path()?.map(|base| {
+            tracing::info!(path = %base, "serving the dashboard");
+            crate::dashboard::Dashboard::start(
+                store.clone(),
+                crate::dashboard::Settings {
+                    base,
+                    token: std::env::var("OUTBOX_DASHBOARD_TOKEN").ok(),
+                    sample_every: Duration::from_secs(10),
+                },
+            )
+        });
         tokio::spawn(http::serve(
             listener,
             handle,
@@ -78,6 +89,7 @@ pub async fn run(
                 outage_unhealthy_after: outage_unhealthy_after
                     .unwrap_or(config::DEFAULT_OUTAGE_UNHEALTHY_AFTER),
             },
+            dashboard,
         ));
     }
     if let Some((older_than, every)) = purge {
@@ -227,7 +239,8 @@ async fn build_relay(
     })
 }
 
-async fn stop_on_signal(shutdown: CancellationToken) {
+/// Cancels `shutdown` on SIGTERM or SIGINT.
+pub(crate) async fn stop_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

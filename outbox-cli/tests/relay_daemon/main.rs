@@ -136,6 +136,7 @@ stream_prefix = "{prefix}"
 
 [http]
 listen = "{listen}"
+dashboard = "/ui"
 "#,
         url = pg_url(),
         redis = proxy.address(),
@@ -172,6 +173,17 @@ listen = "{listen}"
     }
     let (status, _) = get(&listen, "/health").await;
     assert_eq!(status, "HTTP/1.1 200 OK", "healthy through a broker outage");
+    // The dashboard under /ui shows the same backlog, read-only (no token).
+    let (status, page) = get(&listen, "/ui/").await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(
+        page.contains(r#"data-type="invoice.paid" data-state="claimable">10<"#)
+            && page.contains("read-only")
+            && page.contains(r#"href="/ui/failed""#),
+        "{page}"
+    );
+    assert_eq!(get(&listen, "/ui/assets/app.js").await.0, "HTTP/1.1 200 OK");
+    assert_eq!(get(&listen, "/uix").await.0, "HTTP/1.1 404 Not Found");
 
     proxy.restore();
     // The gauges are read at the scrape, the counter when the relay acks:

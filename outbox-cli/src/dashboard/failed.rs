@@ -1,0 +1,256 @@
+//! Failed events: a filtered, paged list, and the bulk actions that apply
+//! to every event a filter matches (after a count and a confirmation).
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use outbox_core::chrono::Utc;
+use outbox_core::store::FailedEvent;
+
+use super::html::{Frame, age, esc, table, url_value};
+use super::http::Request;
+
+/// Failed events read per list (oldest first) before the filters apply.
+pub const READ_AT_MOST: usize = 10_000;
+/// Rows per page.
+const PAGE: usize = 50;
+
+/// What an operator filters failed events by; empty fields match all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// The event type, exactly.
+    pub event_type: String,
+    /// The partition key, exactly.
+    pub key: String,
+    /// Text the last error contains (case-insensitive).
+    pub error: String,
+    /// Failed at least this long ago (`10m`, `2h`).
+    pub older_than: String,
+}
+
+impl Filter {
+    /// The filter a query string or form names.
+    pub fn from(fields: &std::collections::HashMap<String, String>) -> Self {
+        let get = |name: &str| {
+            fields
+                .get(name)
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        Self {
+            event_type: get("type"),
+            key: get("key"),
+            error: get("error"),
+            older_than: get("older_than"),
+        }
+    }
+
+    /// The minimum age, if one is set; an error names a bad one.
+    pub fn min_age(&self) -> Result<Option<Duration>, String> {
+        if self.older_than.is_empty() {
+            return Ok(None);
+        }
+        crate::duration::parse(&self.older_than)
+            .map(Some)
+            .map_err(|e| format!("older than: {e}"))
+    }
+
+    /// Whether `failed` matches.
+    pub fn matches(&self, failed: &FailedEvent, min_age: Option<Duration>) -> bool {
+        let event = &failed.event.event;
+        let last = failed.history.last();
+        (self.event_type.is_empty() || event.event_type == self.event_type)
+            && (self.key.is_empty() || event.partition_key == self.key)
+            && (self.error.is_empty()
+                || last
+                    .is_some_and(|h| h.detail.to_lowercase().contains(&self.error.to_lowercase())))
+            && min_age.is_none_or(|min| {
+                let failed_at = last.map_or(failed.event.created_at, |h| h.at);
+                (Utc::now() - failed_at).to_std().unwrap_or_default() >= min
+            })
+    }
+
+    /// The filter as hidden form fields (for bulk actions).
+    pub fn hidden_fields(&self) -> String {
+        self.pairs()
+            .map(|(name, value)| {
+                format!(
+                    r#"<input type="hidden" name="{name}" value="{}">"#,
+                    esc(value)
+                )
+            })
+            .collect()
+    }
+
+    /// The filter as a query string (for paging links).
+    pub fn query(&self) -> String {
+        self.pairs()
+            .map(|(name, value)| format!("{name}={}&", url_value(value)))
+            .collect()
+    }
+
+    fn pairs(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            ("type", self.event_type.as_str()),
+            ("key", self.key.as_str()),
+            ("error", self.error.as_str()),
+            ("older_than", self.older_than.as_str()),
+        ]
+        .into_iter()
+    }
+
+    fn describe(&self) -> String {
+        let parts = self
+            .pairs()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(n, v)| format!("{n} = {}", esc(v)))
+            .collect::<Vec<_>>();
+        if parts.is_empty() {
+            "every failed event".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// The list page's main part. `read` is what the store returned (oldest
+/// first, at most [`READ_AT_MOST`]).
+pub fn list(frame: &Frame<'_>, request: &Request, read: &[FailedEvent]) -> Result<String, String> {
+    let filter = Filter::from(&request.query);
+    let min_age = filter.min_age()?;
+    let matching = read
+        .iter()
+        .filter(|f| filter.matches(f, min_age))
+        .collect::<Vec<_>>();
+    let page = request.param("page").parse::<usize>().unwrap_or(0);
+    let base = frame.base;
+    let mut out = String::from("<h2>Failed events</h2>");
+    let _ = write!(
+        out,
+        r#"<form id="filters" method="get" action="{base}/failed" class="filters">
+<label>type <input name="type" value="{}"></label><label>key <input name="key" value="{}"></label>
+<label>error contains <input name="error" value="{}"></label><label>failed more than <input name="older_than" placeholder="10m" value="{}"> ago</label>
+<button>Filter</button></form>"#,
+        esc(&filter.event_type),
+        esc(&filter.key),
+        esc(&filter.error),
+        esc(&filter.older_than)
+    );
+    let _ = write!(
+        out,
+        r#"<p id="matching" data-count="{}">{} matching ({})."#,
+        matching.len(),
+        matching.len(),
+        filter.describe()
+    );
+    if read.len() >= READ_AT_MOST {
+        let _ = write!(
+            out,
+            " Only the oldest {READ_AT_MOST} failed events are searched."
+        );
+    }
+    out.push_str("</p>");
+    let now = Utc::now();
+    let rows = matching
+        .iter()
+        .skip(page * PAGE)
+        .take(PAGE)
+        .map(|f| {
+            let event = &f.event.event;
+            let last = f.history.last();
+            vec![
+                format!(
+                    r#"<a href="{base}/events/{id}">{id}</a>"#,
+                    id = event.event_id
+                ),
+                esc(&event.event_type),
+                esc(&event.partition_key),
+                f.event.attempts.to_string(),
+                last.map_or_else(String::new, |h| {
+                    format!(
+                        "{} ago",
+                        age(((now - h.at).num_milliseconds().max(0) as f64) / 1000.0)
+                    )
+                }),
+                format!(
+                    r#"<span class="error">{}</span>"#,
+                    esc(last.map_or("", |h| h.detail.as_str()))
+                ),
+                if f.blocks_key {
+                    "blocks its key".into()
+                } else {
+                    String::new()
+                },
+            ]
+        })
+        .collect::<Vec<_>>();
+    out.push_str(&table(
+        "failed",
+        &[
+            "event",
+            "type",
+            "key",
+            "attempts",
+            "failed",
+            "last error",
+            "",
+        ],
+        &rows,
+    ));
+    let query = filter.query();
+    if page > 0 {
+        let _ = write!(
+            out,
+            r#"<a href="{base}/failed?{query}page={}">« newer page</a> "#,
+            page - 1
+        );
+    }
+    if matching.len() > (page + 1) * PAGE {
+        let _ = write!(
+            out,
+            r#"<a id="next-page" href="{base}/failed?{query}page={}">next page »</a>"#,
+            page + 1
+        );
+    }
+    if frame.signed_in && !matching.is_empty() {
+        let _ = write!(
+            out,
+            r#"<h3>Act on all {n} matching</h3><form id="bulk" method="post" action="{base}/failed/bulk">{csrf}{hidden}
+<label>operator <input name="operator" required></label><label>reason <input name="reason" required></label>
+<button name="action" value="requeue">Requeue all {n}…</button><button name="action" value="skip">Skip all {n}…</button></form>"#,
+            n = matching.len(),
+            csrf = frame.csrf_field(),
+            hidden = filter.hidden_fields(),
+        );
+    }
+    Ok(out)
+}
+
+/// The confirmation a bulk action shows first: what it will do to how many.
+pub fn confirm(
+    frame: &Frame<'_>,
+    filter: &Filter,
+    action: &str,
+    count: usize,
+    request: &Request,
+) -> String {
+    format!(
+        r#"<h2>Confirm</h2><p id="confirm-count" data-count="{count}">{} {count} failed events matching {}?</p>
+<form id="confirm" method="post" action="{base}/failed/bulk">{csrf}{hidden}<input type="hidden" name="action" value="{action}">
+<input type="hidden" name="operator" value="{operator}"><input type="hidden" name="reason" value="{reason}"><input type="hidden" name="count" value="{count}">
+<button name="confirm" value="yes">Yes, {action} {count}</button> <a href="{base}/failed?{query}">Cancel</a></form>"#,
+        if action == "requeue" {
+            "Requeue"
+        } else {
+            "Skip"
+        },
+        filter.describe(),
+        base = frame.base,
+        csrf = frame.csrf_field(),
+        hidden = filter.hidden_fields(),
+        action = esc(action),
+        operator = esc(request.field("operator")),
+        reason = esc(request.field("reason")),
+        query = filter.query(),
+    )
+}

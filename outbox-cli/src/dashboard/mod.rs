@@ -1,0 +1,395 @@
+//! The operators' dashboard: `outbox dashboard` on its own, or the relay
+//! daemon's `/ui`. Server-rendered pages (escaped, under a content security
+//! policy that runs no inline script), a small script that refreshes the
+//! overview in place, charts drawn as SVG on the server from samples it
+//! takes itself. Reading needs nothing; acting needs the configured token
+//! (see [`auth`]).
+
+mod auth;
+mod chart;
+mod event;
+mod failed;
+mod html;
+mod http;
+mod overview;
+mod samples;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::EventId;
+use outbox_core::chrono::Utc;
+use outbox_core::store::{EventState, OperatorAction};
+use tokio::net::TcpListener;
+
+use crate::store::Store;
+use auth::{COOKIE, Refused, Sessions};
+use html::{Frame, esc};
+pub use http::read;
+use http::{Request, Response};
+
+/// How the dashboard is served.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Where it is mounted: `""` on its own, `/ui` under the daemon.
+    pub base: String,
+    /// The token that lets a visitor act; `None`: read-only.
+    pub token: Option<String>,
+    /// How often the charts' counts are read.
+    pub sample_every: Duration,
+}
+
+/// The dashboard over one store.
+pub struct Dashboard {
+    store: Store,
+    settings: Settings,
+    sessions: Sessions,
+    samples: samples::Samples,
+}
+
+impl Dashboard {
+    /// A dashboard over `store`, sampling it in the background from now on.
+    pub fn start(store: Store, settings: Settings) -> Arc<Self> {
+        let dashboard = Arc::new(Self {
+            store,
+            settings,
+            sessions: Sessions::default(),
+            samples: samples::Samples::default(),
+        });
+        let sampling = Arc::downgrade(&dashboard);
+        tokio::spawn(async move {
+            while let Some(dashboard) = sampling.upgrade() {
+                dashboard.sample().await;
+                let every = dashboard.settings.sample_every;
+                drop(dashboard);
+                tokio::time::sleep(every).await;
+            }
+        });
+        dashboard
+    }
+
+    async fn sample(&self) {
+        match self.store.admin().stats().await {
+            Ok(stats) => self.samples.record(samples::Sample::of(&stats, Utc::now())),
+            Err(error) => tracing::warn!(%error, "the dashboard could not read the store's counts"),
+        }
+    }
+
+    /// Serves on `listener` until the process ends.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                continue;
+            };
+            let dashboard = self.clone();
+            tokio::spawn(async move {
+                if let Some(request) = http::read(&mut socket).await {
+                    dashboard.respond(&request).await.write(&mut socket).await;
+                }
+            });
+        }
+    }
+
+    /// Whether `path` is the dashboard's (under its base).
+    pub fn serves(&self, path: &str) -> bool {
+        path.strip_prefix(&self.settings.base)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+
+    /// The answer to `request`, whose path starts with the base.
+    pub async fn respond(&self, request: &Request) -> Response {
+        let path = request
+            .path
+            .strip_prefix(&self.settings.base)
+            .unwrap_or(&request.path);
+        let path = if path.is_empty() { "/" } else { path };
+        let segments = path.trim_matches('/').split('/').collect::<Vec<_>>();
+        let result = match (request.method.as_str(), segments.as_slice()) {
+            ("GET", [""]) => self.overview(request).await,
+            ("GET", ["failed"]) => self.failed(request).await,
+            ("POST", ["failed", "bulk"]) => self.bulk(request).await,
+            ("GET", ["events", id]) => self.event(request, id).await,
+            ("POST", ["events", id, action]) => self.act(request, id, action).await,
+            ("GET", ["login"]) => Ok(self.login_page(request, "")),
+            ("POST", ["login"]) => Ok(self.login(request).await),
+            ("POST", ["logout"]) => Ok(self.logout(request)),
+            ("GET", ["assets", "app.js"]) => {
+                Ok(asset("text/javascript", include_str!("assets/app.js")))
+            }
+            ("GET", ["assets", "app.css"]) => Ok(asset("text/css", include_str!("assets/app.css"))),
+            _ => Err(("404 Not Found", "No such page.".to_string())),
+        };
+        result.unwrap_or_else(|(status, message)| {
+            let main = format!(r#"<h2>{status}</h2><p id="error">{}</p>"#, esc(&message));
+            Response::html(status, self.frame(request).page(status, &main))
+        })
+    }
+
+    fn frame<'a>(&'a self, request: &Request) -> FrameFor<'a> {
+        FrameFor {
+            dashboard: self,
+            csrf: self.sessions.csrf_of(request),
+        }
+    }
+
+    async fn overview(&self, request: &Request) -> Page {
+        let admin = self.store.admin();
+        let stats = admin.stats().await.map_err(store_error)?;
+        self.samples.record(samples::Sample::of(&stats, Utc::now()));
+        let relays = admin.relays().await.map_err(store_error)?;
+        let held_back = admin.held_back().await.map_err(store_error)?;
+        let overview = overview::Overview {
+            held_back: crate::render::held_back_lines(&held_back, &relays, Utc::now())
+                .iter()
+                .map(|line| line["detail"].as_str().unwrap_or_default().to_owned())
+                .collect(),
+            stats,
+            relays,
+            blocked: admin.blocked_keys().await.map_err(store_error)?,
+        };
+        let main = overview.render(&self.settings.base, &self.samples.all());
+        Ok(Response::html(
+            "200 OK",
+            self.frame(request).page("Overview", &main),
+        ))
+    }
+
+    async fn failed(&self, request: &Request) -> Page {
+        let read = self
+            .store
+            .admin()
+            .failed_events(failed::READ_AT_MOST)
+            .await
+            .map_err(store_error)?;
+        let frame = self.frame(request);
+        let main =
+            failed::list(&frame.frame(), request, &read).map_err(|e| ("400 Bad Request", e))?;
+        Ok(Response::html("200 OK", frame.page("Failed events", &main)))
+    }
+
+    async fn bulk(&self, request: &Request) -> Page {
+        self.authorize(request)?;
+        let action = request.field("action");
+        if action != "requeue" && action != "skip" {
+            return Err(("400 Bad Request", format!("no bulk action {action:?}")));
+        }
+        let operator = operator_action(request)?;
+        let filter = failed::Filter::from(&request.form);
+        let min_age = filter.min_age().map_err(|e| ("400 Bad Request", e))?;
+        let admin = self.store.admin();
+        let matching = admin
+            .failed_events(failed::READ_AT_MOST)
+            .await
+            .map_err(store_error)?
+            .into_iter()
+            .filter(|f| f.superseded_by.is_none() && filter.matches(f, min_age))
+            .map(|f| f.event.event.event_id)
+            .collect::<Vec<_>>();
+        let frame = self.frame(request);
+        if request.field("confirm") != "yes" {
+            let main = failed::confirm(&frame.frame(), &filter, action, matching.len(), request);
+            return Ok(Response::html("200 OK", frame.page("Confirm", &main)));
+        }
+        let mut done = 0;
+        let mut errors = Vec::new();
+        for id in matching {
+            let result = if action == "requeue" {
+                admin.requeue(id, &operator).await
+            } else {
+                admin.skip(id, &operator).await
+            };
+            match result {
+                Ok(()) => done += 1,
+                Err(error) => errors.push(format!("{id}: {error}")),
+            }
+        }
+        let mut main = format!(
+            r#"<h2>Done</h2><p id="bulk-done" data-count="{done}">{action}: {done} events.</p>"#
+        );
+        for error in errors {
+            main.push_str(&format!(r#"<p class="bad">{}</p>"#, esc(&error)));
+        }
+        main.push_str(&format!(
+            r#"<p><a href="{}/failed">Back to failed events</a></p>"#,
+            self.settings.base
+        ));
+        Ok(Response::html("200 OK", frame.page("Done", &main)))
+    }
+
+    async fn event(&self, request: &Request, id: &str) -> Page {
+        let id = parse_id(id)?;
+        let admin = self.store.admin();
+        let state = admin
+            .event_state(id)
+            .await
+            .map_err(store_error)?
+            .ok_or(("404 Not Found", format!("No event {id}.")))?;
+        let failed = if matches!(state, EventState::Failed { .. }) {
+            admin
+                .failed_events(100_000)
+                .await
+                .map_err(store_error)?
+                .into_iter()
+                .find(|f| f.event.event.event_id == id)
+        } else {
+            None
+        };
+        let page = event::EventPage {
+            id,
+            history: admin.history(id).await.map_err(store_error)?,
+            state,
+            failed,
+        };
+        let frame = self.frame(request);
+        let main = page.render(&frame.frame(), request.param("payload") == "1");
+        Ok(Response::html(
+            "200 OK",
+            frame.page(&format!("Event {id}"), &main),
+        ))
+    }
+
+    async fn act(&self, request: &Request, id: &str, action: &str) -> Page {
+        self.authorize(request)?;
+        let id = parse_id(id)?;
+        let operator = operator_action(request)?;
+        let admin = self.store.admin();
+        let result = match action {
+            "requeue" => admin.requeue(id, &operator).await,
+            "skip" => admin.skip(id, &operator).await,
+            "supersede" => {
+                let payload: serde_json::Value = serde_json::from_str(request.field("payload"))
+                    .map_err(|e| {
+                        (
+                            "400 Bad Request",
+                            format!("The new payload is not JSON: {e}"),
+                        )
+                    })?;
+                let failed = crate::commands::find_failed(&self.store, id)
+                    .await
+                    .map_err(|e| ("409 Conflict", e.to_string()))?;
+                let replacement = crate::commands::replacement_of(&failed, &payload)
+                    .map_err(|e| ("400 Bad Request", e.to_string()))?;
+                admin
+                    .supersede(id, replacement, &operator)
+                    .await
+                    .map(|_| ())
+            }
+            _ => return Err(("404 Not Found", format!("No action {action:?}."))),
+        };
+        result.map_err(|e| ("409 Conflict", e.to_string()))?;
+        Ok(Response::see_other(&format!(
+            "{}/events/{id}",
+            self.settings.base
+        )))
+    }
+
+    fn authorize(&self, request: &Request) -> Result<(), (&'static str, String)> {
+        self.sessions
+            .authorize(request, self.settings.token.is_some())
+            .map_err(|refused| ("403 Forbidden", refused.explain().to_string()))
+    }
+
+    fn login_page(&self, request: &Request, problem: &str) -> Response {
+        let base = &self.settings.base;
+        let main = if self.settings.token.is_none() {
+            format!("<p>{}</p>", Refused::ReadOnly.explain())
+        } else {
+            format!(
+                r#"<h2>Sign in</h2>{}<form id="login" method="post" action="{base}/login"><label>token <input type="password" name="token" required autofocus></label><button>Sign in</button></form>"#,
+                if problem.is_empty() {
+                    String::new()
+                } else {
+                    format!(r#"<p class="bad" id="error">{}</p>"#, esc(problem))
+                }
+            )
+        };
+        let status = if problem.is_empty() {
+            "200 OK"
+        } else {
+            "401 Unauthorized"
+        };
+        Response::html(status, self.frame(request).page("Sign in", &main))
+    }
+
+    async fn login(&self, request: &Request) -> Response {
+        let Some(token) = &self.settings.token else {
+            return self.login_page(request, "");
+        };
+        if !auth::same(request.field("token"), token) {
+            // Slows guessing down.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return self.login_page(request, "That is not the dashboard's token.");
+        }
+        let session = self.sessions.start();
+        let path = if self.settings.base.is_empty() {
+            "/"
+        } else {
+            &self.settings.base
+        };
+        Response::see_other(&format!("{}/", self.settings.base)).set_cookie(&format!(
+            "{COOKIE}={session}; Path={path}; HttpOnly; SameSite=Strict"
+        ))
+    }
+
+    fn logout(&self, request: &Request) -> Response {
+        if self.authorize(request).is_ok() {
+            self.sessions.end(request);
+        }
+        Response::see_other(&format!("{}/", self.settings.base))
+    }
+}
+
+/// A page or why not: a status line and a message for people.
+type Page = Result<Response, (&'static str, String)>;
+
+/// The frame of one visitor's pages.
+struct FrameFor<'a> {
+    dashboard: &'a Dashboard,
+    csrf: Option<String>,
+}
+
+impl FrameFor<'_> {
+    fn frame(&self) -> Frame<'_> {
+        Frame {
+            base: &self.dashboard.settings.base,
+            store: self.dashboard.store.kind(),
+            signed_in: self.csrf.is_some(),
+            actions_enabled: self.dashboard.settings.token.is_some(),
+            csrf: self.csrf.as_deref(),
+        }
+    }
+
+    fn page(&self, title: &str, main: &str) -> String {
+        self.frame().page(title, main)
+    }
+}
+
+fn asset(content_type: &'static str, text: &'static str) -> Response {
+    Response::with(content_type, "200 OK", text.as_bytes().to_vec())
+}
+
+fn parse_id(id: &str) -> Result<EventId, (&'static str, String)> {
+    id.parse::<EventId>()
+        .map_err(|_| ("400 Bad Request", format!("{id:?} is not an event id.")))
+}
+
+fn operator_action(request: &Request) -> Result<OperatorAction, (&'static str, String)> {
+    let (operator, reason) = (
+        request.field("operator").trim(),
+        request.field("reason").trim(),
+    );
+    if operator.is_empty() || reason.is_empty() {
+        return Err((
+            "400 Bad Request",
+            "Operator and reason must not be empty: they are kept in the event's history.".into(),
+        ));
+    }
+    Ok(OperatorAction::new(operator, reason))
+}
+
+fn store_error(error: outbox_core::StoreError) -> (&'static str, String) {
+    (
+        "503 Service Unavailable",
+        format!("The store could not answer: {error}"),
+    )
+}

@@ -1,0 +1,385 @@
+//! The dashboard in a real browser (headless Chromium over WebDriver): its
+//! numbers are the store's, markup from the database stays text, actions
+//! need the token and the CSRF token, and an operator's requeue, single and
+//! bulk by filter, is published and kept in the history with their name.
+//! Screenshots of the overview and an event's page land in
+//! `target/screenshots/`.
+
+mod browser;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use browser::{Browser, http};
+use outbox_core::store::{EventState, OutboxAdmin};
+use outbox_core::testing::RelayFleet;
+use outbox_core::{
+    EventId, NewEvent, OutboxWriter, PublishError, PublishOutcome, Publisher, StoredEvent,
+    async_trait,
+};
+use outbox_sqlx::StoreConfig;
+use outbox_sqlx::sqlite::SqliteStore;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const TOKEN: &str = "dashboard-test-token-0123456789";
+/// Markup an attacker could put in a payload or an error text.
+const MARKUP: &str =
+    r#"<script>document.title='pwned'</script><img src=x onerror="document.title='pwned'">"#;
+
+/// Refuses (permanently, with markup in the error text) the events whose
+/// payload says `"refuse": true`, until healed; delivers the rest.
+#[derive(Default)]
+struct Refusing {
+    healed: AtomicBool,
+    delivered: Mutex<HashSet<EventId>>,
+}
+
+#[async_trait]
+impl Publisher for Refusing {
+    async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
+        batch
+            .iter()
+            .map(|stored| {
+                let refuse = stored.event.payload.as_str().contains("\"refuse\":true");
+                if refuse && !self.healed.load(Ordering::SeqCst) {
+                    return Err(PublishError::permanent(format!("schema mismatch {MARKUP}")));
+                }
+                self.delivered.lock().unwrap().insert(stored.event.event_id);
+                Ok(())
+            })
+            .collect()
+    }
+}
+
+impl Refusing {
+    async fn wait_for(&self, ids: &[EventId]) {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !ids
+                .iter()
+                .all(|id| self.delivered.lock().unwrap().contains(id))
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the requeued events are published");
+    }
+}
+
+fn event(event_type: &str, key: &str, payload: serde_json::Value) -> NewEvent {
+    NewEvent::builder(event_type, "account", key)
+        .event_id(EventId::random())
+        .partition_key(key)
+        .payload(&payload)
+        .build()
+        .unwrap()
+}
+
+/// Starts `outbox dashboard` on a free port; its address.
+async fn dashboard(url: &str, token: Option<&str>) -> (tokio::process::Child, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command
+        .args([
+            "--url",
+            url,
+            "dashboard",
+            "--listen",
+            "127.0.0.1:0",
+            "--sample-every",
+            "1s",
+        ])
+        .env_remove("OUTBOX_DASHBOARD_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(token) = token {
+        command.env("OUTBOX_DASHBOARD_TOKEN", token);
+    }
+    let mut child = command.spawn().expect("the binary runs");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines
+        .next_line()
+        .await
+        .unwrap()
+        .expect("it says where it listens");
+    let address = first
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_owned();
+    (child, address)
+}
+
+fn screenshots() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/screenshots")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
+    let dir = std::env::temp_dir().join(format!("outbox-dashboard-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("outbox.db");
+    let url = format!("sqlite:{}", path.display());
+    let store = Arc::new(
+        SqliteStore::open(&path.to_string_lossy(), StoreConfig::default())
+            .await
+            .unwrap(),
+    );
+    store.migrate().await.unwrap();
+    let poison = event(
+        "invoice.paid",
+        "acct-7",
+        json!({"refuse": true, "note": MARKUP}),
+    );
+    let fine = (0..3).map(|i| event("invoice.paid", &format!("acct-{i}"), json!({"n": i})));
+    let shipped = (0..3)
+        .map(|i| {
+            event(
+                "order.shipped",
+                &format!("order-{i}"),
+                json!({"refuse": true, "n": i}),
+            )
+        })
+        .collect::<Vec<_>>();
+    let mut events = vec![poison.clone()];
+    events.extend(fine);
+    events.extend(shipped.iter().cloned());
+    OutboxWriter::enqueue(&*store, &events).await.unwrap();
+    let publisher = Arc::new(Refusing::default());
+    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "browser", 1, |_| {});
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while store
+            .stats()
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.failed)
+            .sum::<u64>()
+            < 4
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("four events fail");
+
+    let (_server, address) = dashboard(&url, Some(TOKEN)).await;
+    let base = format!("http://{address}");
+    let browser = Browser::start().await;
+
+    // The overview's numbers are the store's.
+    tokio::time::sleep(Duration::from_millis(2_500)).await; // two samples or more for the charts
+    browser.goto(&format!("{base}/")).await;
+    let shown = browser
+        .run("return [...document.querySelectorAll('[data-state]')].map(e => [e.dataset.type, e.dataset.state, Number(e.textContent)]);")
+        .await;
+    let mut expected = Vec::new();
+    for s in store.stats().await.unwrap() {
+        for (state, n) in [
+            ("claimable", s.claimable),
+            ("parked", s.parked),
+            ("blocked", s.blocked),
+            ("in_flight", s.in_flight),
+            ("failed", s.failed),
+        ] {
+            expected.push(json!([s.event_type, state, n]));
+        }
+    }
+    assert_eq!(shown, json!(expected));
+    let drawn = browser
+        .run("return [...document.querySelectorAll('svg.chart polyline')].map(p => p.getAttribute('points').split(' ').length);")
+        .await;
+    assert!(
+        drawn.as_array().unwrap().len() == 3
+            && drawn
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n.as_u64().unwrap() >= 2),
+        "every line chart draws its samples: {drawn}"
+    );
+    assert!(
+        browser.text("#relays").await.contains("browser"),
+        "the relay is listed"
+    );
+    browser
+        .screenshot(&screenshots().join("dashboard-overview.png"))
+        .await;
+
+    // The poison event's page: payload and error text shown as text.
+    browser
+        .goto(&format!("{base}/failed?type=invoice.paid"))
+        .await;
+    assert_eq!(
+        browser
+            .run("return document.getElementById('matching').dataset.count;")
+            .await,
+        "1"
+    );
+    browser
+        .click(&format!("a[href='/events/{}']", poison.event_id))
+        .await;
+    browser.click("#show-payload").await;
+    assert!(
+        browser
+            .text("#payload")
+            .await
+            .contains("<script>document.title='pwned'</script>")
+    );
+    assert!(browser.text("#history").await.contains("onerror="));
+    let executed = browser
+        .run("return [document.title, document.querySelectorAll('main script, main img').length];")
+        .await;
+    assert_eq!(
+        executed,
+        json!([format!("Event {} · outbox", poison.event_id), 0])
+    );
+    assert!(browser.text("#actions").await.contains("Sign in"));
+    browser
+        .screenshot(&screenshots().join("dashboard-event.png"))
+        .await;
+
+    // Actions are refused without a session, and with one but no CSRF token.
+    let requeue = format!("/events/{}/requeue", poison.event_id);
+    let form = "content-type: application/x-www-form-urlencoded\r\n";
+    let (status, _) = http_to(&address, &requeue, form, "operator=mallory&reason=x").await;
+    assert_eq!(status, 403);
+    browser.goto(&format!("{base}/login")).await;
+    browser.type_into("#login input[name=token]", TOKEN).await;
+    browser.click("#login button").await;
+    let cookie = browser.cookies().await;
+    assert!(cookie.contains("outbox_session="), "{cookie}");
+    let with_cookie = format!("{form}cookie: {cookie}\r\n");
+    let (status, body) = http_to(
+        &address,
+        &requeue,
+        &with_cookie,
+        "operator=mallory&reason=x",
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("CSRF"));
+    let (status, _) = http_to(
+        &address,
+        &requeue,
+        &with_cookie,
+        "operator=mallory&reason=x&csrf=forged",
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert!(matches!(
+        store.event_state(poison.event_id).await.unwrap(),
+        Some(EventState::Failed { .. })
+    ));
+
+    // Requeued from its page with a reason: published, and the history says who.
+    publisher.healed.store(true, Ordering::SeqCst);
+    browser
+        .goto(&format!("{base}/events/{}", poison.event_id))
+        .await;
+    browser
+        .type_into("#requeue input[name=operator]", "alice")
+        .await;
+    browser
+        .type_into("#requeue input[name=reason]", "consumer schema fixed")
+        .await;
+    browser.click("#requeue button").await;
+    publisher.wait_for(&[poison.event_id]).await;
+    browser
+        .goto(&format!("{base}/events/{}", poison.event_id))
+        .await;
+    let history = browser.text("#history").await;
+    assert!(
+        history.contains("alice") && history.contains("consumer schema fixed"),
+        "{history}"
+    );
+
+    // Bulk requeue by filter: a count, a confirmation, then all of them.
+    browser
+        .goto(&format!("{base}/failed?type=order.shipped"))
+        .await;
+    assert_eq!(
+        browser
+            .run("return document.getElementById('matching').dataset.count;")
+            .await,
+        "3"
+    );
+    browser.type_into("#bulk input[name=operator]", "bob").await;
+    browser
+        .type_into("#bulk input[name=reason]", "broker topic recreated")
+        .await;
+    browser.click("#bulk button[value=requeue]").await;
+    assert_eq!(
+        browser
+            .run("return document.getElementById('confirm-count').dataset.count;")
+            .await,
+        "3"
+    );
+    assert!(
+        store.stats().await.unwrap().iter().any(|s| s.failed == 3),
+        "nothing happens before the confirmation"
+    );
+    browser.click("#confirm button").await;
+    assert_eq!(
+        browser
+            .run("return document.getElementById('bulk-done').dataset.count;")
+            .await,
+        "3"
+    );
+    let ids = shipped.iter().map(|e| e.event_id).collect::<Vec<_>>();
+    publisher.wait_for(&ids).await;
+    let last = store.history(ids[2]).await.unwrap().pop().unwrap();
+    assert_eq!(last.actor, "bob");
+
+    relays.stop(Duration::from_secs(30)).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A read-only dashboard (no token) offers no sign-in and refuses actions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_dashboard_is_read_only() {
+    let dir = std::env::temp_dir().join(format!("outbox-dashboard-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("outbox.db");
+    let url = format!("sqlite:{}", path.display());
+    let store = SqliteStore::open(&path.to_string_lossy(), StoreConfig::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let (_server, address) = dashboard(&url, None).await;
+    let (status, body) = http_to(&address, "/", "", "").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("read-only") && !body.contains("/login\""),
+        "{body}"
+    );
+    let form = "content-type: application/x-www-form-urlencoded\r\n";
+    let (status, body) = http_to(&address, "/login", form, "token=anything").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("set-cookie"));
+    let (status, body) = http_to(
+        &address,
+        &format!("/events/{}/requeue", EventId::random()),
+        form,
+        "operator=a&reason=b",
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert!(body.contains("read-only"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A request to the dashboard at `address`: POST when `body` is not empty.
+async fn http_to(address: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
+    let port = address.rsplit(':').next().unwrap().parse().unwrap();
+    let method = if body.is_empty() && headers.is_empty() {
+        "GET"
+    } else {
+        "POST"
+    };
+    http(port, method, path, headers, Some(body.to_owned())).await
+}
