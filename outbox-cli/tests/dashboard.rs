@@ -145,9 +145,17 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
             )
         })
         .collect::<Vec<_>>();
+    let many = (0..60).map(|i| {
+        event(
+            "refund.issued",
+            &format!("refund-{i}"),
+            json!({"refuse": true, "n": i}),
+        )
+    });
     let mut events = vec![poison.clone()];
     events.extend(fine);
     events.extend(shipped.iter().cloned());
+    events.extend(many);
     OutboxWriter::enqueue(&*store, &events).await.unwrap();
     let publisher = Arc::new(Refusing::default());
     let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "browser", 1, |_| {});
@@ -165,7 +173,7 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
         }
     })
     .await
-    .expect("four events fail");
+    .expect("64 events fail");
 
     let (_server, address) = dashboard(&url, Some(TOKEN)).await;
     let base = format!("http://{address}");
@@ -210,6 +218,30 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
         .screenshot(&screenshots().join("dashboard-overview.png"))
         .await;
 
+    // Failed events page 50 at a time, by keyset.
+    browser
+        .goto(&format!("{base}/failed?type=refund.issued"))
+        .await;
+    assert_eq!(
+        browser
+            .run("return document.querySelectorAll('#failed tbody tr').length;")
+            .await,
+        50
+    );
+    browser.click("#next-page").await;
+    browser
+        .wait_for("a[href^='/failed?type=refund.issued']")
+        .await;
+    let second = browser
+        .run("return [...document.querySelectorAll('#failed tbody tr td:nth-child(3)')].map(td => td.textContent);")
+        .await;
+    let keys = (50..60).map(|i| format!("refund-{i}")).collect::<Vec<_>>();
+    assert_eq!(
+        second,
+        json!(keys),
+        "the second page holds the last ten, in order"
+    );
+
     // The poison event's page: payload and error text shown as text.
     browser
         .goto(&format!("{base}/failed?type=invoice.paid"))
@@ -223,7 +255,9 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
     browser
         .click(&format!("a[href='/events/{}']", poison.event_id))
         .await;
+    browser.wait_for("#show-payload").await;
     browser.click("#show-payload").await;
+    browser.wait_for("#payload").await;
     assert!(
         browser
             .text("#payload")
@@ -251,6 +285,7 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
     browser.goto(&format!("{base}/login")).await;
     browser.type_into("#login input[name=token]", TOKEN).await;
     browser.click("#login button").await;
+    browser.wait_for("form[action='/logout']").await;
     let cookie = browser.cookies().await;
     assert!(cookie.contains("outbox_session="), "{cookie}");
     let with_cookie = format!("{form}cookie: {cookie}\r\n");
@@ -313,6 +348,7 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
         .type_into("#bulk input[name=reason]", "broker topic recreated")
         .await;
     browser.click("#bulk button[value=requeue]").await;
+    browser.wait_for("#confirm-count").await;
     assert_eq!(
         browser
             .run("return document.getElementById('confirm-count').dataset.count;")
@@ -324,6 +360,7 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
         "nothing happens before the confirmation"
     );
     browser.click("#confirm button").await;
+    browser.wait_for("#bulk-done").await;
     assert_eq!(
         browser
             .run("return document.getElementById('bulk-done').dataset.count;")

@@ -32,6 +32,7 @@ impl AdminQueries {
     pub fn over_rows(
         names: &TableNames,
         param: &str,
+        failed_params: [&str; 6],
         earlier: &str,
         requeue: String,
         skip: String,
@@ -41,7 +42,7 @@ impl AdminQueries {
             stats: row_stats(names, param),
             held_back: row_held_back(names, param),
             event_state: row_event_state(names, param),
-            failed_events: failed_events(names, param),
+            failed_events: failed_events(names, EVENT_COLUMNS, failed_params),
             history: history(names, param),
             blocked_keys: format!(
                 "SELECT b.partition_key, b.event_id,
@@ -61,13 +62,29 @@ impl AdminQueries {
     }
 }
 
-/// Failed events in sequence order, with what an operator may do to them
-/// (`param`: the limit).
-pub fn failed_events(names: &TableNames, param: &str) -> String {
+/// A page of failed events in sequence order (`columns`: the dialect's
+/// event columns), with what an operator may do to them. `p` spells the parameters in the order they appear: after
+/// (sequence), type, type, key, key, limit; an empty type or key matches
+/// all (so a dialect that spells them `?` binds each twice).
+pub fn failed_events(names: &TableNames, columns: &str, p: [&str; 6]) -> String {
     let events = names.events();
     format!(
-        "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
-         WHERE status = 3 ORDER BY sequence LIMIT {param}"
+        "SELECT {columns}, blocks_key, superseded_by FROM {events}
+         WHERE status = 3 AND sequence > {} AND ({} = '' OR event_type = {})
+           AND ({} = '' OR partition_key = {})
+         ORDER BY sequence LIMIT {}",
+        p[0], p[1], p[2], p[3], p[4], p[5]
+    )
+}
+
+/// The parameters of [`failed_events`] for `page`, each once (`$n` and
+/// `?n` dialects).
+pub fn failed_page_params(page: &outbox_core::store::FailedPage) -> (i64, String, String, i64) {
+    (
+        page.after_sequence.unwrap_or(i64::MIN),
+        page.event_type.clone().unwrap_or_default(),
+        page.partition_key.clone().unwrap_or_default(),
+        page.limit.min(i64::MAX as usize) as i64,
     )
 }
 

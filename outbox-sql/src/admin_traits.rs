@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, HeldBack, OperatorAction, OutboxAdmin, RelayStatus,
+    FailedEvent, FailedPage, HeldBack, OperatorAction, OutboxAdmin, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 
@@ -42,7 +42,12 @@ macro_rules! admin_on_protocol {
             }
 
             async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
-                during("failed_events", || self.events(), self.failed_now(limit)).await
+                let page = FailedPage::first(limit);
+                during("failed_events", || self.events(), self.failed_now(&page)).await
+            }
+
+            async fn failed_page(&self, page: &FailedPage) -> Result<Vec<FailedEvent>, StoreError> {
+                during("failed_page", || self.events(), self.failed_now(page)).await
             }
 
             async fn history(&self, id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
@@ -119,7 +124,7 @@ admin_on_protocol!(sqlite, crate::admin_common::event_state);
 /// bound `$stats` times to the stats and `$held_back` times to what holds
 /// publication back (MySQL's `?` binds each use; SQLite's `?1` once).
 macro_rules! scalar_admin_reads {
-    ($dialect:ident, $stats:expr, $held_back:expr) => {
+    ($dialect:ident, $stats:expr, $held_back:expr, $failed_params:path) => {
         impl<D: crate::$dialect::Driver> crate::$dialect::Protocol<D> {
             /// Rows of `sql` (parameters `params`) on a pooled connection.
             pub(crate) async fn fetch_alone(
@@ -157,10 +162,9 @@ macro_rules! scalar_admin_reads {
                 crate::admin_common::held_back(r)
             }
 
-            async fn failed_now(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
-                let limit = vec![crate::param::limit(limit)];
+            async fn failed_now(&self, page: &FailedPage) -> Result<Vec<FailedEvent>, StoreError> {
                 let rows = self
-                    .fetch_alone(&self.queries.admin.failed_events, limit)
+                    .fetch_alone(&self.queries.admin.failed_events, $failed_params(page))
                     .await?;
                 let mut failed = Vec::with_capacity(rows.len());
                 for mut r in rows {
@@ -181,5 +185,25 @@ macro_rules! scalar_admin_reads {
     };
 }
 
-scalar_admin_reads!(mysql, 3, 6);
-scalar_admin_reads!(sqlite, 1, 1);
+scalar_admin_reads!(mysql, 3, 6, failed_params_each_twice);
+scalar_admin_reads!(sqlite, 1, 1, failed_params_numbered);
+
+/// [`crate::admin_queries::failed_events`]'s parameters for `?` (type and
+/// key bound twice each).
+fn failed_params_each_twice(page: &FailedPage) -> Vec<crate::param::Param> {
+    let (after, event_type, key, limit) = crate::admin_queries::failed_page_params(page);
+    vec![
+        after.into(),
+        event_type.clone().into(),
+        event_type.into(),
+        key.clone().into(),
+        key.into(),
+        limit.into(),
+    ]
+}
+
+/// [`crate::admin_queries::failed_events`]'s parameters for `?1`…`?4`.
+fn failed_params_numbered(page: &FailedPage) -> Vec<crate::param::Param> {
+    let (after, event_type, key, limit) = crate::admin_queries::failed_page_params(page);
+    vec![after.into(), event_type.into(), key.into(), limit.into()]
+}

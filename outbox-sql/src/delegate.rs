@@ -104,6 +104,13 @@ macro_rules! delegate_sql_store {
             {
                 self.$field.failed_events(limit).await
             }
+            async fn failed_page(
+                &self,
+                page: &$crate::__private::store::FailedPage,
+            ) -> Result<Vec<$crate::__private::store::FailedEvent>, $crate::__private::StoreError>
+            {
+                self.$field.failed_page(page).await
+            }
             async fn history(
                 &self,
                 event_id: $crate::__private::EventId,

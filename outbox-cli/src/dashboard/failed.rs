@@ -4,14 +4,18 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use outbox_core::StoreError;
 use outbox_core::chrono::Utc;
-use outbox_core::store::FailedEvent;
+use outbox_core::store::{FailedEvent, FailedPage, OutboxAdmin};
 
 use super::html::{Frame, age, esc, table, url_value};
 use super::http::Request;
 
-/// Failed events read per list (oldest first) before the filters apply.
-pub const READ_AT_MOST: usize = 10_000;
+/// Failed events one list request reads at most (for filters the store
+/// cannot apply: error text, age); the page links on from where it stopped.
+const SCAN_AT_MOST: usize = 5_000;
+/// Failed events read from the store at a time.
+const CHUNK: usize = 500;
 /// Rows per page.
 const PAGE: usize = 50;
 
@@ -53,6 +57,22 @@ impl Filter {
         crate::duration::parse(&self.older_than)
             .map(Some)
             .map_err(|e| format!("older than: {e}"))
+    }
+
+    /// The part of the filter the store applies (type and key, from its
+    /// failed-events index), after `after`.
+    pub fn page(&self, after: Option<i64>, limit: usize) -> FailedPage {
+        let mut page = FailedPage::first(limit);
+        if !self.event_type.is_empty() {
+            page = page.of_type(&self.event_type);
+        }
+        if !self.key.is_empty() {
+            page = page.with_key(&self.key);
+        }
+        match after {
+            Some(sequence) => page.after(sequence),
+            None => page,
+        }
     }
 
     /// Whether `failed` matches.
@@ -113,16 +133,107 @@ impl Filter {
     }
 }
 
-/// The list page's main part. `read` is what the store returned (oldest
-/// first, at most [`READ_AT_MOST`]).
-pub fn list(frame: &Frame<'_>, request: &Request, read: &[FailedEvent]) -> Result<String, String> {
-    let filter = Filter::from(&request.query);
+/// What one list request found: up to a page of matches in sequence order,
+/// and where the next page starts (if there may be one).
+pub struct Found {
+    /// The matches, at most a page.
+    pub matching: Vec<FailedEvent>,
+    /// The sequence to read on from, if the store may hold more.
+    pub next_after: Option<i64>,
+    /// Failed events read (those the store's filters let through).
+    pub read: usize,
+}
+
+/// Reads failed events after `after` until a page of them match `filter`,
+/// the store has no more, or [`SCAN_AT_MOST`] were read.
+pub async fn find(
+    admin: &dyn OutboxAdmin,
+    filter: &Filter,
+    min_age: Option<Duration>,
+    after: Option<i64>,
+    want: usize,
+) -> Result<Found, StoreError> {
+    let mut found = Found {
+        matching: Vec::new(),
+        next_after: None,
+        read: 0,
+    };
+    let mut cursor = after;
+    loop {
+        let chunk = admin.failed_page(&filter.page(cursor, CHUNK)).await?;
+        let complete = chunk.len() < CHUNK;
+        for failed in chunk {
+            found.read += 1;
+            cursor = Some(failed.event.sequence);
+            if filter.matches(&failed, min_age) {
+                found.matching.push(failed);
+                if found.matching.len() == want {
+                    found.next_after = cursor;
+                    return Ok(found);
+                }
+            }
+        }
+        if complete {
+            return Ok(found);
+        }
+        if found.read >= SCAN_AT_MOST {
+            found.next_after = cursor;
+            return Ok(found);
+        }
+    }
+}
+
+/// Every failed event `filter` matches (for bulk actions), not superseded.
+pub async fn all_matching(
+    admin: &dyn OutboxAdmin,
+    filter: &Filter,
+) -> Result<Vec<FailedEvent>, String> {
     let min_age = filter.min_age()?;
-    let matching = read
-        .iter()
-        .filter(|f| filter.matches(f, min_age))
-        .collect::<Vec<_>>();
-    let page = request.param("page").parse::<usize>().unwrap_or(0);
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let found = find(admin, filter, min_age, after, usize::MAX)
+            .await
+            .map_err(|e| e.to_string())?;
+        all.extend(
+            found
+                .matching
+                .into_iter()
+                .filter(|f| f.superseded_by.is_none()),
+        );
+        match found.next_after {
+            Some(next) => after = Some(next),
+            None => return Ok(all),
+        }
+    }
+}
+
+/// The list page's main part.
+pub async fn list(
+    frame: &Frame<'_>,
+    request: &Request,
+    admin: &dyn OutboxAdmin,
+) -> Result<String, (&'static str, String)> {
+    let filter = Filter::from(&request.query);
+    let min_age = filter.min_age().map_err(|e| ("400 Bad Request", e))?;
+    let after = match request.param("after") {
+        "" => None,
+        given => Some(given.parse::<i64>().map_err(|_| {
+            (
+                "400 Bad Request",
+                format!("after: {given:?} is not a sequence"),
+            )
+        })?),
+    };
+    let found = find(admin, &filter, min_age, after, PAGE)
+        .await
+        .map_err(|e| {
+            (
+                "503 Service Unavailable",
+                format!("The store could not answer: {e}"),
+            )
+        })?;
+    let matching = &found.matching;
     let base = frame.base;
     let mut out = String::from("<h2>Failed events</h2>");
     let _ = write!(
@@ -138,23 +249,16 @@ pub fn list(frame: &Frame<'_>, request: &Request, read: &[FailedEvent]) -> Resul
     );
     let _ = write!(
         out,
-        r#"<p id="matching" data-count="{}">{} matching ({})."#,
+        r#"<p id="matching" data-count="{}">{} shown ({}), oldest first; {} failed events read."#,
         matching.len(),
         matching.len(),
-        filter.describe()
+        filter.describe(),
+        found.read
     );
-    if read.len() >= READ_AT_MOST {
-        let _ = write!(
-            out,
-            " Only the oldest {READ_AT_MOST} failed events are searched."
-        );
-    }
     out.push_str("</p>");
     let now = Utc::now();
     let rows = matching
         .iter()
-        .skip(page * PAGE)
-        .take(PAGE)
         .map(|f| {
             let event = &f.event.event;
             let last = f.history.last();
@@ -198,27 +302,21 @@ pub fn list(frame: &Frame<'_>, request: &Request, read: &[FailedEvent]) -> Resul
         &rows,
     ));
     let query = filter.query();
-    if page > 0 {
-        let _ = write!(
-            out,
-            r#"<a href="{base}/failed?{query}page={}">« newer page</a> "#,
-            page - 1
-        );
+    if after.is_some() {
+        let _ = write!(out, r#"<a href="{base}/failed?{query}">« first page</a> "#);
     }
-    if matching.len() > (page + 1) * PAGE {
+    if let Some(next) = found.next_after {
         let _ = write!(
             out,
-            r#"<a id="next-page" href="{base}/failed?{query}page={}">next page »</a>"#,
-            page + 1
+            r#"<a id="next-page" href="{base}/failed?{query}after={next}">next page »</a>"#
         );
     }
     if frame.signed_in && !matching.is_empty() {
         let _ = write!(
             out,
-            r#"<h3>Act on all {n} matching</h3><form id="bulk" method="post" action="{base}/failed/bulk">{csrf}{hidden}
+            r#"<h3>Act on every event this filter matches</h3><form id="bulk" method="post" action="{base}/failed/bulk">{csrf}{hidden}
 <label>operator <input name="operator" required></label><label>reason <input name="reason" required></label>
-<button name="action" value="requeue">Requeue all {n}…</button><button name="action" value="skip">Skip all {n}…</button></form>"#,
-            n = matching.len(),
+<button name="action" value="requeue">Requeue all matching…</button><button name="action" value="skip">Skip all matching…</button></form>"#,
             csrf = frame.csrf_field(),
             hidden = filter.hidden_fields(),
         );

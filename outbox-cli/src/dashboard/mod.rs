@@ -155,15 +155,8 @@ impl Dashboard {
     }
 
     async fn failed(&self, request: &Request) -> Page {
-        let read = self
-            .store
-            .admin()
-            .failed_events(failed::READ_AT_MOST)
-            .await
-            .map_err(store_error)?;
         let frame = self.frame(request);
-        let main =
-            failed::list(&frame.frame(), request, &read).map_err(|e| ("400 Bad Request", e))?;
+        let main = failed::list(&frame.frame(), request, self.store.admin()).await?;
         Ok(Response::html("200 OK", frame.page("Failed events", &main)))
     }
 
@@ -175,14 +168,11 @@ impl Dashboard {
         }
         let operator = operator_action(request)?;
         let filter = failed::Filter::from(&request.form);
-        let min_age = filter.min_age().map_err(|e| ("400 Bad Request", e))?;
         let admin = self.store.admin();
-        let matching = admin
-            .failed_events(failed::READ_AT_MOST)
+        let matching = failed::all_matching(admin, &filter)
             .await
-            .map_err(store_error)?
+            .map_err(|e| ("400 Bad Request", e))?
             .into_iter()
-            .filter(|f| f.superseded_by.is_none() && filter.matches(f, min_age))
             .map(|f| f.event.event.event_id)
             .collect::<Vec<_>>();
         let frame = self.frame(request);

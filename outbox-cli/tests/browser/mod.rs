@@ -71,6 +71,20 @@ impl Browser {
         self.command("POST", "url", json!({ "url": url })).await;
     }
 
+    /// Waits (up to 10 s) until `css` selects an element: a click that
+    /// submits a form returns before the next page has loaded.
+    pub async fn wait_for(&self, css: &str) {
+        for _ in 0..200 {
+            let path = format!("/session/{}/element", self.session);
+            let body = json!({"using": "css selector", "value": css}).to_string();
+            if http(self.port, "POST", &path, "", Some(body)).await.0 == 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("no element {css:?} after 10 s");
+    }
+
     /// The first element `css` selects.
     pub async fn find(&self, css: &str) -> String {
         let found = self

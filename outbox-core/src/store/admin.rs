@@ -89,6 +89,67 @@ pub struct FailedEvent {
     pub history: Vec<AttemptRecord>,
 }
 
+/// One page of failed events an operator looks at: those of a type and a
+/// key (each optional), after the sequence of the last one seen (keyset
+/// paging: a page costs the same at the millionth failed event as at the
+/// first), at most `limit`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailedPage {
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this partition key.
+    pub partition_key: Option<String>,
+    /// Only events after this sequence (the last one of the page before).
+    pub after_sequence: Option<i64>,
+    /// Most events returned.
+    pub limit: usize,
+}
+
+impl FailedPage {
+    /// The first `limit` failed events, oldest first.
+    pub fn first(limit: usize) -> Self {
+        Self {
+            limit,
+            ..Self::default()
+        }
+    }
+
+    /// Only events of `event_type`.
+    pub fn of_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// Only events of `partition_key`.
+    pub fn with_key(mut self, partition_key: impl Into<String>) -> Self {
+        self.partition_key = Some(partition_key.into());
+        self
+    }
+
+    /// Only events after `sequence`.
+    pub fn after(mut self, sequence: i64) -> Self {
+        self.after_sequence = Some(sequence);
+        self
+    }
+
+    /// Whether `failed` is on this page's side of its filters (type, key,
+    /// after), ignoring the limit.
+    pub fn admits(&self, failed: &FailedEvent) -> bool {
+        let event = &failed.event.event;
+        self.event_type
+            .as_ref()
+            .is_none_or(|t| &event.event_type == t)
+            && self
+                .partition_key
+                .as_ref()
+                .is_none_or(|k| &event.partition_key == k)
+            && self
+                .after_sequence
+                .is_none_or(|after| failed.event.sequence > after)
+    }
+}
+
 /// A key parked behind a failed event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockedKey {

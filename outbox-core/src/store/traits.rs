@@ -5,7 +5,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::admin::{
-    BlockedKey, EventState, EventTypeStats, FailedEvent, HeldBack, OperatorAction, RelayStatus,
+    BlockedKey, EventState, EventTypeStats, FailedEvent, FailedPage, HeldBack, OperatorAction,
+    RelayStatus,
 };
 use super::heartbeat::Heartbeat;
 use super::history::AttemptRecord;
@@ -94,6 +95,18 @@ pub trait OutboxAdmin: Send + Sync {
 
     /// Failed events, oldest first, each with its full attempt history.
     async fn failed_events(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError>;
+
+    /// One page of failed events, oldest first, by type and key: what an
+    /// operator pages through. The default reads every failed event and
+    /// filters; the SQL stores answer from the failed-events index.
+    async fn failed_page(&self, page: &FailedPage) -> Result<Vec<FailedEvent>, StoreError> {
+        let all = self.failed_events(usize::MAX).await?;
+        Ok(all
+            .into_iter()
+            .filter(|f| page.admits(f))
+            .take(page.limit)
+            .collect())
+    }
 
     /// The append-only history of one event.
     async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError>;

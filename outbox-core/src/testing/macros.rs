@@ -18,6 +18,7 @@ macro_rules! store_conformance_tests {
             backoff_honours_available_at,
             delayed_events_wait,
             skip_policy_lets_the_key_continue,
+            failed_events_page_by_type_key_and_sequence,
             block_policy_parks_the_key_until_an_operator_acts,
             requeue_appends_history,
             supersede_takes_the_place_of_the_failed_event,

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use outbox_core::store::{
-    AttemptKind, AttemptRecord, EnqueueOutcome, EventState, EventTypeStats, FailedEvent, HeldBack,
-    OpenTransaction, OperatorAction,
+    AttemptKind, AttemptRecord, EnqueueOutcome, EventState, EventTypeStats, FailedEvent,
+    FailedPage, HeldBack, OpenTransaction, OperatorAction,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 
@@ -149,12 +149,19 @@ impl<D: Driver> Protocol<D> {
         Ok(held)
     }
 
-    pub(crate) async fn failed_now(&self, limit: usize) -> Result<Vec<FailedEvent>, StoreError> {
+    pub(crate) async fn failed_now(
+        &self,
+        page: &FailedPage,
+    ) -> Result<Vec<FailedEvent>, StoreError> {
+        let (after, event_type, key, limit) = crate::admin_queries::failed_page_params(page);
+        let params = vec![
+            Param::BigInt(after),
+            Param::Text(event_type),
+            Param::Text(key),
+            Param::BigInt(limit),
+        ];
         let rows = self
-            .fetch_alone(
-                &self.queries.admin.failed_events,
-                vec![Param::BigInt(limit.min(i64::MAX as usize) as i64)],
-            )
+            .fetch_alone(&self.queries.admin.failed_events, params)
             .await?;
         let ids = rows
             .iter()

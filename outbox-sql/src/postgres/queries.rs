@@ -132,9 +132,10 @@ impl Queries {
                      FROM e LEFT JOIN c ON TRUE
                      LEFT JOIN lease ON TRUE LEFT JOIN laned ON TRUE LEFT JOIN passed ON TRUE"
                 ),
-                failed_events: format!(
-                    "SELECT {EVENT_COLUMNS}, blocks_key, superseded_by FROM {events}
-                     WHERE status = 3 ORDER BY sequence LIMIT $1"
+                failed_events: admin_queries::failed_events(
+                    names,
+                    EVENT_COLUMNS,
+                    ["$1", "$2", "$2", "$3", "$3", "$4"],
                 ),
                 history: admin_queries::history(names, "$1"),
                 blocked_keys: format!(

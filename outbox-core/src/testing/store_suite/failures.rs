@@ -66,6 +66,69 @@ pub async fn skip_policy_lets_the_key_continue<F: StoreFactory>(factory: &F) {
     assert_eq!(failed[0].history[0].kind, AttemptKind::PermanentFailure);
 }
 
+/// Failed events page by type and key, oldest first, each page after the
+/// sequence of the last one seen: the pages add up to the whole list.
+pub async fn failed_events_page_by_type_key_and_sequence<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let typed = |key: &str, n: usize, event_type: &str| {
+        let mut e = event(key, n);
+        e.event_type = event_type.into();
+        e
+    };
+    let events = [
+        typed("a", 1, "t1"),
+        typed("a", 2, "t2"),
+        typed("b", 1, "t1"),
+        typed("b", 2, "t2"),
+        typed("c", 1, "t1"),
+    ];
+    enqueue_all(&*store, &events).await;
+    for _ in 0..events.len() {
+        let claimed = claim(&*store, &request("r1", 1)).await;
+        store.nack(&[fail(&claimed[0], false)]).await.unwrap();
+    }
+    let all = store.failed_events(10).await.unwrap();
+    let listed = |page: &[crate::store::FailedEvent]| {
+        page.iter()
+            .map(|f| f.event.event.event_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(all.len(), 5);
+    let page = |p: crate::store::FailedPage| {
+        let store = store.clone();
+        async move { store.failed_page(&p).await.unwrap() }
+    };
+    use crate::store::FailedPage;
+    assert_eq!(listed(&page(FailedPage::first(10)).await), listed(&all));
+    let of =
+        |events: &[&crate::event::NewEvent]| events.iter().map(|e| e.event_id).collect::<Vec<_>>();
+    let (a1, a2, b1, b2, c1) = (&events[0], &events[1], &events[2], &events[3], &events[4]);
+    let mut t1 = of(&[a1, b1, c1]);
+    let order = listed(&all);
+    t1.sort_by_key(|id| order.iter().position(|o| o == id));
+    assert_eq!(listed(&page(FailedPage::first(10).of_type("t1")).await), t1);
+    let key_a = listed(&page(FailedPage::first(10).with_key("a")).await);
+    assert_eq!(key_a, of(&[a1, a2]), "a key's failed events in its order");
+    assert_eq!(
+        listed(&page(FailedPage::first(10).of_type("t2").with_key("b")).await),
+        of(&[b2])
+    );
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let mut next = FailedPage::first(2);
+        if let Some(sequence) = after {
+            next = next.after(sequence);
+        }
+        let got = page(next).await;
+        assert!(got.len() <= 2);
+        let Some(last) = got.last() else { break };
+        after = Some(last.event.sequence);
+        paged.extend(listed(&got));
+    }
+    assert_eq!(paged, order, "pages of two add up to the whole list");
+}
+
 /// `Block`: a failed event parks its key and backlog until an operator acts;
 /// other keys flow.
 pub async fn block_policy_parks_the_key_until_an_operator_acts<F: StoreFactory>(factory: &F) {
