@@ -6,5 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/services.sh
-cargo build --release -p outbox-bench
+# The dashboard scenario runs the `outbox` binary beside the bench.
+cargo build --release -p outbox-bench -p outbox-cli
 target/release/outbox-bench all "$@"

@@ -27,7 +27,7 @@ use std::time::Instant;
 use report::Report;
 use scenario::Scale;
 
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "drain",
     "drain-sql",
     "keys",
@@ -40,6 +40,7 @@ const SCENARIOS: [&str; 12] = [
     "enqueue",
     "claim",
     "pgq",
+    "dashboard",
 ];
 
 struct Args {
@@ -165,6 +166,7 @@ async fn run(args: Args) -> i32 {
             "claim" => scenario::claim::run(args.scale.clone(), &mut report).await,
             "keys" => scenario::keys::run(args.scale.clone(), &mut report).await,
             "pgq" => scenario::pgq::run(args.scale.clone(), &mut report).await,
+            "dashboard" => scenario::dashboard::run(args.scale.clone(), &mut report).await,
             _ => unreachable!("parse_args admits known scenarios only"),
         };
         eprintln!("<== {name} in {:.1} s", started.elapsed().as_secs_f64());

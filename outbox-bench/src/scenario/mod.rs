@@ -4,6 +4,7 @@
 
 pub mod brokers;
 pub mod claim;
+pub mod dashboard;
 pub mod dialects;
 pub mod drain;
 pub mod drain_sql;

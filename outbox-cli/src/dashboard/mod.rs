@@ -45,6 +45,8 @@ pub struct Dashboard {
     settings: Settings,
     sessions: Sessions,
     samples: samples::Samples,
+    /// The overview as last read by the sampler.
+    latest: std::sync::Mutex<Option<Arc<overview::Overview>>>,
 }
 
 impl Dashboard {
@@ -55,24 +57,57 @@ impl Dashboard {
             settings,
             sessions: Sessions::default(),
             samples: samples::Samples::default(),
+            latest: std::sync::Mutex::new(None),
         });
         let sampling = Arc::downgrade(&dashboard);
         tokio::spawn(async move {
             while let Some(dashboard) = sampling.upgrade() {
-                dashboard.sample().await;
-                let every = dashboard.settings.sample_every;
+                let took = dashboard.sample().await;
+                // Reading the counts costs the store more as the backlog
+                // grows (a second at a million waiting): the dashboard
+                // keeps to a tenth of one connection's time.
+                let pause = dashboard.settings.sample_every.max(took * 10);
                 drop(dashboard);
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(pause).await;
             }
         });
         dashboard
     }
 
-    async fn sample(&self) {
-        match self.store.admin().stats().await {
-            Ok(stats) => self.samples.record(samples::Sample::of(&stats, Utc::now())),
+    /// Reads the overview, keeps it for the pages and its counts for the
+    /// charts; returns how long the read took.
+    async fn sample(&self) -> Duration {
+        let started = std::time::Instant::now();
+        match self.read_overview().await {
+            Ok(overview) => {
+                self.samples
+                    .record(samples::Sample::of(&overview.stats, overview.read_at));
+                *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(overview));
+            }
             Err(error) => tracing::warn!(%error, "the dashboard could not read the store's counts"),
         }
+        started.elapsed()
+    }
+
+    async fn read_overview(&self) -> Result<overview::Overview, outbox_core::StoreError> {
+        let started = std::time::Instant::now();
+        let admin = self.store.admin();
+        let stats = admin.stats().await?;
+        let relays = admin.relays().await?;
+        let held_back = admin.held_back().await?;
+        let blocked = admin.blocked_keys().await?;
+        let read_at = Utc::now();
+        Ok(overview::Overview {
+            held_back: crate::render::held_back_lines(&held_back, &relays, read_at)
+                .iter()
+                .map(|line| line["detail"].as_str().unwrap_or_default().to_owned())
+                .collect(),
+            stats,
+            relays,
+            blocked,
+            read_at,
+            took: started.elapsed(),
+        })
     }
 
     /// Serves on `listener` until the process ends.
@@ -132,20 +167,28 @@ impl Dashboard {
         }
     }
 
+    /// The overview as last sampled (the first one read on request): a page
+    /// load or refresh costs the store nothing, however many are open.
     async fn overview(&self, request: &Request) -> Page {
-        let admin = self.store.admin();
-        let stats = admin.stats().await.map_err(store_error)?;
-        self.samples.record(samples::Sample::of(&stats, Utc::now()));
-        let relays = admin.relays().await.map_err(store_error)?;
-        let held_back = admin.held_back().await.map_err(store_error)?;
-        let overview = overview::Overview {
-            held_back: crate::render::held_back_lines(&held_back, &relays, Utc::now())
-                .iter()
-                .map(|line| line["detail"].as_str().unwrap_or_default().to_owned())
-                .collect(),
-            stats,
-            relays,
-            blocked: admin.blocked_keys().await.map_err(store_error)?,
+        let latest = self
+            .latest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let overview = match latest {
+            Some(overview) => overview,
+            None => {
+                self.sample().await;
+                let latest = self
+                    .latest
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                latest.ok_or((
+                    "503 Service Unavailable",
+                    "The store could not answer; see the dashboard's log.".to_string(),
+                ))?
+            }
         };
         let main = overview.render(&self.settings.base, &self.samples.all());
         Ok(Response::html(

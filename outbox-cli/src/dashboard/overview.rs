@@ -4,7 +4,9 @@
 
 use std::fmt::Write;
 
-use outbox_core::chrono::Utc;
+use std::time::Duration;
+
+use outbox_core::chrono::{DateTime, Utc};
 use outbox_core::store::{BlockedKey, EventTypeStats, RelayStatus};
 
 use super::chart::{self, Shape};
@@ -22,12 +24,22 @@ pub struct Overview {
     pub relays: Vec<RelayStatus>,
     /// Keys parked behind failed events.
     pub blocked: Vec<BlockedKey>,
+    /// When it was read.
+    pub read_at: DateTime<Utc>,
+    /// How long reading it took.
+    pub took: Duration,
 }
 
 impl Overview {
     /// The page's main part; `base` prefixes links.
     pub fn render(&self, base: &str, history: &[Sample]) -> String {
         let mut out = String::from(r#"<section id="live" data-refresh-seconds="5">"#);
+        let _ = write!(
+            out,
+            r#"<p id="as-of" class="muted">Counts as of {} (read in {} ms).</p>"#,
+            self.read_at.format("%H:%M:%S UTC"),
+            self.took.as_millis()
+        );
         out.push_str("<h2>What holds publication back</h2>");
         if self.held_back.is_empty() {
             out.push_str(r#"<p id="held-back" class="ok">Nothing: every waiting event can be claimed now.</p>"#);
