@@ -294,9 +294,7 @@ async fn failed(store: &Store, action: FailedAction, output: Output) -> Result<(
 
 /// The failed event `id`, or an error saying where it stands instead.
 pub async fn find_failed(store: &Store, id: EventId) -> Result<FailedEvent, CliError> {
-    // Failed events are few by design; a limit this high finds any of them.
-    let failed = store.admin().failed_events(100_000).await?;
-    if let Some(found) = failed.into_iter().find(|f| f.event.event.event_id == id) {
+    if let Some(found) = store.admin().failed_event(id).await? {
         return Ok(found);
     }
     match store.admin().event_state(id).await? {

@@ -17,6 +17,7 @@ pub struct AdminQueries {
     pub held_back: String,
     pub event_state: String,
     pub failed_events: String,
+    pub failed_event: String,
     pub history: String,
     pub blocked_keys: String,
     pub requeue: String,
@@ -43,6 +44,7 @@ impl AdminQueries {
             held_back: row_held_back(names, param),
             event_state: row_event_state(names, param),
             failed_events: failed_events(names, EVENT_COLUMNS, failed_params),
+            failed_event: failed_event(names, EVENT_COLUMNS, param),
             history: history(names, param),
             blocked_keys: format!(
                 "SELECT b.partition_key, b.event_id,
@@ -74,6 +76,15 @@ pub fn failed_events(names: &TableNames, columns: &str, p: [&str; 6]) -> String 
            AND ({} = '' OR partition_key = {})
          ORDER BY sequence LIMIT {}",
         p[0], p[1], p[2], p[3], p[4], p[5]
+    )
+}
+
+/// One failed event by id (`param`), in `columns` as [`failed_events`].
+pub fn failed_event(names: &TableNames, columns: &str, param: &str) -> String {
+    let events = names.events();
+    format!(
+        "SELECT {columns}, blocks_key, superseded_by FROM {events}
+         WHERE event_id = {param} AND status = 3"
     )
 }
 

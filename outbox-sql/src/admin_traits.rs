@@ -50,6 +50,10 @@ macro_rules! admin_on_protocol {
                 during("failed_page", || self.events(), self.failed_now(page)).await
             }
 
+            async fn failed_event(&self, id: EventId) -> Result<Option<FailedEvent>, StoreError> {
+                during("failed_event", || self.events(), self.failed_one(id)).await
+            }
+
             async fn history(&self, id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
                 during("history", || self.events(), async move {
                     if self.event_state(id).await?.is_none() {
@@ -163,9 +167,24 @@ macro_rules! scalar_admin_reads {
             }
 
             async fn failed_now(&self, page: &FailedPage) -> Result<Vec<FailedEvent>, StoreError> {
+                self.failed_rows(&self.queries.admin.failed_events, $failed_params(page))
+                    .await
+            }
+
+            async fn failed_one(&self, id: EventId) -> Result<Option<FailedEvent>, StoreError> {
                 let rows = self
-                    .fetch_alone(&self.queries.admin.failed_events, $failed_params(page))
+                    .failed_rows(&self.queries.admin.failed_event, vec![id.into()])
                     .await?;
+                Ok(rows.into_iter().next())
+            }
+
+            /// The failed events `sql` selects, each with its history.
+            async fn failed_rows(
+                &self,
+                sql: &str,
+                params: Vec<crate::param::Param>,
+            ) -> Result<Vec<FailedEvent>, StoreError> {
+                let rows = self.fetch_alone(sql, params).await?;
                 let mut failed = Vec::with_capacity(rows.len());
                 for mut r in rows {
                     // A row that does not decode is listed as far as it

@@ -111,6 +111,13 @@ macro_rules! delegate_sql_store {
             {
                 self.$field.failed_page(page).await
             }
+            async fn failed_event(
+                &self,
+                event_id: $crate::__private::EventId,
+            ) -> Result<Option<$crate::__private::store::FailedEvent>, $crate::__private::StoreError>
+            {
+                self.$field.failed_event(event_id).await
+            }
             async fn history(
                 &self,
                 event_id: $crate::__private::EventId,

@@ -258,12 +258,7 @@ impl Dashboard {
             .map_err(store_error)?
             .ok_or(("404 Not Found", format!("No event {id}.")))?;
         let failed = if matches!(state, EventState::Failed { .. }) {
-            admin
-                .failed_events(100_000)
-                .await
-                .map_err(store_error)?
-                .into_iter()
-                .find(|f| f.event.event.event_id == id)
+            admin.failed_event(id).await.map_err(store_error)?
         } else {
             None
         };

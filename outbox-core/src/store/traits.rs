@@ -108,6 +108,14 @@ pub trait OutboxAdmin: Send + Sync {
             .collect())
     }
 
+    /// One failed event with its history; `None` when it has not failed
+    /// (or does not exist). The default reads every failed event; the SQL
+    /// stores read the one row.
+    async fn failed_event(&self, event_id: EventId) -> Result<Option<FailedEvent>, StoreError> {
+        let all = self.failed_events(usize::MAX).await?;
+        Ok(all.into_iter().find(|f| f.event.event.event_id == event_id))
+    }
+
     /// The append-only history of one event.
     async fn history(&self, event_id: EventId) -> Result<Vec<AttemptRecord>, StoreError>;
 

@@ -160,9 +160,24 @@ impl<D: Driver> Protocol<D> {
             Param::Text(key),
             Param::BigInt(limit),
         ];
+        self.failed_rows(&self.queries.admin.failed_events, params)
+            .await
+    }
+
+    pub(crate) async fn failed_one(&self, id: EventId) -> Result<Option<FailedEvent>, StoreError> {
         let rows = self
-            .fetch_alone(&self.queries.admin.failed_events, params)
+            .failed_rows(&self.queries.admin.failed_event, vec![id.into()])
             .await?;
+        Ok(rows.into_iter().next())
+    }
+
+    /// The failed events `sql` selects, each with its history.
+    async fn failed_rows(
+        &self,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<Vec<FailedEvent>, StoreError> {
+        let rows = self.fetch_alone(sql, params).await?;
         let ids = rows
             .iter()
             .map(|r| r.event_id("event_id").map(|id| *id.as_uuid()))

@@ -132,6 +132,7 @@ impl Queries {
                      FROM e LEFT JOIN c ON TRUE
                      LEFT JOIN lease ON TRUE LEFT JOIN laned ON TRUE LEFT JOIN passed ON TRUE"
                 ),
+                failed_event: admin_queries::failed_event(names, EVENT_COLUMNS, "$1"),
                 failed_events: admin_queries::failed_events(
                     names,
                     EVENT_COLUMNS,

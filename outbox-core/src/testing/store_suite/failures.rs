@@ -127,6 +127,26 @@ pub async fn failed_events_page_by_type_key_and_sequence<F: StoreFactory>(factor
         paged.extend(listed(&got));
     }
     assert_eq!(paged, order, "pages of two add up to the whole list");
+    let one = store
+        .failed_event(b2.event_id)
+        .await
+        .unwrap()
+        .expect("b2 failed");
+    assert_eq!(
+        one,
+        all.iter()
+            .find(|f| f.event.event.event_id == b2.event_id)
+            .unwrap()
+            .clone()
+    );
+    assert_eq!(store.failed_event(EventId::random()).await.unwrap(), None);
+    let pending = event("d", 1);
+    enqueue_all(&*store, std::slice::from_ref(&pending)).await;
+    assert_eq!(
+        store.failed_event(pending.event_id).await.unwrap(),
+        None,
+        "not failed: none"
+    );
 }
 
 /// `Block`: a failed event parks its key and backlog until an operator acts;
