@@ -105,6 +105,7 @@ async fn dashboard(
         base: String::new(),
         token,
         sample_every,
+        loopback_only: address.ip().is_loopback(),
     };
     let read_only = if settings.token.is_none() {
         " (read-only: no token)"

@@ -402,6 +402,13 @@ async fn without_a_token_the_dashboard_is_read_only() {
     let (_server, address) = dashboard(&url, None).await;
     let (status, body) = http_to(&address, "/", "", "").await;
     assert_eq!(status, 200);
+    // Listening on loopback, it answers loopback names only (DNS rebinding).
+    for host in ["localhost:1", "[::1]:1"] {
+        let named = format!("host: {host}\r\n");
+        assert_eq!(http_to(&address, "/", &named, "").await.0, 200, "{host}");
+    }
+    let rebound = http_to(&address, "/", "host: attacker.example:80\r\n", "").await;
+    assert_eq!(rebound.0, 421, "{}", rebound.1);
     assert!(
         body.contains("read-only") && !body.contains("/login\""),
         "{body}"
@@ -425,11 +432,7 @@ async fn without_a_token_the_dashboard_is_read_only() {
 /// A request to the dashboard at `address`: POST when `body` is not empty.
 async fn http_to(address: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
     let port = address.rsplit(':').next().unwrap().parse().unwrap();
-    let method = if body.is_empty() && headers.is_empty() {
-        "GET"
-    } else {
-        "POST"
-    };
+    let method = if body.is_empty() { "GET" } else { "POST" };
     http(port, method, path, headers, Some(body.to_owned())).await
 }
 

@@ -137,7 +137,13 @@ impl Dashboard {
     async fn overview(&self) -> Result<(), Error> {
         let mut socket = tokio::net::TcpStream::connect(&self.address).await?;
         socket
-            .write_all(b"GET / HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n")
+            .write_all(
+                format!(
+                    "GET / HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+                    self.address
+                )
+                .as_bytes(),
+            )
             .await?;
         let mut page = Vec::new();
         socket.read_to_end(&mut page).await?;

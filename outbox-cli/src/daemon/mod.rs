@@ -76,6 +76,9 @@ pub async fn run(
                     base,
                     token: std::env::var("OUTBOX_DASHBOARD_TOKEN").ok(),
                     sample_every: Duration::from_secs(10),
+                    loopback_only: listener
+                        .local_addr()
+                        .is_ok_and(|address| address.ip().is_loopback()),
                 },
             )
         });

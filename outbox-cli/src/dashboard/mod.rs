@@ -37,6 +37,10 @@ pub struct Settings {
     pub token: Option<String>,
     /// How often the charts' counts are read.
     pub sample_every: Duration,
+    /// Listening on a loopback address only: then a request must name a
+    /// loopback host, so a web page whose domain an attacker rebinds to
+    /// 127.0.0.1 cannot read the dashboard from a browser on this machine.
+    pub loopback_only: bool,
 }
 
 /// The dashboard over one store.
@@ -133,6 +137,13 @@ impl Dashboard {
 
     /// The answer to `request`, whose path starts with the base.
     pub async fn respond(&self, request: &Request) -> Response {
+        if self.settings.loopback_only && !names_loopback(request) {
+            let main = "<h2>421 Misdirected Request</h2><p id=\"error\">This dashboard answers requests for 127.0.0.1, localhost or [::1] only.</p>";
+            return Response::html(
+                "421 Misdirected Request",
+                self.frame(request).page("Misdirected", main),
+            );
+        }
         let path = request
             .path
             .strip_prefix(&self.settings.base)
@@ -390,6 +401,16 @@ impl FrameFor<'_> {
     fn page(&self, title: &str, main: &str) -> String {
         self.frame().page(title, main)
     }
+}
+
+/// Whether the request's `Host` is a loopback name (with any port).
+fn names_loopback(request: &Request) -> bool {
+    let host = request.headers.get("host").map_or("", String::as_str);
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    };
+    matches!(name, "127.0.0.1" | "localhost" | "::1")
 }
 
 fn asset(content_type: &'static str, text: &'static str) -> Response {

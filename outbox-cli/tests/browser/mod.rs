@@ -195,13 +195,18 @@ pub async fn http(
         .await
         .expect("connects");
     let body = body.unwrap_or_default();
+    let host = if headers.contains("host:") {
+        String::new()
+    } else {
+        format!("host: 127.0.0.1:{port}\r\n")
+    };
     let content_type = if headers.contains("content-type") {
         ""
     } else {
         "content-type: application/json\r\n"
     };
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{content_type}{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\n{host}{content_type}{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     socket.write_all(request.as_bytes()).await.unwrap();

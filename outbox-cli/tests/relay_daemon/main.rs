@@ -41,7 +41,7 @@ async fn get(address: &str, path: &str) -> (String, String) {
 async fn try_get(address: &str, path: &str) -> std::io::Result<(String, String)> {
     let mut stream = tokio::net::TcpStream::connect(address).await?;
     stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: {address}\r\n\r\n").as_bytes())
         .await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
