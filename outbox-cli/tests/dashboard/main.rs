@@ -3,9 +3,11 @@
 //! need the token and the CSRF token, and an operator's requeue, single and
 //! bulk by filter, is published and kept in the history with their name.
 //! Screenshots of the overview and an event's page land in
-//! `target/screenshots/`.
+//! `target/screenshots/`; `stores` compares the overview with `outbox
+//! status` on PostgreSQL and MariaDB.
 
 mod browser;
+mod stores;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -14,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use browser::{Browser, http};
-use outbox_core::store::{EventState, OutboxAdmin};
+use outbox_core::store::{AttemptKind, EventState, OutboxAdmin};
 use outbox_core::testing::RelayFleet;
 use outbox_core::{
     EventId, NewEvent, OutboxWriter, PublishError, PublishOutcome, Publisher, StoredEvent,
@@ -157,17 +159,19 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
             )
         })
         .collect::<Vec<_>>();
-    let many = (0..60).map(|i| {
-        event(
-            "refund.issued",
-            &format!("refund-{i}"),
-            json!({"refuse": true, "n": i}),
-        )
-    });
+    let refunds = (0..60)
+        .map(|i| {
+            event(
+                "refund.issued",
+                &format!("refund-{i}"),
+                json!({"refuse": true, "n": i}),
+            )
+        })
+        .collect::<Vec<_>>();
     let mut events = vec![poison.clone()];
     events.extend(fine);
     events.extend(shipped.iter().cloned());
-    events.extend(many);
+    events.extend(refunds.iter().cloned());
     OutboxWriter::enqueue(&*store, &events).await.unwrap();
     let publisher = Arc::new(Refusing::default());
     let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "browser", 1, |_| {});
@@ -345,6 +349,61 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
         "{history}"
     );
 
+    // Supersede from its page: a new payload takes its place and goes out.
+    let replaced = refunds[0].event_id;
+    browser.goto(&format!("{base}/events/{replaced}")).await;
+    browser
+        .type_into("#supersede input[name=operator]", "carol")
+        .await;
+    browser
+        .type_into("#supersede input[name=reason]", "amount corrected")
+        .await;
+    browser.clear("#supersede textarea").await;
+    browser
+        .type_into("#supersede textarea", r#"{"n": 0, "amount": 12}"#)
+        .await;
+    browser.click("#supersede button").await;
+    let by = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(EventState::Failed {
+                superseded_by: Some(by),
+                ..
+            }) = store.event_state(replaced).await.unwrap()
+            {
+                return by;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("superseded, and linked to its replacement");
+    publisher.wait_for(&[by]).await;
+    let last = store.history(replaced).await.unwrap().pop().unwrap();
+    assert_eq!(
+        (last.kind, last.actor.as_str()),
+        (AttemptKind::Superseded, "carol")
+    );
+
+    // Skip from its page: it stays failed, the skip in its history.
+    let skipped = refunds[1].event_id;
+    browser.goto(&format!("{base}/events/{skipped}")).await;
+    browser
+        .type_into("#skip input[name=operator]", "dave")
+        .await;
+    browser
+        .type_into("#skip input[name=reason]", "refund cancelled")
+        .await;
+    browser.click("#skip button").await;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while store.history(skipped).await.unwrap().last().unwrap().kind != AttemptKind::Skipped {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the skip is kept in the history");
+    browser.goto(&format!("{base}/events/{skipped}")).await;
+    assert!(browser.text("#history").await.contains("dave"));
+
     // Bulk requeue by filter: a count, a confirmation, then all of them.
     browser
         .goto(&format!("{base}/failed?type=order.shipped"))
@@ -434,159 +493,4 @@ async fn http_to(address: &str, path: &str, headers: &str, body: &str) -> (u16, 
     let port = address.rsplit(':').next().unwrap().parse().unwrap();
     let method = if body.is_empty() { "GET" } else { "POST" };
     http(port, method, path, headers, Some(body.to_owned())).await
-}
-
-/// On PostgreSQL and MariaDB, with a key blocked behind a failed event and
-/// events waiting behind it: the overview's counts are `outbox status`'s
-/// and `stats()`'s, it says what holds publication back, and lists the
-/// blocked key with its blocking event and the relay.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_overview_says_what_status_says_on_postgres_and_mariadb() {
-    use outbox_sqlx::mysql::MySqlStore;
-    use outbox_sqlx::postgres::EndToEndDb;
-
-    let db = EndToEndDb::create("dashboard").await;
-    let pg_url = std::env::var("OUTBOX_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
-    let poison = block_a_key(&db.store).await;
-    overview_matches_status(&*db.store, &pg_url, &["--schema", &db.schema], poison).await;
-
-    let mysql_url =
-        std::env::var("OUTBOX_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into());
-    let pool = sqlx::MySqlPool::connect(&mysql_url)
-        .await
-        .unwrap_or_else(|e| panic!("MySQL/MariaDB unreachable at {mysql_url}: {e}"));
-    let database = format!(
-        "outbox_t_dash_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    );
-    sqlx::query(&format!("CREATE DATABASE {database}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let tables = outbox_sqlx::TableNames::default()
-        .in_schema(&database)
-        .unwrap();
-    let store = Arc::new(MySqlStore::new(
-        pool.clone(),
-        StoreConfig::with_tables(tables),
-    ));
-    store.migrate().await.unwrap();
-    let poison = block_a_key(&store).await;
-    overview_matches_status(&*store, &mysql_url, &["--schema", &database], poison).await;
-    sqlx::query(&format!("DROP DATABASE {database}"))
-        .execute(&pool)
-        .await
-        .unwrap();
-}
-
-/// Enqueues three events on each of four keys, the first of key `acct-0`
-/// refused; relays under `PoisonPolicy::Block` until that key is blocked
-/// and the other keys drained; returns the refused event's id.
-async fn block_a_key<S: outbox_core::testing::ConformingStore>(store: &Arc<S>) -> EventId {
-    let mut events = Vec::new();
-    for n in 0..3 {
-        for key in 0..4 {
-            let refuse = key == 0 && n == 0;
-            events.push(event(
-                "invoice.paid",
-                &format!("acct-{key}"),
-                json!({"refuse": refuse, "n": n}),
-            ));
-        }
-    }
-    OutboxWriter::enqueue(&**store, &events).await.unwrap();
-    let publisher = Arc::new(Refusing::default());
-    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "overview", 1, |c| {
-        c.poison = outbox_core::PoisonPolicy::Block;
-    });
-    let others = events
-        .iter()
-        .filter(|e| !e.partition_key.ends_with("-0"))
-        .map(|e| e.event_id)
-        .collect::<Vec<_>>();
-    publisher.wait_for(&others).await;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while store.blocked_keys().await.unwrap().is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the refused event blocks its key");
-    relays.stop(Duration::from_secs(30)).await;
-    events[0].event_id
-}
-
-async fn overview_matches_status(
-    store: &dyn OutboxAdmin,
-    url: &str,
-    global: &[&str],
-    poison: EventId,
-) {
-    let (_server, address) = dashboard_with(url, global, None).await;
-    let (status, page) = http_to(&address, "/", "", "").await;
-    assert_eq!(status, 200, "{page}");
-    let shown = page
-        .split(r#"<span data-type=""#)
-        .skip(1)
-        .map(|cell| {
-            let (event_type, rest) = cell.split_once('"').unwrap();
-            let state = rest
-                .split(r#"data-state=""#)
-                .nth(1)
-                .unwrap()
-                .split('"')
-                .next()
-                .unwrap();
-            let n: u64 = rest
-                .split('>')
-                .nth(1)
-                .unwrap()
-                .split('<')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
-            (event_type.to_owned(), state.to_owned(), n)
-        })
-        .collect::<Vec<_>>();
-    let cli = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(global)
-        .args(["--url", url, "--output", "json", "status"])
-        .output()
-        .await
-        .unwrap();
-    let status: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
-    let mut from_status = Vec::new();
-    for t in status["event_types"].as_array().unwrap() {
-        for state in ["claimable", "parked", "blocked", "in_flight", "failed"] {
-            from_status.push((
-                t["event_type"].as_str().unwrap().to_owned(),
-                state.to_owned(),
-                t[state].as_u64().unwrap(),
-            ));
-        }
-    }
-    assert_eq!(shown, from_status, "{page}");
-    let stats = store.stats().await.unwrap();
-    assert_eq!((stats[0].blocked, stats[0].failed), (2, 1), "{stats:?}");
-    assert!(shown.contains(&("invoice.paid".into(), "blocked".into(), 2)));
-    assert!(
-        page.contains("1 keys blocked by failed events, 2 events waiting behind them"),
-        "{page}"
-    );
-    let blocked = page
-        .split(r#"<table id="blocked-keys">"#)
-        .nth(1)
-        .expect("a blocked keys table");
-    assert!(
-        blocked.contains("acct-0") && blocked.contains(&poison.to_string()),
-        "{blocked}"
-    );
-    assert!(
-        page.split(r#"<table id="relays">"#)
-            .nth(1)
-            .unwrap()
-            .contains("overview-0")
-    );
 }

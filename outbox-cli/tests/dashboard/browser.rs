@@ -116,6 +116,13 @@ impl Browser {
             .await;
     }
 
+    /// Empties the first input or text area `css` selects.
+    pub async fn clear(&self, css: &str) {
+        let element = self.find(css).await;
+        self.command("POST", &format!("element/{element}/clear"), json!({}))
+            .await;
+    }
+
     /// Types `text` into the first element `css` selects.
     pub async fn type_into(&self, css: &str, text: &str) {
         let element = self.find(css).await;
