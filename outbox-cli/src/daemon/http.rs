@@ -78,13 +78,7 @@ async fn refresh_gauges(store: &Store) {
             seen.extend(stats.iter().map(|s| s.event_type.clone()));
             drop(seen);
             for s in stats {
-                for (state, n) in [
-                    ("claimable", s.claimable),
-                    ("parked", s.parked),
-                    ("blocked", s.blocked),
-                    ("in_flight", s.in_flight),
-                    ("failed", s.failed),
-                ] {
+                for (state, n) in s.counts() {
                     metrics::gauge!(EVENTS, "event_type" => s.event_type.clone(), "state" => state)
                         .set(n as f64);
                 }

@@ -203,13 +203,7 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
         .await;
     let mut expected = Vec::new();
     for s in store.stats().await.unwrap() {
-        for (state, n) in [
-            ("claimable", s.claimable),
-            ("parked", s.parked),
-            ("blocked", s.blocked),
-            ("in_flight", s.in_flight),
-            ("failed", s.failed),
-        ] {
+        for (state, n) in s.counts() {
             expected.push(json!([s.event_type, state, n]));
         }
     }

@@ -33,6 +33,20 @@ pub struct EventTypeStats {
     pub failed: u64,
 }
 
+impl EventTypeStats {
+    /// The counts by state, named as metrics labels, `status --output
+    /// json` and the dashboard name them, in that order.
+    pub fn counts(&self) -> [(&'static str, u64); 5] {
+        [
+            ("claimable", self.claimable),
+            ("parked", self.parked),
+            ("blocked", self.blocked),
+            ("in_flight", self.in_flight),
+            ("failed", self.failed),
+        ]
+    }
+}
+
 /// Where one event stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventState {
