@@ -23,6 +23,7 @@ pub struct AdminQueries {
     pub requeue: String,
     pub skip: String,
     pub relays: String,
+    pub last_sequence: String,
 }
 
 impl AdminQueries {
@@ -60,6 +61,7 @@ impl AdminQueries {
             requeue,
             skip,
             relays: relays(names),
+            last_sequence: last_sequence(names),
         }
     }
 }
@@ -105,6 +107,15 @@ pub fn history(names: &TableNames, param: &str) -> String {
     format!(
         "SELECT event_id, kind, at, actor, error_class, detail, attempts
          FROM {attempts} WHERE event_id = {param} ORDER BY id"
+    )
+}
+
+/// The newest event's sequence (the primary key's last entry), `NULL`
+/// when the table is empty.
+pub fn last_sequence(names: &TableNames) -> String {
+    format!(
+        "SELECT MAX(sequence) AS last_sequence FROM {}",
+        names.events()
     )
 }
 

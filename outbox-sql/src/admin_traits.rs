@@ -115,6 +115,17 @@ macro_rules! admin_on_protocol {
                 })
                 .await
             }
+
+            async fn last_sequence(&self) -> Result<Option<i64>, StoreError> {
+                during("last_sequence", || self.events(), async move {
+                    let rows = self.fetch_alone(&self.queries.admin.last_sequence, vec![]);
+                    match rows.await?.first() {
+                        Some(row) => row.opt_int("last_sequence"),
+                        None => Ok(None),
+                    }
+                })
+                .await
+            }
         }
     };
 }

@@ -118,6 +118,11 @@ macro_rules! delegate_sql_store {
             {
                 self.$field.failed_event(event_id).await
             }
+            async fn last_sequence(
+                &self,
+            ) -> Result<Option<i64>, $crate::__private::StoreError> {
+                self.$field.last_sequence().await
+            }
             async fn history(
                 &self,
                 event_id: $crate::__private::EventId,

@@ -40,10 +40,13 @@ pub fn svg(
     );
     let _ = write!(
         out,
-        r##"<line x1="{LEFT}" y1="{base}" x2="{WIDTH}" y2="{base}" stroke="#999"/><text x="{}" y="12" text-anchor="end">{}</text><text x="{}" y="{base}" text-anchor="end">0</text>"##,
-        LEFT - 4.0,
+        r##"<line x1="{LEFT}" y1="{base}" x2="{WIDTH}" y2="{base}" stroke="#999"/><line x1="{LEFT}" y1="{top_y:.1}" x2="{WIDTH}" y2="{top_y:.1}" stroke="#e5e7eb"/><text x="{}" y="{}" text-anchor="start">{}</text><text x="{}" y="{base}" text-anchor="end">0</text>"##,
+        LEFT + 4.0,
+        // Under the top line; at the top when everything is 0.
+        if top > 0.0 { y(top) + 10.0 } else { 12.0 },
         super::html::esc(&format!("{} {unit}", round(top))),
         LEFT - 4.0,
+        top_y = y(top),
         base = HEIGHT - BOTTOM,
     );
     let minutes = (span / 60.0).round();

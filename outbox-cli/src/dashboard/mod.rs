@@ -84,8 +84,9 @@ impl Dashboard {
         let started = std::time::Instant::now();
         match self.read_overview().await {
             Ok(overview) => {
-                self.samples
-                    .record(samples::Sample::of(&overview.stats, overview.read_at));
+                let written = overview.written;
+                let sample = samples::Sample::of(&overview.stats, written, overview.read_at);
+                self.samples.record(sample);
                 *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(overview));
             }
             Err(error) => tracing::warn!(%error, "the dashboard could not read the store's counts"),
@@ -100,6 +101,7 @@ impl Dashboard {
         let relays = admin.relays().await?;
         let held_back = admin.held_back().await?;
         let blocked = admin.blocked_keys().await?;
+        let written = admin.last_sequence().await?;
         let read_at = Utc::now();
         Ok(overview::Overview {
             held_back: crate::render::held_back_lines(&held_back, &relays, read_at)
@@ -109,6 +111,7 @@ impl Dashboard {
             stats,
             relays,
             blocked,
+            written,
             read_at,
             took: started.elapsed(),
         })

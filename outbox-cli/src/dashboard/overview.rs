@@ -24,6 +24,8 @@ pub struct Overview {
     pub relays: Vec<RelayStatus>,
     /// Keys parked behind failed events.
     pub blocked: Vec<BlockedKey>,
+    /// The newest event's sequence then.
+    pub written: Option<i64>,
     /// When it was read.
     pub read_at: DateTime<Utc>,
     /// How long reading it took.
@@ -171,11 +173,11 @@ impl Overview {
     fn charts(&self, history: &[Sample]) -> String {
         let now = Utc::now();
         // The last hour once there is an hour of samples; until then the
-        // samples there are, over at least five minutes.
+        // samples there are, over at least a minute.
         let kept = history
             .first()
             .map_or(0.0, |s| ((now - s.at).num_seconds().max(0)) as f64);
-        let span = kept.clamp(300.0, WINDOW.as_secs_f64());
+        let span = kept.clamp(60.0, WINDOW.as_secs_f64());
         let ago = |s: &Sample| ((now - s.at).num_milliseconds().max(0) as f64) / 1000.0;
         let line =
             |f: fn(&Sample) -> f64| history.iter().map(|s| (ago(s), f(s))).collect::<Vec<_>>();
@@ -199,11 +201,11 @@ impl Overview {
                 span
             ),
             chart::svg(
-                "chart-in-flight",
-                "In flight",
-                "events",
+                "chart-published",
+                "Published per second",
+                "events/s",
                 Shape::Line,
-                &line(|s| s.in_flight as f64),
+                &samples::published_per_second(history, now),
                 span
             ),
             chart::svg(

@@ -25,13 +25,17 @@ pub struct Sample {
     pub in_flight: u64,
     /// Failed events.
     pub failed: u64,
+    /// The newest event's sequence, if the store says
+    /// ([`OutboxAdmin::last_sequence`](outbox_core::OutboxAdmin::last_sequence)).
+    pub written: Option<i64>,
 }
 
 impl Sample {
-    /// Sums `stats` as read at `at`.
-    pub fn of(stats: &[EventTypeStats], at: DateTime<Utc>) -> Self {
+    /// Sums `stats` as read at `at`, beside the newest sequence `written`.
+    pub fn of(stats: &[EventTypeStats], written: Option<i64>, at: DateTime<Utc>) -> Self {
         Self {
             at,
+            written,
             backlog: stats
                 .iter()
                 .map(|s| s.claimable + s.parked + s.blocked)
@@ -71,6 +75,29 @@ impl Samples {
     }
 }
 
+/// Events published per second between samples, as (seconds before
+/// `now`, rate): what was written meanwhile (the newest sequence's rise)
+/// less what the open events (backlog, in flight, failed) grew by. Pairs
+/// without a sequence, or where it fell (the newest row purged), are left
+/// out.
+pub fn published_per_second(samples: &[Sample], now: DateTime<Utc>) -> Vec<(f64, f64)> {
+    samples
+        .windows(2)
+        .filter_map(|pair| {
+            let (before, after) = (&pair[0], &pair[1]);
+            let written = after.written? - before.written?;
+            let seconds = (after.at - before.at).num_milliseconds() as f64 / 1000.0;
+            if written < 0 || seconds <= 0.0 {
+                return None;
+            }
+            let open = |s: &Sample| (s.backlog + s.in_flight + s.failed) as i64;
+            let published = (written - (open(after) - open(before))).max(0);
+            let ago = (now - after.at).num_milliseconds().max(0) as f64 / 1000.0;
+            Some((ago, published as f64 / seconds))
+        })
+        .collect()
+}
+
 /// Events that became failed per minute, by the minute they were seen in
 /// (requeues lower the count; only rises are counted), oldest first, as
 /// (minutes before `now`, count).
@@ -103,7 +130,28 @@ mod tests {
             oldest_age: 0.0,
             in_flight: 0,
             failed,
+            written: None,
         }
+    }
+
+    #[test]
+    fn published_is_what_was_written_less_what_stayed_open() {
+        let open = |seconds, backlog, written| Sample {
+            backlog,
+            written,
+            ..sample(seconds, 0)
+        };
+        let samples = [
+            open(0, 100, Some(1_000)),
+            open(10, 150, Some(1_200)), // 200 written, backlog +50: 150 published in 10 s
+            open(20, 0, Some(1_200)),   // none written, backlog -150: 150 published
+            open(30, 0, Some(900)),     // the newest row purged: left out
+            open(40, 0, None),          // no sequence: left out
+        ];
+        assert_eq!(
+            published_per_second(&samples, at(40)),
+            [(30.0, 15.0), (20.0, 15.0)]
+        );
     }
 
     #[test]
@@ -154,7 +202,7 @@ mod tests {
                 ..Default::default()
             },
         ];
-        let sample = Sample::of(&stats, at(0));
+        let sample = Sample::of(&stats, Some(7), at(0));
         assert_eq!(
             (
                 sample.backlog,

@@ -196,7 +196,7 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
     let browser = Browser::start().await;
 
     // The overview's numbers are the store's.
-    tokio::time::sleep(Duration::from_millis(2_500)).await; // two samples or more for the charts
+    tokio::time::sleep(Duration::from_millis(3_500)).await; // three samples or more for the charts
     browser.goto(&format!("{base}/")).await;
     let shown = browser
         .run("return [...document.querySelectorAll('[data-state]')].map(e => [e.dataset.type, e.dataset.state, Number(e.textContent)]);")
@@ -224,9 +224,6 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
         browser.text("#relays").await.contains("browser"),
         "the relay is listed"
     );
-    browser
-        .screenshot(&screenshots().join("dashboard-overview.png"))
-        .await;
 
     // Failed events page 50 at a time, by keyset.
     browser
@@ -437,6 +434,25 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
     let last = store.history(ids[2]).await.unwrap().pop().unwrap();
     assert_eq!(last.actor, "bob");
 
+    // What the operator repaired went out: the published chart rises.
+    let peak = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            browser.goto(&format!("{base}/")).await;
+            let label = browser
+                .run("return document.querySelector('#chart-published text').textContent;")
+                .await;
+            if label != "0 events/s" {
+                return label;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await
+    .expect("the published chart shows the requeued events going out");
+    assert!(peak.as_str().unwrap().ends_with(" events/s"), "{peak}");
+    browser
+        .screenshot(&screenshots().join("dashboard-overview.png"))
+        .await;
     relays.stop(Duration::from_secs(30)).await;
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -143,6 +143,12 @@ async fn overview_matches_status(
         }
     }
     assert_eq!(shown, from_status, "{page}");
+    let newest = store.failed_events(100).await.unwrap();
+    assert!(store.last_sequence().await.unwrap() >= newest.iter().map(|f| f.event.sequence).max());
+    assert!(
+        store.last_sequence().await.unwrap().is_some(),
+        "the SQL stores know it"
+    );
     let stats = store.stats().await.unwrap();
     assert_eq!((stats[0].blocked, stats[0].failed), (2, 1), "{stats:?}");
     assert!(shown.contains(&("invoice.paid".into(), "blocked".into(), 2)));

@@ -286,6 +286,15 @@ impl OutboxAdmin for MemoryStore {
     async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {
         Ok(self.lock().relays.values().cloned().collect())
     }
+
+    async fn last_sequence(&self) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .lock()
+            .rows
+            .values()
+            .map(|row| row.stored.sequence)
+            .max())
+    }
 }
 
 impl MemoryStore {

@@ -146,6 +146,15 @@ pub trait OutboxAdmin: Send + Sync {
         batch_size: usize,
     ) -> Result<u64, StoreError>;
 
+    /// The sequence of the newest event written, if the store knows it
+    /// (`None` when it is empty or cannot say): how many events were
+    /// written between two reads, so an operator's chart can show what was
+    /// published meanwhile. Purging old published rows does not lower it
+    /// unless the newest row itself was purged.
+    async fn last_sequence(&self) -> Result<Option<i64>, StoreError> {
+        Ok(None)
+    }
+
     /// Relays and when each last reported alive.
     async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError>;
 }

@@ -155,6 +155,7 @@ impl Queries {
                      RETURNING attempts, partition_key"
                 ),
                 relays: admin_queries::relays(names),
+                last_sequence: admin_queries::last_sequence(names),
             },
             channel: channel(names),
             claim_lock: lock_key(&events),

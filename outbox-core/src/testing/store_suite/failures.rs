@@ -140,8 +140,19 @@ pub async fn failed_events_page_by_type_key_and_sequence<F: StoreFactory>(factor
             .clone()
     );
     assert_eq!(store.failed_event(EventId::random()).await.unwrap(), None);
+    let newest = all.iter().map(|f| f.event.sequence).max();
+    let last = store.last_sequence().await.unwrap();
+    assert!(
+        last.is_none() || last == newest,
+        "{last:?}: none, or the newest's"
+    );
     let pending = event("d", 1);
     enqueue_all(&*store, std::slice::from_ref(&pending)).await;
+    let after = store.last_sequence().await.unwrap();
+    assert!(
+        after.is_none() || after > newest,
+        "{after:?} after {newest:?}"
+    );
     assert_eq!(
         store.failed_event(pending.event_id).await.unwrap(),
         None,
