@@ -51,7 +51,12 @@ macro_rules! admin_on_protocol {
             }
 
             async fn failed_event(&self, id: EventId) -> Result<Option<FailedEvent>, StoreError> {
-                during("failed_event", || self.events(), self.failed_one(id)).await
+                during("failed_event", || self.events(), async move {
+                    let sql = &self.queries.admin.failed_event;
+                    let rows = self.failed_rows(sql, vec![id.into()]).await?;
+                    Ok(rows.into_iter().next())
+                })
+                .await
             }
 
             async fn history(&self, id: EventId) -> Result<Vec<AttemptRecord>, StoreError> {
@@ -180,13 +185,6 @@ macro_rules! scalar_admin_reads {
             async fn failed_now(&self, page: &FailedPage) -> Result<Vec<FailedEvent>, StoreError> {
                 self.failed_rows(&self.queries.admin.failed_events, $failed_params(page))
                     .await
-            }
-
-            async fn failed_one(&self, id: EventId) -> Result<Option<FailedEvent>, StoreError> {
-                let rows = self
-                    .failed_rows(&self.queries.admin.failed_event, vec![id.into()])
-                    .await?;
-                Ok(rows.into_iter().next())
             }
 
             /// The failed events `sql` selects, each with its history.

@@ -164,15 +164,8 @@ impl<D: Driver> Protocol<D> {
             .await
     }
 
-    pub(crate) async fn failed_one(&self, id: EventId) -> Result<Option<FailedEvent>, StoreError> {
-        let rows = self
-            .failed_rows(&self.queries.admin.failed_event, vec![id.into()])
-            .await?;
-        Ok(rows.into_iter().next())
-    }
-
     /// The failed events `sql` selects, each with its history.
-    async fn failed_rows(
+    pub(crate) async fn failed_rows(
         &self,
         sql: &str,
         params: Vec<Param>,
