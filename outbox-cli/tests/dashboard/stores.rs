@@ -4,17 +4,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::store::OutboxAdmin;
-use outbox_core::testing::RelayFleet;
 use outbox_core::{EventId, OutboxWriter};
 use outbox_sqlx::StoreConfig;
 use serde_json::json;
 
-use super::{Refusing, dashboard_with, event, http_to};
+use outbox_core::chrono;
 
-/// On PostgreSQL and MariaDB, with a key blocked behind a failed event and
-/// events waiting behind it: the overview's counts are `outbox status`'s
-/// and `stats()`'s, it says what holds publication back, and lists the
-/// blocked key with its blocking event and the relay.
+use super::{dashboard_with, event, http_to};
+
+/// On PostgreSQL and MariaDB, in the status test's situations at once (a
+/// blocked key with events behind it, a retry backoff, a delayed event, a
+/// batch in flight, a free key): the overview's counts are `outbox
+/// status`'s and `stats()`'s, it says what holds publication back, and
+/// lists the blocked key with its blocking event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_overview_says_what_status_says_on_postgres_and_mariadb() {
     use outbox_sqlx::mysql::MySqlStore;
@@ -23,7 +25,7 @@ async fn the_overview_says_what_status_says_on_postgres_and_mariadb() {
     let db = EndToEndDb::create("dashboard").await;
     let pg_url = std::env::var("OUTBOX_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/outbox_test".into());
-    let poison = block_a_key(&db.store).await;
+    let poison = every_situation(&db.store).await;
     overview_matches_status(&*db.store, &pg_url, &["--schema", &db.schema], poison).await;
 
     let mysql_url =
@@ -47,7 +49,7 @@ async fn the_overview_says_what_status_says_on_postgres_and_mariadb() {
         StoreConfig::with_tables(tables),
     ));
     store.migrate().await.unwrap();
-    let poison = block_a_key(&store).await;
+    let poison = every_situation(&store).await;
     overview_matches_status(&*store, &mysql_url, &["--schema", &database], poison).await;
     sqlx::query(&format!("DROP DATABASE {database}"))
         .execute(&pool)
@@ -55,41 +57,80 @@ async fn the_overview_says_what_status_says_on_postgres_and_mariadb() {
         .unwrap();
 }
 
-/// Enqueues three events on each of four keys, the first of key `acct-0`
-/// refused; relays under `PoisonPolicy::Block` until that key is blocked
-/// and the other keys drained; returns the refused event's id.
-async fn block_a_key<S: outbox_core::testing::ConformingStore>(store: &Arc<S>) -> EventId {
-    let mut events = Vec::new();
-    for n in 0..3 {
-        for key in 0..4 {
-            let refuse = key == 0 && n == 0;
-            events.push(event(
-                "invoice.paid",
-                &format!("acct-{key}"),
-                json!({"refuse": refuse, "n": n}),
-            ));
-        }
-    }
-    OutboxWriter::enqueue(&**store, &events).await.unwrap();
-    let publisher = Arc::new(Refusing::default());
-    let relays = RelayFleet::spawn_with(store.clone(), publisher.clone(), "overview", 1, |c| {
-        c.poison = outbox_core::PoisonPolicy::Block;
-    });
-    let others = events
-        .iter()
-        .filter(|e| !e.partition_key.ends_with("-0"))
-        .map(|e| e.event_id)
-        .collect::<Vec<_>>();
-    publisher.wait_for(&others).await;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while store.blocked_keys().await.unwrap().is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the refused event blocks its key");
-    relays.stop(Duration::from_secs(30)).await;
-    events[0].event_id
+/// The status test's situations at once (`store_suite::status_adds_up`),
+/// on store time: a key blocked behind a failed event with two events
+/// behind it, a key in retry backoff with one behind it, a key whose first
+/// event is delayed, a key with a batch in flight, and a free key.
+/// Returns the blocking event's id.
+async fn every_situation<S: outbox_core::testing::ConformingStore>(store: &Arc<S>) -> EventId {
+    use outbox_core::store::{ClaimRequest, FailReason, Nack, NackAction, RelayId};
+    use outbox_core::{ErrorClass, Ordering, PoisonPolicy};
+
+    let at = |key: &str, n: usize| event("invoice.paid", key, json!({"n": n}));
+    let (b1, r1, f1) = (at("blk", 1), at("retry", 1), at("fly", 1));
+    OutboxWriter::enqueue(&**store, &[b1.clone(), r1.clone(), f1.clone()])
+        .await
+        .unwrap();
+    let request = ClaimRequest {
+        owner: RelayId::new("overview"),
+        limit: 10,
+        lease_duration: Duration::from_secs(300),
+        ordering: Ordering::PerKey,
+        poison: PoisonPolicy::Block,
+        crash_loop_limit: 3,
+    };
+    let first = store.claim_batch(&request).await.unwrap().events;
+    assert_eq!(first.len(), 3);
+    let lease = |id: EventId| {
+        first
+            .iter()
+            .find(|c| c.event.event_id == id)
+            .unwrap()
+            .lease
+            .clone()
+    };
+    let nack = |id, action, error_class| Nack {
+        lease: lease(id),
+        action,
+        error_class,
+        error: "refused".into(),
+    };
+    store
+        .nack(&[
+            nack(
+                b1.event_id,
+                NackAction::Fail {
+                    reason: FailReason::Permanent,
+                    block_key: true,
+                },
+                ErrorClass::Permanent,
+            ),
+            nack(
+                r1.event_id,
+                NackAction::Retry {
+                    after: Duration::from_secs(600),
+                },
+                ErrorClass::Transient,
+            ),
+        ])
+        .await
+        .unwrap();
+    // f1 stays in flight.
+    let mut voided = at("blk", 2);
+    voided.event_type = "invoice.voided".into();
+    let mut delayed = at("delay", 1);
+    delayed.available_at = Some(chrono::Utc::now() + chrono::Duration::seconds(600));
+    let behind = [
+        voided,
+        at("blk", 3),
+        at("retry", 2),
+        at("fly", 2),
+        delayed,
+        at("delay", 2),
+        at("free", 1),
+    ];
+    OutboxWriter::enqueue(&**store, &behind).await.unwrap();
+    b1.event_id
 }
 
 async fn overview_matches_status(
@@ -150,24 +191,41 @@ async fn overview_matches_status(
         "the SQL stores know it"
     );
     let stats = store.stats().await.unwrap();
-    assert_eq!((stats[0].blocked, stats[0].failed), (2, 1), "{stats:?}");
-    assert!(shown.contains(&("invoice.paid".into(), "blocked".into(), 2)));
-    assert!(
-        page.contains("1 keys blocked by failed events, 2 events waiting behind them"),
+    let from_stats = stats
+        .iter()
+        .flat_map(|s| {
+            s.counts()
+                .map(|(state, n)| (s.event_type.clone(), state.to_owned(), n))
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(shown, from_stats, "{page}");
+    let total = |state: &str| {
+        shown
+            .iter()
+            .filter(|c| c.1 == state)
+            .map(|c| c.2)
+            .sum::<u64>()
+    };
+    assert_eq!(
+        ["claimable", "parked", "blocked", "in_flight", "failed"].map(total),
+        // claimable: retry 2, fly 2, delay 2, free 1; parked: retry 1,
+        // delay 1; blocked: blk 2 (voided) and blk 3; in flight: fly 1;
+        // failed: blk 1.
+        [4, 2, 2, 1, 1],
         "{page}"
     );
+    for cause in [
+        "1 keys blocked by failed events, 2 events waiting behind them",
+        "keys in retry backoff or delay",
+    ] {
+        assert!(page.contains(cause), "{cause}: {page}");
+    }
     let blocked = page
         .split(r#"<table id="blocked-keys">"#)
         .nth(1)
         .expect("a blocked keys table");
     assert!(
-        blocked.contains("acct-0") && blocked.contains(&poison.to_string()),
+        blocked.contains(">blk<") && blocked.contains(&poison.to_string()),
         "{blocked}"
-    );
-    assert!(
-        page.split(r#"<table id="relays">"#)
-            .nth(1)
-            .unwrap()
-            .contains("overview-0")
     );
 }
