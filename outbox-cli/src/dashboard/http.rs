@@ -87,10 +87,9 @@ impl Request {
 }
 
 fn percent_decoded(path: &str) -> String {
-    form_urlencoded::parse(format!("p={}", path.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 fn form_fields(bytes: &[u8]) -> HashMap<String, String> {
