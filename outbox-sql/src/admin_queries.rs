@@ -2,6 +2,8 @@
 //! dialects write alike but for how a parameter is spelled (`param`: `$1`,
 //! `?1` or `?`; a dialect that spells it `?` binds the value once for each).
 
+use outbox_core::store::FailedPage;
+
 use crate::config::TableNames;
 
 /// Columns that rebuild a [`outbox_core::RawEvent`], in the row mapper's order.
@@ -16,7 +18,7 @@ pub struct AdminQueries {
     pub stats: String,
     pub held_back: String,
     pub event_state: String,
-    pub failed_events: String,
+    pub failed_events: FailedQueries,
     pub failed_event: String,
     pub history: String,
     pub blocked_keys: String,
@@ -29,12 +31,12 @@ pub struct AdminQueries {
 impl AdminQueries {
     /// The statements of a store whose rows hold their state (MySQL,
     /// SQLite): `param` spells its first parameter (and, as `?`, every
-    /// one), `earlier` says that row `e2` of a key comes before row `b` in
+    /// one), `spell` its `n`-th, `earlier` says that row `e2` of a key comes before row `b` in
     /// claim order; `requeue` and `skip` are the dialect's own.
     pub fn over_rows(
         names: &TableNames,
         param: &str,
-        failed_params: [&str; 6],
+        spell: fn(usize) -> String,
         earlier: &str,
         requeue: String,
         skip: String,
@@ -44,7 +46,7 @@ impl AdminQueries {
             stats: row_stats(names, param),
             held_back: row_held_back(names, param),
             event_state: row_event_state(names, param),
-            failed_events: failed_events(names, EVENT_COLUMNS, failed_params),
+            failed_events: FailedQueries::new(names, EVENT_COLUMNS, spell),
             failed_event: failed_event(names, EVENT_COLUMNS, param),
             history: history(names, param),
             blocked_keys: format!(
@@ -67,18 +69,75 @@ impl AdminQueries {
 }
 
 /// A page of failed events in sequence order (`columns`: the dialect's
-/// event columns), with what an operator may do to them. `p` spells the parameters in the order they appear: after
-/// (sequence), type, type, key, key, limit; an empty type or key matches
-/// all (so a dialect that spells them `?` binds each twice).
-pub fn failed_events(names: &TableNames, columns: &str, p: [&str; 6]) -> String {
-    let events = names.events();
-    format!(
-        "SELECT {columns}, blocks_key, superseded_by FROM {events}
-         WHERE status = 3 AND sequence > {} AND ({} = '' OR event_type = {})
-           AND ({} = '' OR partition_key = {})
-         ORDER BY sequence LIMIT {}",
-        p[0], p[1], p[2], p[3], p[4], p[5]
-    )
+/// event columns), with what an operator may do to them: one statement for
+/// each of the filters a page may set, so each reads its own index (failed
+/// rows of a type, of a key) and a rare type or key is found without
+/// stepping over the failed rows of the others.
+pub struct FailedQueries {
+    /// Pages, by [`FailedQueries::variant`].
+    pages: [String; 4],
+    /// Counts of those not superseded, and the newest one's sequence.
+    counts: [String; 4],
+}
+
+impl FailedQueries {
+    /// The statements, their `n`-th parameter spelled by `spell` (`$n`,
+    /// `?n` or `?`): after (sequence), then the type and the key where the
+    /// statement filters by them, then (pages only) the limit.
+    pub fn new(names: &TableNames, columns: &str, spell: fn(usize) -> String) -> Self {
+        let events = names.events();
+        let filters: [&[&str]; 4] = [
+            &[],
+            &["event_type"],
+            &["partition_key"],
+            &["event_type", "partition_key"],
+        ];
+        let statement = |select: &str, filters: &[&str], more: &str| {
+            let mut sql = format!(
+                "SELECT {select} FROM {events} WHERE status = 3{more} AND sequence > {}",
+                spell(1)
+            );
+            for (i, column) in filters.iter().enumerate() {
+                sql.push_str(&format!(" AND {column} = {}", spell(i + 2)));
+            }
+            sql
+        };
+        Self {
+            pages: filters.map(|f| {
+                let select = format!("{columns}, blocks_key, superseded_by");
+                let limit = spell(f.len() + 2);
+                statement(&select, f, "") + &format!(" ORDER BY sequence LIMIT {limit}")
+            }),
+            counts: filters.map(|f| {
+                let select = "COUNT(*) AS failed, MAX(sequence) AS last_sequence";
+                statement(select, f, " AND superseded_by IS NULL")
+            }),
+        }
+    }
+
+    /// The statement that reads `page`, and its parameters in order.
+    pub fn for_page<P: From<i64> + From<String>>(&self, page: &FailedPage) -> (&str, Vec<P>) {
+        let mut params = Self::filter_params(page);
+        params.push(P::from(page.limit.min(i64::MAX as usize) as i64));
+        (&self.pages[Self::variant(page)], params)
+    }
+
+    /// The statement that counts what `page`'s filters match (columns
+    /// `failed`, `last_sequence`), and its parameters in order.
+    pub fn for_count<P: From<i64> + From<String>>(&self, page: &FailedPage) -> (&str, Vec<P>) {
+        (&self.counts[Self::variant(page)], Self::filter_params(page))
+    }
+
+    fn variant(page: &FailedPage) -> usize {
+        usize::from(page.event_type.is_some()) + 2 * usize::from(page.partition_key.is_some())
+    }
+
+    fn filter_params<P: From<i64> + From<String>>(page: &FailedPage) -> Vec<P> {
+        let mut params = vec![P::from(page.after_sequence.unwrap_or(i64::MIN))];
+        params.extend(page.event_type.clone().map(P::from));
+        params.extend(page.partition_key.clone().map(P::from));
+        params
+    }
 }
 
 /// One failed event by id (`param`), in `columns` as [`failed_events`].
@@ -87,17 +146,6 @@ pub fn failed_event(names: &TableNames, columns: &str, param: &str) -> String {
     format!(
         "SELECT {columns}, blocks_key, superseded_by FROM {events}
          WHERE event_id = {param} AND status = 3"
-    )
-}
-
-/// The parameters of [`failed_events`] for `page`, each once (`$n` and
-/// `?n` dialects).
-pub fn failed_page_params(page: &outbox_core::store::FailedPage) -> (i64, String, String, i64) {
-    (
-        page.after_sequence.unwrap_or(i64::MIN),
-        page.event_type.clone().unwrap_or_default(),
-        page.partition_key.clone().unwrap_or_default(),
-        page.limit.min(i64::MAX as usize) as i64,
     )
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use outbox_core::store::{
     AttemptKind, AttemptRecord, BlockedKey, EnqueueOutcome, EventState, EventTypeStats,
-    FailedEvent, FailedPage, HeldBack, OperatorAction, OutboxAdmin, RelayStatus,
+    FailedCount, FailedEvent, FailedPage, HeldBack, OperatorAction, OutboxAdmin, RelayStatus,
 };
 use outbox_core::{EventId, NewEvent, StoreError};
 
@@ -48,6 +48,21 @@ macro_rules! admin_on_protocol {
 
             async fn failed_page(&self, page: &FailedPage) -> Result<Vec<FailedEvent>, StoreError> {
                 during("failed_page", || self.events(), self.failed_now(page)).await
+            }
+
+            async fn count_failed(&self, page: &FailedPage) -> Result<FailedCount, StoreError> {
+                during("count_failed", || self.events(), async move {
+                    let (sql, params) = self.queries.admin.failed_events.for_count(page);
+                    let rows = self.fetch_alone(sql, params).await?;
+                    match rows.first() {
+                        Some(row) => Ok(FailedCount::new(
+                            row.count("failed")?,
+                            row.opt_int("last_sequence")?,
+                        )),
+                        None => Ok(FailedCount::default()),
+                    }
+                })
+                .await
             }
 
             async fn failed_event(&self, id: EventId) -> Result<Option<FailedEvent>, StoreError> {
@@ -144,7 +159,7 @@ admin_on_protocol!(sqlite, crate::admin_common::event_state);
 /// bound `$stats` times to the stats and `$held_back` times to what holds
 /// publication back (MySQL's `?` binds each use; SQLite's `?1` once).
 macro_rules! scalar_admin_reads {
-    ($dialect:ident, $stats:expr, $held_back:expr, $failed_params:path) => {
+    ($dialect:ident, $stats:expr, $held_back:expr) => {
         impl<D: crate::$dialect::Driver> crate::$dialect::Protocol<D> {
             /// Rows of `sql` (parameters `params`) on a pooled connection.
             pub(crate) async fn fetch_alone(
@@ -183,8 +198,8 @@ macro_rules! scalar_admin_reads {
             }
 
             async fn failed_now(&self, page: &FailedPage) -> Result<Vec<FailedEvent>, StoreError> {
-                self.failed_rows(&self.queries.admin.failed_events, $failed_params(page))
-                    .await
+                let (sql, params) = self.queries.admin.failed_events.for_page(page);
+                self.failed_rows(sql, params).await
             }
 
             /// The failed events `sql` selects, each with its history.
@@ -213,25 +228,5 @@ macro_rules! scalar_admin_reads {
     };
 }
 
-scalar_admin_reads!(mysql, 3, 6, failed_params_each_twice);
-scalar_admin_reads!(sqlite, 1, 1, failed_params_numbered);
-
-/// [`crate::admin_queries::failed_events`]'s parameters for `?` (type and
-/// key bound twice each).
-fn failed_params_each_twice(page: &FailedPage) -> Vec<crate::param::Param> {
-    let (after, event_type, key, limit) = crate::admin_queries::failed_page_params(page);
-    vec![
-        after.into(),
-        event_type.clone().into(),
-        event_type.into(),
-        key.clone().into(),
-        key.into(),
-        limit.into(),
-    ]
-}
-
-/// [`crate::admin_queries::failed_events`]'s parameters for `?1`…`?4`.
-fn failed_params_numbered(page: &FailedPage) -> Vec<crate::param::Param> {
-    let (after, event_type, key, limit) = crate::admin_queries::failed_page_params(page);
-    vec![after.into(), event_type.into(), key.into(), limit.into()]
-}
+scalar_admin_reads!(mysql, 3, 6);
+scalar_admin_reads!(sqlite, 1, 1);

@@ -111,6 +111,13 @@ macro_rules! delegate_sql_store {
             {
                 self.$field.failed_page(page).await
             }
+            async fn count_failed(
+                &self,
+                page: &$crate::__private::store::FailedPage,
+            ) -> Result<$crate::__private::store::FailedCount, $crate::__private::StoreError>
+            {
+                self.$field.count_failed(page).await
+            }
             async fn failed_event(
                 &self,
                 event_id: $crate::__private::EventId,

@@ -164,6 +164,29 @@ impl FailedPage {
     }
 }
 
+/// How many failed events a filter matches that an operator may still act
+/// on (not superseded), and the newest one's sequence: what a bulk action
+/// counts before its confirmation, and the bound it then acts within (an
+/// event failing after the count is not swept up by it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailedCount {
+    /// Failed events matching, not superseded.
+    pub count: u64,
+    /// The newest one's sequence, if any matched.
+    pub last_sequence: Option<i64>,
+}
+
+impl FailedCount {
+    /// A count of `count` events, the newest at `last_sequence`.
+    pub fn new(count: u64, last_sequence: Option<i64>) -> Self {
+        Self {
+            count,
+            last_sequence,
+        }
+    }
+}
+
 /// A key parked behind a failed event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockedKey {

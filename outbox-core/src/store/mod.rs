@@ -8,8 +8,8 @@ mod lease;
 mod traits;
 
 pub use admin::{
-    BlockedKey, EventState, EventTypeStats, FailedEvent, FailedPage, HeldBack, OpenTransaction,
-    OperatorAction, RelayOutage, RelayStatus,
+    BlockedKey, EventState, EventTypeStats, FailedCount, FailedEvent, FailedPage, HeldBack,
+    OpenTransaction, OperatorAction, RelayOutage, RelayStatus,
 };
 pub use crash::{CrashVerdict, SuspectAllowance, crash_culprit, judge_crash};
 pub use heartbeat::{

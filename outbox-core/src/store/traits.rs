@@ -5,8 +5,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::admin::{
-    BlockedKey, EventState, EventTypeStats, FailedEvent, FailedPage, HeldBack, OperatorAction,
-    RelayStatus,
+    BlockedKey, EventState, EventTypeStats, FailedCount, FailedEvent, FailedPage, HeldBack,
+    OperatorAction, RelayStatus,
 };
 use super::heartbeat::Heartbeat;
 use super::history::AttemptRecord;
@@ -106,6 +106,33 @@ pub trait OutboxAdmin: Send + Sync {
             .filter(|f| page.admits(f))
             .take(page.limit)
             .collect())
+    }
+
+    /// How many failed events `page`'s filters (type, key, after) match
+    /// that are not superseded, and the newest one's sequence; the limit
+    /// is ignored. The default pages through [`OutboxAdmin::failed_page`];
+    /// the SQL stores count from the failed-events indexes.
+    async fn count_failed(&self, page: &FailedPage) -> Result<FailedCount, StoreError> {
+        let mut count = FailedCount::default();
+        let mut next = FailedPage {
+            limit: 1_000,
+            ..page.clone()
+        };
+        loop {
+            let chunk = self.failed_page(&next).await?;
+            for failed in &chunk {
+                if failed.superseded_by.is_none() {
+                    count.count += 1;
+                    count.last_sequence = Some(failed.event.sequence);
+                }
+            }
+            match chunk.last() {
+                Some(last) if chunk.len() == next.limit => {
+                    next.after_sequence = Some(last.event.sequence);
+                }
+                _ => return Ok(count),
+            }
+        }
     }
 
     /// One failed event with its history; `None` when it has not failed

@@ -140,7 +140,7 @@ impl Queries {
             admin: AdminQueries::over_rows(
                 names,
                 "?",
-                ["?"; 6],
+                |_| "?".into(),
                 "e2.sequence < b.sequence",
                 format!(
                     "UPDATE {events} SET status = 0, blocks_key = FALSE, attempts = 0,

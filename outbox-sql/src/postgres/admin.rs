@@ -153,15 +153,8 @@ impl<D: Driver> Protocol<D> {
         &self,
         page: &FailedPage,
     ) -> Result<Vec<FailedEvent>, StoreError> {
-        let (after, event_type, key, limit) = crate::admin_queries::failed_page_params(page);
-        let params = vec![
-            Param::BigInt(after),
-            Param::Text(event_type),
-            Param::Text(key),
-            Param::BigInt(limit),
-        ];
-        self.failed_rows(&self.queries.admin.failed_events, params)
-            .await
+        let (sql, params) = self.queries.admin.failed_events.for_page::<Param>(page);
+        self.failed_rows(sql, params).await
     }
 
     /// The failed events `sql` selects, each with its history.

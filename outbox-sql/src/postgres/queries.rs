@@ -133,11 +133,9 @@ impl Queries {
                      LEFT JOIN lease ON TRUE LEFT JOIN laned ON TRUE LEFT JOIN passed ON TRUE"
                 ),
                 failed_event: admin_queries::failed_event(names, EVENT_COLUMNS, "$1"),
-                failed_events: admin_queries::failed_events(
-                    names,
-                    EVENT_COLUMNS,
-                    ["$1", "$2", "$2", "$3", "$3", "$4"],
-                ),
+                failed_events: admin_queries::FailedQueries::new(names, EVENT_COLUMNS, |n| {
+                    format!("${n}")
+                }),
                 history: admin_queries::history(names, "$1"),
                 blocked_keys: format!(
                     "SELECT partition_key, event_id, backlog FROM {}()",

@@ -111,6 +111,12 @@ CREATE INDEX IF NOT EXISTS outbox_events_published
     ON {{schema}}outbox_events (published_at) WHERE status = 2;
 CREATE INDEX IF NOT EXISTS outbox_events_failed
     ON {{schema}}outbox_events (sequence) WHERE status = 3;
+-- Failed rows of one type, of one key: an operator's filtered pages find a
+-- rare type or key without stepping over every other failed row.
+CREATE INDEX IF NOT EXISTS outbox_events_failed_type
+    ON {{schema}}outbox_events (event_type, sequence) WHERE status = 3;
+CREATE INDEX IF NOT EXISTS outbox_events_failed_key
+    ON {{schema}}outbox_events (partition_key, sequence) WHERE status = 3;
 
 -- Claim order ("the stream"): each tick appends the rows whose transactions
 -- it first sees committed, in sequence order, as runs of at most 64 (small

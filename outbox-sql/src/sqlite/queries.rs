@@ -98,7 +98,7 @@ impl Queries {
             admin: AdminQueries::over_rows(
                 names,
                 "?1",
-                ["?1", "?2", "?2", "?3", "?3", "?4"],
+                |n| format!("?{n}"),
                 "(COALESCE(e2.ord, e2.sequence), e2.sequence) \
                  < (COALESCE(b.ord, b.sequence), b.sequence)",
                 format!(

@@ -75,6 +75,12 @@ CREATE INDEX IF NOT EXISTS outbox_events_published
     ON outbox_events (published_at) WHERE status = 2;
 CREATE INDEX IF NOT EXISTS outbox_events_failed
     ON outbox_events (sequence) WHERE status = 3;
+-- Failed rows of one type, of one key: an operator's filtered pages find a
+-- rare type or key without stepping over every other failed row.
+CREATE INDEX IF NOT EXISTS outbox_events_failed_type
+    ON outbox_events (event_type, sequence) WHERE status = 3;
+CREATE INDEX IF NOT EXISTS outbox_events_failed_key
+    ON outbox_events (partition_key, sequence) WHERE status = 3;
 
 CREATE TABLE IF NOT EXISTS outbox_attempts (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,

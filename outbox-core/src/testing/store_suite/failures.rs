@@ -127,6 +127,33 @@ pub async fn failed_events_page_by_type_key_and_sequence<F: StoreFactory>(factor
         paged.extend(listed(&got));
     }
     assert_eq!(paged, order, "pages of two add up to the whole list");
+    // Counts agree with the pages, and name the newest sequence matched.
+    let sequence_of = |id: EventId| {
+        all.iter()
+            .find(|f| f.event.event.event_id == id)
+            .map(|f| f.event.sequence)
+    };
+    for (filter, matching) in [
+        (FailedPage::first(0), order.clone()),
+        (FailedPage::first(0).of_type("t1"), t1.clone()),
+        (FailedPage::first(0).with_key("a"), of(&[a1, a2])),
+        (FailedPage::first(0).of_type("t2").with_key("b"), of(&[b2])),
+        (FailedPage::first(0).with_key("none"), vec![]),
+        (
+            FailedPage::first(0).after(sequence_of(order[1]).unwrap()),
+            order[2..].to_vec(),
+        ),
+    ] {
+        let count = store.count_failed(&filter).await.unwrap();
+        assert_eq!(
+            (count.count, count.last_sequence),
+            (
+                matching.len() as u64,
+                matching.last().and_then(|id| sequence_of(*id))
+            ),
+            "{filter:?}"
+        );
+    }
     let one = store
         .failed_event(b2.event_id)
         .await
@@ -158,6 +185,15 @@ pub async fn failed_events_page_by_type_key_and_sequence<F: StoreFactory>(factor
         None,
         "not failed: none"
     );
+    // A superseded event is no longer one to act on: not counted.
+    let fixed = event_with_payload("c", 1, serde_json::json!({ "fixed": true }));
+    let op = OperatorAction::new("carol", "corrected");
+    store.supersede(c1.event_id, fixed, &op).await.unwrap();
+    let t1_now = store
+        .count_failed(&FailedPage::first(0).of_type("t1"))
+        .await
+        .unwrap();
+    assert_eq!(t1_now.count, 2, "c1 superseded");
 }
 
 /// `Block`: a failed event parks its key and backlog until an operator acts;
