@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_core::StoreError;
 use outbox_core::chrono::Utc;
-use outbox_core::store::{FailedEvent, FailedPage, OutboxAdmin};
+use outbox_core::store::{FailedCount, FailedEvent, FailedPage, OutboxAdmin};
 
 use super::html::{Frame, age, esc, table, url_value};
 use super::http::Request;
@@ -119,7 +119,8 @@ impl Filter {
         .into_iter()
     }
 
-    fn describe(&self) -> String {
+    /// The filter in words, escaped.
+    pub fn describe(&self) -> String {
         let parts = self
             .pairs()
             .filter(|(_, v)| !v.is_empty())
@@ -179,31 +180,6 @@ pub async fn find(
         if found.read >= SCAN_AT_MOST {
             found.next_after = cursor;
             return Ok(found);
-        }
-    }
-}
-
-/// Every failed event `filter` matches (for bulk actions), not superseded.
-pub async fn all_matching(
-    admin: &dyn OutboxAdmin,
-    filter: &Filter,
-) -> Result<Vec<FailedEvent>, String> {
-    let min_age = filter.min_age()?;
-    let mut all = Vec::new();
-    let mut after = None;
-    loop {
-        let found = find(admin, filter, min_age, after, usize::MAX)
-            .await
-            .map_err(|e| e.to_string())?;
-        all.extend(
-            found
-                .matching
-                .into_iter()
-                .filter(|f| f.superseded_by.is_none()),
-        );
-        match found.next_after {
-            Some(next) => after = Some(next),
-            None => return Ok(all),
         }
     }
 }
@@ -324,18 +300,28 @@ pub async fn list(
     Ok(out)
 }
 
-/// The confirmation a bulk action shows first: what it will do to how many.
+/// The confirmation a bulk action shows first: what it will do to how
+/// many, up to which sequence (what it then acts within).
 pub fn confirm(
     frame: &Frame<'_>,
     filter: &Filter,
     action: &str,
-    count: usize,
+    counted: FailedCount,
     request: &Request,
 ) -> String {
+    let (base, query) = (frame.base, filter.query());
+    let count = counted.count;
+    let Some(through) = counted.last_sequence else {
+        return format!(
+            r#"<h2>Nothing to do</h2><p id="confirm-count" data-count="0">No failed event matches {}.</p><p><a href="{base}/failed?{query}">Back</a></p>"#,
+            filter.describe()
+        );
+    };
     format!(
         r#"<h2>Confirm</h2><p id="confirm-count" data-count="{count}">{} {count} failed events matching {}?</p>
+<p>Events that fail after this count are left alone. The action runs in the background; its page shows how far it got.</p>
 <form id="confirm" method="post" action="{base}/failed/bulk">{csrf}{hidden}<input type="hidden" name="action" value="{action}">
-<input type="hidden" name="operator" value="{operator}"><input type="hidden" name="reason" value="{reason}"><input type="hidden" name="count" value="{count}">
+<input type="hidden" name="operator" value="{operator}"><input type="hidden" name="reason" value="{reason}"><input type="hidden" name="count" value="{count}"><input type="hidden" name="through" value="{through}">
 <button name="confirm" value="yes">Yes, {action} {count}</button> <a href="{base}/failed?{query}">Cancel</a></form>"#,
         if action == "requeue" {
             "Requeue"
@@ -343,12 +329,10 @@ pub fn confirm(
             "Skip"
         },
         filter.describe(),
-        base = frame.base,
         csrf = frame.csrf_field(),
         hidden = filter.hidden_fields(),
         action = esc(action),
         operator = esc(request.field("operator")),
         reason = esc(request.field("reason")),
-        query = filter.query(),
     )
 }

@@ -6,6 +6,7 @@
 //! (see [`auth`]).
 
 mod auth;
+mod bulk;
 mod chart;
 mod event;
 mod failed;
@@ -49,6 +50,7 @@ pub struct Dashboard {
     settings: Settings,
     sessions: Sessions,
     samples: samples::Samples,
+    jobs: bulk::Jobs,
     /// The overview as last read by the sampler.
     latest: std::sync::Mutex<Option<Arc<overview::Overview>>>,
 }
@@ -61,6 +63,7 @@ impl Dashboard {
             settings,
             sessions: Sessions::default(),
             samples: samples::Samples::default(),
+            jobs: bulk::Jobs::default(),
             latest: std::sync::Mutex::new(None),
         });
         let sampling = Arc::downgrade(&dashboard);
@@ -157,6 +160,7 @@ impl Dashboard {
             ("GET", [""]) => self.overview(request).await,
             ("GET", ["failed"]) => self.failed(request).await,
             ("POST", ["failed", "bulk"]) => self.bulk(request).await,
+            ("GET", ["failed", "bulk", id]) => self.bulk_job(request, id),
             ("GET", ["events", id]) => self.event(request, id).await,
             ("POST", ["events", id, action]) => self.act(request, id, action).await,
             ("GET", ["login"]) => Ok(self.login_page(request, "")),
@@ -217,50 +221,61 @@ impl Dashboard {
         Ok(Response::html("200 OK", frame.page("Failed events", &main)))
     }
 
+    /// A bulk action: its count and confirmation, then (confirmed) its
+    /// job, started in the background; the answer sends the browser to
+    /// the job's page.
     async fn bulk(&self, request: &Request) -> Page {
         self.authorize(request)?;
         let action = request.field("action");
-        if action != "requeue" && action != "skip" {
-            return Err(("400 Bad Request", format!("no bulk action {action:?}")));
-        }
+        let action = bulk::Action::named(action)
+            .ok_or_else(|| ("400 Bad Request", format!("no bulk action {action:?}")))?;
         let operator = operator_action(request)?;
         let filter = failed::Filter::from(&request.form);
-        let admin = self.store.admin();
-        let matching = failed::all_matching(admin, &filter)
-            .await
-            .map_err(|e| ("400 Bad Request", e))?
-            .into_iter()
-            .map(|f| f.event.event.event_id)
-            .collect::<Vec<_>>();
         let frame = self.frame(request);
         if request.field("confirm") != "yes" {
-            let main = failed::confirm(&frame.frame(), &filter, action, matching.len(), request);
+            let counted = bulk::count(self.store.admin(), &filter)
+                .await
+                .map_err(|e| ("400 Bad Request", e))?;
+            let main = failed::confirm(&frame.frame(), &filter, action.name(), counted, request);
             return Ok(Response::html("200 OK", frame.page("Confirm", &main)));
         }
-        let mut done = 0;
-        let mut errors = Vec::new();
-        for id in matching {
-            let result = if action == "requeue" {
-                admin.requeue(id, &operator).await
-            } else {
-                admin.skip(id, &operator).await
-            };
-            match result {
-                Ok(()) => done += 1,
-                Err(error) => errors.push(format!("{id}: {error}")),
-            }
-        }
-        let mut main = format!(
-            r#"<h2>Done</h2><p id="bulk-done" data-count="{done}">{action}: {done} events.</p>"#
+        let number = |name: &str| {
+            let given = request.field(name);
+            given.parse::<i64>().map_err(|_| {
+                (
+                    "400 Bad Request",
+                    format!("{name}: {given:?} is not a number"),
+                )
+            })
+        };
+        let job = self.jobs.start(
+            self.store.clone(),
+            bulk::Confirmed {
+                action,
+                filter,
+                through: number("through")?,
+                counted: number("count")?.max(0) as u64,
+                operator,
+            },
         );
-        for error in errors {
-            main.push_str(&format!(r#"<p class="bad">{}</p>"#, esc(&error)));
-        }
-        main.push_str(&format!(
-            r#"<p><a href="{}/failed">Back to failed events</a></p>"#,
-            self.settings.base
-        ));
-        Ok(Response::html("200 OK", frame.page("Done", &main)))
+        Ok(Response::see_other(&format!(
+            "{}/failed/bulk/{}",
+            self.settings.base, job.id
+        )))
+    }
+
+    fn bulk_job(&self, request: &Request, id: &str) -> Page {
+        let job = id
+            .parse()
+            .ok()
+            .and_then(|id| self.jobs.get(id))
+            .ok_or(("404 Not Found", format!("No bulk action {}.", esc(id))))?;
+        let frame = self.frame(request);
+        let main = job.render(&self.settings.base);
+        Ok(Response::html(
+            "200 OK",
+            frame.page(&format!("Bulk action #{}", job.id), &main),
+        ))
     }
 
     async fn event(&self, request: &Request, id: &str) -> Page {

@@ -425,13 +425,39 @@ async fn an_operator_reads_and_repairs_failed_events_in_a_real_browser() {
         store.stats().await.unwrap().iter().any(|s| s.failed == 3),
         "nothing happens before the confirmation"
     );
+    // One more fails after the count: the confirmed action leaves it alone.
+    publisher.healed.store(false, Ordering::SeqCst);
+    let late = event("order.shipped", "order-late", json!({"refuse": true}));
+    OutboxWriter::enqueue(&*store, std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !matches!(
+            store.event_state(late.event_id).await.unwrap(),
+            Some(EventState::Failed { .. })
+        ) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the late event fails");
+    publisher.healed.store(true, Ordering::SeqCst);
     browser.click("#confirm button").await;
-    browser.wait_for("#bulk-done").await;
+    browser
+        .wait_for("#bulk-progress[data-state=finished]")
+        .await;
     assert_eq!(
         browser
-            .run("return document.getElementById('bulk-done').dataset.count;")
+            .run("return document.getElementById('bulk-progress').dataset.done;")
             .await,
         "3"
+    );
+    assert!(
+        matches!(
+            store.event_state(late.event_id).await.unwrap(),
+            Some(EventState::Failed { .. })
+        ),
+        "failed after the count: not requeued"
     );
     let ids = shipped.iter().map(|e| e.event_id).collect::<Vec<_>>();
     publisher.wait_for(&ids).await;

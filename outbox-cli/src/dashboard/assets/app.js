@@ -1,11 +1,13 @@
-// The dashboard's only script: refreshes the overview's live part in place
-// (the same page, fetched again and parsed; everything in it was escaped by
-// the server), paused while the tab is hidden.
+// The dashboard's only script: refreshes a page's live part in place (the
+// overview's counts, a bulk action's progress: the same page, fetched again
+// and parsed; everything in it was escaped by the server), paused while the
+// tab is hidden, stopped once the fresh part no longer asks for refreshes.
 (function () {
   "use strict";
   const live = document.getElementById("live");
-  if (!live) return;
-  const seconds = Number(live.dataset.refreshSeconds || "5");
+  if (!live || !live.dataset.refreshSeconds) return;
+  const seconds = Number(live.dataset.refreshSeconds);
+  let timer = null;
   async function refresh() {
     if (document.hidden) return;
     try {
@@ -16,10 +18,11 @@
       if (fresh) {
         live.replaceChildren(...fresh.childNodes);
         live.dataset.refreshedAt = String(Date.now());
+        if (!fresh.dataset.refreshSeconds) window.clearInterval(timer);
       }
     } catch (_) {
       // The next refresh tries again; the page keeps what it shows.
     }
   }
-  window.setInterval(refresh, seconds * 1000);
+  timer = window.setInterval(refresh, seconds * 1000);
 })();
