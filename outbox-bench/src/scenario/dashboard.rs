@@ -12,7 +12,10 @@
 //! history, written in SQL as a relay would leave them): the failed list's
 //! first page, a page from the middle, one type of a thousandth of them, one
 //! key of a ten-thousandth, an error text in every 997th, each the slowest
-//! of [`READS`] GETs, under the same bound.
+//! of [`READS`] GETs, under the same bound. Then bulk actions as an
+//! operator starts them (signed in, through the forms): the confirmation's
+//! count of every failed event, and a bulk requeue of the rare type, timed
+//! from the confirmation until its page says it finished.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -64,6 +67,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         ));
         let middle = fail_everything(&pool).await?;
         let dashboard = Dashboard::start().await?;
+        let signed_in = dashboard.sign_in().await?;
         for (contender, path) in failed_pages(middle) {
             let slowest = dashboard.slowest(&path, "id=\"matching\"").await?;
             rounds.add(contender, "slowest ms", slowest, false);
@@ -71,6 +75,18 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                 "round {round} {path} with {waiting} failed: slowest {slowest:.1} ms"
             ));
         }
+        let (count_ms, counted) = dashboard.confirm(&signed_in, "").await?;
+        rounds.add("bulk-count-all-failed", "confirm ms", count_ms, false);
+        let (rare_ms, rare) = dashboard.confirm(&signed_in, "type=refund.issued").await?;
+        let started = Instant::now();
+        let done = dashboard.run_bulk(&signed_in, "type=refund.issued", &rare).await?;
+        let rate = done as f64 / started.elapsed().as_secs_f64();
+        rounds.add("bulk-requeue-rare-type", "confirm ms", rare_ms, false);
+        rounds.add("bulk-requeue-rare-type", "requeued/s", rate, true);
+        progress(format!(
+            "round {round} bulk: counting {} took {count_ms:.0} ms; {done} of type refund.issued requeued at {rate:.0}/s",
+            counted.count
+        ));
     }
     rounds.finish(NAME, report);
     for (contender, label) in [
@@ -137,6 +153,28 @@ async fn fail_everything(pool: &sqlx::PgPool) -> Result<i64, Error> {
     Ok(middle)
 }
 
+/// The token the bench signs in with.
+const TOKEN: &str = "bench-dashboard-token";
+
+/// A signed-in session: its cookie and CSRF token.
+struct SignedIn {
+    cookie: String,
+    csrf: String,
+}
+
+/// What a bulk action's confirmation counted.
+struct Counted {
+    count: u64,
+    through: String,
+}
+
+/// The value of `attribute="…"` after `marker` in `page`.
+fn attribute<'p>(page: &'p str, marker: &str, attribute: &str) -> Option<&'p str> {
+    let rest = &page[page.find(marker)?..];
+    let start = rest.find(&format!("{attribute}=\""))? + attribute.len() + 2;
+    rest[start..].split('"').next()
+}
+
 /// `outbox dashboard` on the bench tables, killed on drop.
 struct Dashboard {
     _child: tokio::process::Child,
@@ -157,6 +195,7 @@ impl Dashboard {
             .args(["--url", &format!("{}/{}", env::pg_server(), env::DATABASE)])
             .args(["--prefix", "bench", "dashboard", "--listen", "127.0.0.1:0"])
             .args(["--sample-every", "10s"])
+            .env("OUTBOX_DASHBOARD_TOKEN", TOKEN)
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
@@ -212,11 +251,109 @@ impl Dashboard {
 
     /// GETs `path`; an error unless it answers 200 with `expect` in it.
     async fn get(&self, path: &str, expect: &str) -> Result<(), Error> {
+        let page = self.exchange("GET", path, "", "").await?;
+        if !page.starts_with("HTTP/1.1 200") || !page.contains(expect) {
+            return Err(format!("{path} did not render: {}", &page[..page.len().min(300)]).into());
+        }
+        Ok(())
+    }
+
+    /// Signs in with [`TOKEN`]; the session's cookie and CSRF token.
+    async fn sign_in(&self) -> Result<SignedIn, Error> {
+        let answer = self
+            .exchange("POST", "/login", "", &format!("token={TOKEN}"))
+            .await?;
+        let cookie = answer
+            .lines()
+            .find_map(|line| line.strip_prefix("set-cookie: "))
+            .and_then(|value| value.split(';').next())
+            .ok_or_else(|| format!("no session cookie: {}", &answer[..answer.len().min(300)]))?
+            .to_owned();
+        let page = self
+            .exchange("GET", "/failed", &format!("cookie: {cookie}\r\n"), "")
+            .await?;
+        let csrf = attribute(&page, "name=\"csrf\"", "value")
+            .ok_or("no CSRF token on the failed events' page")?
+            .to_owned();
+        Ok(SignedIn { cookie, csrf })
+    }
+
+    /// A bulk requeue of what `filter` (a form-encoded filter) matches,
+    /// up to its confirmation: how long the count took, and what it said.
+    async fn confirm(&self, session: &SignedIn, filter: &str) -> Result<(f64, Counted), Error> {
+        let started = Instant::now();
+        let page = self.bulk(session, filter, "").await?;
+        let took = started.elapsed().as_secs_f64() * 1_000.0;
+        let count = attribute(&page, "id=\"confirm-count\"", "data-count")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| format!("no count: {}", &page[..page.len().min(300)]))?;
+        let through = attribute(&page, "name=\"through\"", "value")
+            .unwrap_or_default()
+            .to_owned();
+        Ok((took, Counted { count, through }))
+    }
+
+    /// Confirms the bulk requeue `counted` and waits until its page says
+    /// it finished; how many it requeued.
+    async fn run_bulk(
+        &self,
+        session: &SignedIn,
+        filter: &str,
+        counted: &Counted,
+    ) -> Result<u64, Error> {
+        let confirmed = format!(
+            "confirm=yes&count={}&through={}",
+            counted.count, counted.through
+        );
+        let answer = self.bulk(session, filter, &confirmed).await?;
+        let job = answer
+            .lines()
+            .find_map(|line| line.strip_prefix("location: "))
+            .ok_or_else(|| format!("no job: {}", &answer[..answer.len().min(300)]))?
+            .trim()
+            .to_owned();
+        let cookie = format!("cookie: {}\r\n", session.cookie);
+        loop {
+            let page = self.exchange("GET", &job, &cookie, "").await?;
+            if attribute(&page, "id=\"bulk-progress\"", "data-state") == Some("finished") {
+                let done = attribute(&page, "id=\"bulk-progress\"", "data-done");
+                return Ok(done.and_then(|n| n.parse().ok()).unwrap_or(0));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn bulk(&self, session: &SignedIn, filter: &str, more: &str) -> Result<String, Error> {
+        let form = format!(
+            "csrf={}&action=requeue&operator=bench&reason=measured&{filter}&{more}",
+            session.csrf
+        );
+        let cookie = format!("cookie: {}\r\n", session.cookie);
+        self.exchange("POST", "/failed/bulk", &cookie, &form).await
+    }
+
+    /// One request (a form POST when `body` is not empty); the answer,
+    /// head and body.
+    async fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &str,
+        body: &str,
+    ) -> Result<String, Error> {
         let mut socket = tokio::net::TcpStream::connect(&self.address).await?;
+        let form = if body.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "content-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n",
+                body.len()
+            )
+        };
         socket
             .write_all(
                 format!(
-                    "GET {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+                    "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n{headers}{form}\r\n{body}",
                     self.address
                 )
                 .as_bytes(),
@@ -224,10 +361,6 @@ impl Dashboard {
             .await?;
         let mut page = Vec::new();
         socket.read_to_end(&mut page).await?;
-        let page = String::from_utf8_lossy(&page);
-        if !page.starts_with("HTTP/1.1 200") || !page.contains(expect) {
-            return Err(format!("{path} did not render: {}", &page[..page.len().min(300)]).into());
-        }
-        Ok(())
+        Ok(String::from_utf8_lossy(&page).into_owned())
     }
 }
