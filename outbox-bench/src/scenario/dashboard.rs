@@ -79,7 +79,9 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         rounds.add("bulk-count-all-failed", "confirm ms", count_ms, false);
         let (rare_ms, rare) = dashboard.confirm(&signed_in, "type=refund.issued").await?;
         let started = Instant::now();
-        let done = dashboard.run_bulk(&signed_in, "type=refund.issued", &rare).await?;
+        let done = dashboard
+            .run_bulk(&signed_in, "type=refund.issued", &rare)
+            .await?;
         let rate = done as f64 / started.elapsed().as_secs_f64();
         rounds.add("bulk-requeue-rare-type", "confirm ms", rare_ms, false);
         rounds.add("bulk-requeue-rare-type", "requeued/s", rate, true);

@@ -53,6 +53,9 @@ pub struct Dashboard {
     jobs: bulk::Jobs,
     /// The overview as last read by the sampler.
     latest: std::sync::Mutex<Option<Arc<overview::Overview>>>,
+    /// Since when, and why, the sampler has failed to read the store
+    /// (`None` while its reads succeed).
+    unread: std::sync::Mutex<Option<overview::Unread>>,
 }
 
 impl Dashboard {
@@ -65,15 +68,21 @@ impl Dashboard {
             samples: samples::Samples::default(),
             jobs: bulk::Jobs::default(),
             latest: std::sync::Mutex::new(None),
+            unread: std::sync::Mutex::new(None),
         });
         let sampling = Arc::downgrade(&dashboard);
         tokio::spawn(async move {
             while let Some(dashboard) = sampling.upgrade() {
-                let took = dashboard.sample().await;
                 // Reading the counts costs the store more as the backlog
-                // grows (a second at a million waiting): the dashboard
-                // keeps to a tenth of one connection's time.
-                let pause = dashboard.settings.sample_every.max(took * 10);
+                // grows (seconds at a million waiting): the dashboard keeps
+                // to a tenth of one connection's time. A read that failed
+                // (the store down) cost it nothing: the next one comes on
+                // schedule, so the page recovers as soon as the store does.
+                let every = dashboard.settings.sample_every;
+                let pause = match dashboard.sample().await {
+                    Ok(took) => every.max(took * 10),
+                    Err(()) => every,
+                };
                 drop(dashboard);
                 tokio::time::sleep(pause).await;
             }
@@ -82,29 +91,43 @@ impl Dashboard {
     }
 
     /// Reads the overview, keeps it for the pages and its counts for the
-    /// charts; returns how long the read took.
-    async fn sample(&self) -> Duration {
-        let started = std::time::Instant::now();
-        match self.read_overview().await {
+    /// charts; returns how long the store took to answer, or notes why it
+    /// could not.
+    async fn sample(&self) -> Result<Duration, ()> {
+        let read = self.read_overview().await;
+        let mut unread = self.unread.lock().unwrap_or_else(|e| e.into_inner());
+        match read {
             Ok(overview) => {
-                let written = overview.written;
+                let (written, took) = (overview.written, overview.took);
                 let sample = samples::Sample::of(&overview.stats, written, overview.read_at);
                 self.samples.record(sample);
                 *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(overview));
+                *unread = None;
+                Ok(took)
             }
-            Err(error) => tracing::warn!(%error, "the dashboard could not read the store's counts"),
+            Err(error) => {
+                tracing::warn!(%error, "the dashboard could not read the store's counts");
+                let since = unread.as_ref().map_or_else(Utc::now, |u| u.since);
+                *unread = Some(overview::Unread {
+                    since,
+                    error: error.to_string(),
+                });
+                Err(())
+            }
         }
-        started.elapsed()
     }
 
     async fn read_overview(&self) -> Result<overview::Overview, outbox_core::StoreError> {
-        let started = std::time::Instant::now();
         let admin = self.store.admin();
+        // One index probe first: it waits out a connection being made (a
+        // store just back from a restart), which the time that spaces the
+        // reads out must not count.
+        let written = admin.last_sequence().await?;
+        let started = std::time::Instant::now();
         let stats = admin.stats().await?;
         let relays = admin.relays().await?;
         let held_back = admin.held_back().await?;
         let blocked = admin.blocked_keys().await?;
-        let written = admin.last_sequence().await?;
         let read_at = Utc::now();
         Ok(overview::Overview {
             held_back: crate::render::held_back_lines(&held_back, &relays, read_at)
@@ -196,19 +219,28 @@ impl Dashboard {
         let overview = match latest {
             Some(overview) => overview,
             None => {
-                self.sample().await;
+                let _ = self.sample().await;
                 let latest = self
                     .latest
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone();
-                latest.ok_or((
-                    "503 Service Unavailable",
-                    "The store could not answer; see the dashboard's log.".to_string(),
-                ))?
+                latest.ok_or_else(|| {
+                    let unread = self.unread.lock().unwrap_or_else(|e| e.into_inner());
+                    let why = unread.as_ref().map_or("", |u| u.error.as_str());
+                    (
+                        "503 Service Unavailable",
+                        format!("The store could not be read: {}", esc(why)),
+                    )
+                })?
             }
         };
-        let main = overview.render(&self.settings.base, &self.samples.all());
+        let unread = self
+            .unread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let main = overview.render(&self.settings.base, &self.samples.all(), unread.as_ref());
         Ok(Response::html(
             "200 OK",
             self.frame(request).page("Overview", &main),

@@ -32,10 +32,29 @@ pub struct Overview {
     pub took: Duration,
 }
 
+/// Why the store has not been read lately: since when the reads fail, and
+/// the last one's error.
+#[derive(Clone, Debug)]
+pub struct Unread {
+    /// The first failed read of this run of failures.
+    pub since: DateTime<Utc>,
+    /// The last read's error.
+    pub error: String,
+}
+
 impl Overview {
-    /// The page's main part; `base` prefixes links.
-    pub fn render(&self, base: &str, history: &[Sample]) -> String {
+    /// The page's main part; `base` prefixes links; `unread` says the store
+    /// cannot be read now (the counts shown are the last read).
+    pub fn render(&self, base: &str, history: &[Sample], unread: Option<&Unread>) -> String {
         let mut out = String::from(r#"<section id="live" data-refresh-seconds="5">"#);
+        if let Some(unread) = unread {
+            let _ = write!(
+                out,
+                r#"<p id="store-unreadable" class="bad">The store could not be read since {}: {}. The counts below are the last ones read.</p>"#,
+                unread.since.format("%H:%M:%S UTC"),
+                esc(&unread.error)
+            );
+        }
         let _ = write!(
             out,
             r#"<p id="as-of" class="muted">Counts as of {} (read in {} ms).</p>"#,

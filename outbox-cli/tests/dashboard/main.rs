@@ -4,9 +4,11 @@
 //! bulk by filter, is published and kept in the history with their name.
 //! Screenshots of the overview and an event's page land in
 //! `target/screenshots/`; `stores` compares the overview with `outbox
-//! status` on PostgreSQL and MariaDB.
+//! status` on PostgreSQL and MariaDB; `restart` takes a private
+//! PostgreSQL away under it and back.
 
 mod browser;
+mod restart;
 mod stores;
 
 use std::collections::HashSet;
