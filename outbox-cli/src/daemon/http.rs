@@ -1,5 +1,5 @@
-//! `/metrics` (Prometheus text) and `/health` over plain HTTP/1.1: two GET
-//! routes need no web framework.
+//! `/metrics` (Prometheus text, with the backlog gauges of [`super::backlog`])
+//! and `/health` over plain HTTP/1.1: two GET routes need no web framework.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,18 +10,10 @@ use outbox_core::relay::RelayHealth;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
+use super::backlog::BacklogGauges;
 use crate::dashboard::Dashboard;
 use crate::error::CliError;
 use crate::store::Store;
-
-/// Gauge: events per type and state (`claimable`, `parked`, `blocked`,
-/// `in_flight`, `failed`), read from the store at each scrape.
-pub const EVENTS: &str = "outbox_events";
-/// Gauge: how long the oldest claimable event of a type has been due (0
-/// when none is): the relay's lag, read from the store at each scrape.
-pub const LAG_SECONDS: &str = "outbox_oldest_claimable_age_seconds";
-/// Counter: store errors of the daemon's own reads, by `operation`.
-pub const STORE_ERRORS: &str = "outbox_store_errors_total";
 
 /// Installs the Prometheus recorder: histograms with the documented bucket
 /// bounds (they add up across replicas, unlike summaries), every metric
@@ -39,58 +31,8 @@ pub fn install_recorder() -> Result<PrometheusHandle, CliError> {
     }
     let handle = builder.install_recorder().map_err(failed)?;
     outbox_core::relay::metrics::describe();
-    metrics::describe_gauge!(
-        EVENTS,
-        "Events per type and state (claimable, parked, blocked, in_flight, failed), read from the store at each scrape."
-    );
-    metrics::describe_gauge!(
-        LAG_SECONDS,
-        metrics::Unit::Seconds,
-        "How long the oldest claimable event of a type has been due (0 when none is), read at each scrape."
-    );
-    metrics::describe_counter!(
-        STORE_ERRORS,
-        metrics::Unit::Count,
-        "Store errors of the daemon's own reads, per operation."
-    );
-    metrics::counter!(STORE_ERRORS, "operation" => "stats").increment(0);
+    super::backlog::describe();
     Ok(handle)
-}
-
-/// Reads the store's counts into the gauges, so a scrape shows the backlog
-/// as it is now (the relay's own counters say what it did).
-async fn refresh_gauges(store: &Store) {
-    // Types seen by earlier scrapes: one that drained may be missing from
-    // the store's answer, and its gauges must read 0, not their last value.
-    static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    match store.admin().stats().await {
-        Ok(mut stats) => {
-            let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-            for event_type in seen.iter() {
-                if !stats.iter().any(|s| &s.event_type == event_type) {
-                    stats.push(outbox_core::store::EventTypeStats {
-                        event_type: event_type.clone(),
-                        ..Default::default()
-                    });
-                }
-            }
-            seen.extend(stats.iter().map(|s| s.event_type.clone()));
-            drop(seen);
-            for s in stats {
-                for (state, n) in s.counts() {
-                    metrics::gauge!(EVENTS, "event_type" => s.event_type.clone(), "state" => state)
-                        .set(n as f64);
-                }
-                metrics::gauge!(LAG_SECONDS, "event_type" => s.event_type.clone())
-                    .set(s.oldest_claimable_age.map_or(0.0, |a| a.as_secs_f64()));
-            }
-        }
-        Err(error) => {
-            tracing::warn!(%error, "reading the backlog for /metrics failed");
-            metrics::counter!(STORE_ERRORS, "operation" => "stats").increment(1);
-        }
-    }
 }
 
 /// What `/health` answers from.
@@ -139,13 +81,14 @@ pub async fn serve(
     liveness: Liveness,
     dashboard: Option<Arc<Dashboard>>,
 ) {
+    let backlog = BacklogGauges::new(store);
     loop {
         let Ok((mut socket, _)) = listener.accept().await else {
             continue;
         };
         let metrics = metrics.clone();
         let liveness = liveness.clone();
-        let store = store.clone();
+        let backlog = backlog.clone();
         let dashboard = dashboard.clone();
         tokio::spawn(async move {
             let Some(request) = crate::dashboard::read(&mut socket).await else {
@@ -156,7 +99,7 @@ pub async fn serve(
                 return;
             }
             if request.path == "/metrics" {
-                refresh_gauges(&store).await;
+                backlog.refresh().await;
             }
             let (status, content_type, body) = match request.path.as_str() {
                 "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),

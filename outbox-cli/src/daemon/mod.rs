@@ -1,6 +1,7 @@
 //! `outbox relay`: one relay process a team deploys beside its service,
 //! configured by a TOML file, drained gracefully on SIGTERM/SIGINT.
 
+mod backlog;
 mod config;
 mod http;
 

@@ -10,6 +10,7 @@ use outbox_sqlx::postgres::EndToEndDb;
 use prometheus_parse::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod scrapes;
 mod settings;
 
 mod outages;

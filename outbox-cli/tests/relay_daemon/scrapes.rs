@@ -1,0 +1,115 @@
+//! `/metrics` while the store's backlog read is slow (its table locked by
+//! another session, as a long migration or `VACUUM FULL` would): each
+//! scrape answers within the daemon's wait with the last values read,
+//! concurrent scrapes start one read between them, and the gauges move on
+//! once the store answers.
+
+use std::time::{Duration, Instant};
+
+use outbox_core::OutboxWriter;
+use outbox_sqlx::postgres::EndToEndDb;
+use sqlx::Connection;
+
+use super::{
+    ConfigFile, billing_events, free_address, gauge, get, pg_url, redis_url, scrape_until,
+    spawn_daemon, unique,
+};
+
+const READ_AT: &str = "outbox_backlog_read_timestamp_seconds";
+
+/// How many sessions are running the backlog read of `schema` now.
+async fn backlog_reads(conn: &mut sqlx::PgConnection, schema: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE pid <> pg_backend_pid() AND query LIKE '%' || $1 || '%outbox_stats()%'
+           AND state = 'active'",
+    )
+    .bind(schema)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_backlog_read_neither_holds_scrapes_nor_piles_up() {
+    let db = EndToEndDb::create("scrapes").await;
+    let (store, schema) = (&db.store, &db.schema);
+    OutboxWriter::enqueue(&**store, &billing_events(2))
+        .await
+        .unwrap();
+    let listen = free_address();
+    let config = ConfigFile::with(&format!(
+        r#"
+url = "{url}"
+schema = "{schema}"
+
+[relay]
+id = "scrapes-test"
+poll_interval = "100ms"
+
+[broker]
+kind = "redis"
+url = "{redis}"
+stream_prefix = "{prefix}:"
+
+[http]
+listen = "{listen}"
+"#,
+        url = pg_url(),
+        redis = redis_url(),
+        prefix = unique("scrapes"),
+    ));
+    let _daemon = spawn_daemon(&config);
+    let metrics = scrape_until(&listen, |m| gauge(m, READ_AT).is_some()).await;
+    let read_at = gauge(&metrics, READ_AT).unwrap();
+
+    // Another session takes the events table: the backlog read waits on it.
+    let mut locker = sqlx::PgConnection::connect(&pg_url()).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE {schema}.outbox_events IN ACCESS EXCLUSIVE MODE"
+    ))
+    .execute(&mut locker)
+    .await
+    .unwrap();
+    // Past the last read's freshness (a fast read is served for 1 s).
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let started = Instant::now();
+    let scrapes = (0..5)
+        .map(|_| {
+            let listen = listen.clone();
+            tokio::spawn(async move { get(&listen, "/metrics").await })
+        })
+        .collect::<Vec<_>>();
+    for scrape in scrapes {
+        let (status, body) = tokio::time::timeout(Duration::from_secs(8), scrape)
+            .await
+            .expect("a scrape answers within the daemon's wait (5 s)")
+            .unwrap();
+        assert!(status.contains("200"), "{status}");
+        assert_eq!(
+            gauge(&body, READ_AT),
+            Some(read_at),
+            "the last values, saying when they were read"
+        );
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(8),
+        "five scrapes answered in {waited:?} (the daemon waits 5 s at most)"
+    );
+    let mut observer = sqlx::PgConnection::connect(&pg_url()).await.unwrap();
+    assert_eq!(
+        backlog_reads(&mut observer, schema).await,
+        1,
+        "one read for all the scrapes"
+    );
+
+    // The store answers again: the read that waited sets the gauges.
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    let moved = scrape_until(&listen, |m| {
+        gauge(m, READ_AT).is_some_and(|at| at > read_at)
+    })
+    .await;
+    assert!(gauge(&moved, "outbox_backlog_read_seconds").unwrap() >= 1.0);
+}
