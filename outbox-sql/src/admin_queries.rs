@@ -140,7 +140,7 @@ impl FailedQueries {
     }
 }
 
-/// One failed event by id (`param`), in `columns` as [`failed_events`].
+/// One failed event by id (`param`), in `columns` as [`FailedQueries`].
 pub fn failed_event(names: &TableNames, columns: &str, param: &str) -> String {
     let events = names.events();
     format!(
