@@ -9,7 +9,8 @@
 //! under 200 ms.
 //!
 //! Then the same events all failed (a million failed rows, each with its
-//! history, written in SQL as a relay would leave them): the failed list's
+//! history, written in SQL as a relay would leave them): a fresh
+//! dashboard's first overview and the pages after it, the failed list's
 //! first page, a page from the middle, one type of a thousandth of them, one
 //! key of a ten-thousandth, an error text in every 997th, each the slowest
 //! of [`READS`] GETs, under the same bound. Then bulk actions as an
@@ -67,6 +68,9 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         ));
         let middle = fail_everything(&pool).await?;
         let dashboard = Dashboard::start().await?;
+        let (failed_first, failed_slowest) = dashboard.overviews().await?;
+        rounds.add("overview-all-failed", "first ms", failed_first, false);
+        rounds.add("overview-all-failed", "slowest ms", failed_slowest, false);
         let signed_in = dashboard.sign_in().await?;
         for (contender, path) in failed_pages(middle) {
             let slowest = dashboard.slowest(&path, "id=\"matching\"").await?;

@@ -1489,6 +1489,9 @@ $$;
 -- claimable or parked (nor in the lag): they wait for an operator. Every
 -- pending row of such a key is behind its failed row (per-key order let
 -- nothing of the key past it), the rows `outbox_blocked_keys` counts.
+-- Failed rows are counted apart, per type from their own index: a
+-- million of them cost a count, not a million rows through the
+-- classification of the waiting ones.
 -- The return type grew a column: dropped first (CREATE OR REPLACE cannot
 -- change it), in the same transaction as the CREATE.
 DROP FUNCTION IF EXISTS outbox_stats();
@@ -1518,26 +1521,33 @@ CREATE FUNCTION outbox_stats()
         SELECT e.event_type, e.partition_key, e.status, e.available_at, FALSE
         FROM outbox_events e
         WHERE e.status IN (4, 5) AND e.sequence NOT IN (SELECT sequence FROM held)
-        UNION ALL
-        SELECT e.event_type, e.partition_key, e.status, e.available_at, FALSE
-        FROM outbox_events e WHERE e.status = 3
     ), classified AS (
         SELECT o.*, o.status <> 3 AND NOT o.in_flight
                     AND o.partition_key IN (SELECT partition_key FROM blocked_keys) AS blocked
         FROM open o
-    ), now AS (SELECT outbox_now() AS at)
-    SELECT o.event_type,
-        count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND NOT o.blocked
-                         AND o.available_at <= now.at),
-        min(o.available_at) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND NOT o.blocked
-                                    AND o.available_at <= now.at),
-        count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND NOT o.blocked
-                         AND o.available_at > now.at),
-        count(*) FILTER (WHERE o.in_flight),
-        count(*) FILTER (WHERE o.status = 3),
-        now.at,
-        count(*) FILTER (WHERE o.blocked)
-    FROM classified o, now GROUP BY o.event_type, now.at ORDER BY o.event_type
+    ), now AS (SELECT outbox_now() AS at
+    ), waiting AS (
+        SELECT o.event_type,
+            count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND NOT o.blocked
+                             AND o.available_at <= now.at) AS claimable,
+            min(o.available_at) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND NOT o.blocked
+                                        AND o.available_at <= now.at) AS oldest,
+            count(*) FILTER (WHERE o.status <> 3 AND NOT o.in_flight AND NOT o.blocked
+                             AND o.available_at > now.at) AS parked,
+            count(*) FILTER (WHERE o.in_flight) AS in_flight,
+            count(*) FILTER (WHERE o.status = 3) AS failed_in_flight,
+            count(*) FILTER (WHERE o.blocked) AS blocked
+        FROM classified o, now GROUP BY o.event_type
+    ), failed AS (
+        SELECT f.event_type, count(*) AS failed FROM outbox_events f
+        WHERE f.status = 3 GROUP BY f.event_type
+    )
+    SELECT coalesce(w.event_type, f.event_type),
+           coalesce(w.claimable, 0), w.oldest, coalesce(w.parked, 0), coalesce(w.in_flight, 0),
+           coalesce(w.failed_in_flight, 0) + coalesce(f.failed, 0),
+           (SELECT at FROM now), coalesce(w.blocked, 0)
+    FROM waiting w FULL JOIN failed f ON f.event_type = w.event_type
+    ORDER BY 1
 $$;
 
 -- Keys parked behind a failed row that blocks them: the first such row
@@ -1655,4 +1665,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('7eb2387a80acd485');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('c3292002a2b8906d');
