@@ -109,6 +109,24 @@ macro_rules! admin_on_protocol {
                 during("skip", || self.events(), update).await
             }
 
+            async fn requeue_each(
+                &self,
+                ids: &[EventId],
+                action: &OperatorAction,
+            ) -> Result<Vec<EventId>, StoreError> {
+                let each = self.requeue_each_now(ids, action);
+                during("requeue_each", || self.events(), each).await
+            }
+
+            async fn skip_each(
+                &self,
+                ids: &[EventId],
+                action: &OperatorAction,
+            ) -> Result<Vec<EventId>, StoreError> {
+                let each = self.skip_each_now(ids, action);
+                during("skip_each", || self.events(), each).await
+            }
+
             async fn supersede(
                 &self,
                 id: EventId,

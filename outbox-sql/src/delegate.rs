@@ -157,6 +157,20 @@ macro_rules! delegate_sql_store {
             ) -> Result<(), $crate::__private::StoreError> {
                 self.$field.skip(event_id, action).await
             }
+            async fn requeue_each(
+                &self,
+                event_ids: &[$crate::__private::EventId],
+                action: &$crate::__private::store::OperatorAction,
+            ) -> Result<Vec<$crate::__private::EventId>, $crate::__private::StoreError> {
+                self.$field.requeue_each(event_ids, action).await
+            }
+            async fn skip_each(
+                &self,
+                event_ids: &[$crate::__private::EventId],
+                action: &$crate::__private::store::OperatorAction,
+            ) -> Result<Vec<$crate::__private::EventId>, $crate::__private::StoreError> {
+                self.$field.skip_each(event_ids, action).await
+            }
             async fn supersede(
                 &self,
                 event_id: $crate::__private::EventId,

@@ -2,7 +2,8 @@
 //! failed-events indexes, or by reading them where the filter names error
 //! text or an age), confirmed, then run in the background a chunk at a
 //! time, only on events up to the newest one counted: an event that fails
-//! after the operator confirmed is not swept up unseen. A job's page shows
+//! after the operator confirmed is not swept up unseen. Each chunk is one
+//! `requeue_each`/`skip_each` (set-based on PostgreSQL). A job's page shows
 //! how far it got and refreshes itself until it is done.
 
 use std::collections::VecDeque;
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use outbox_core::store::{FailedCount, OperatorAction, OutboxAdmin};
+use outbox_core::store::{FailedCount, FailedEvent, OperatorAction, OutboxAdmin};
 
 use super::failed::{self, Filter};
 use super::html::esc;
@@ -59,27 +60,29 @@ pub async fn count(admin: &dyn OutboxAdmin, filter: &Filter) -> Result<FailedCou
         return admin.count_failed(&page).await.map_err(|e| e.to_string());
     }
     let mut counted = FailedCount::default();
-    each_matching(admin, filter, i64::MAX, |failed| {
-        counted.count += 1;
-        counted.last_sequence = Some(failed.event.sequence);
-        async {}
+    each_chunk(admin, filter, i64::MAX, |chunk| {
+        counted.count += chunk.len() as u64;
+        if let Some(last) = chunk.last() {
+            counted.last_sequence = Some(last.event.sequence);
+        }
+        async { Ok(()) }
     })
     .await?;
     Ok(counted)
 }
 
-/// Calls `act` on each failed event `filter` matches, not superseded, up
+/// Calls `act` on the failed events `filter` matches, not superseded, up
 /// to sequence `through`, in sequence order, a chunk of the store's at a
-/// time (never the whole list in memory).
-async fn each_matching<F, Fut>(
+/// time (never the whole list in memory); stops at `act`'s first error.
+async fn each_chunk<F, Fut>(
     admin: &dyn OutboxAdmin,
     filter: &Filter,
     through: i64,
     mut act: F,
 ) -> Result<(), String>
 where
-    F: FnMut(&outbox_core::store::FailedEvent) -> Fut,
-    Fut: std::future::Future<Output = ()>,
+    F: FnMut(Vec<&FailedEvent>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
 {
     let min_age = filter.min_age()?;
     let mut after = None;
@@ -87,13 +90,13 @@ where
         let found = failed::find(admin, filter, min_age, after, usize::MAX)
             .await
             .map_err(|e| e.to_string())?;
-        for failed in &found.matching {
-            if failed.event.sequence > through {
-                return Ok(());
-            }
-            if failed.superseded_by.is_none() {
-                act(failed).await;
-            }
+        let chunk = found
+            .matching
+            .iter()
+            .filter(|f| f.event.sequence <= through && f.superseded_by.is_none())
+            .collect::<Vec<_>>();
+        if !chunk.is_empty() {
+            act(chunk).await?;
         }
         match found.next_after {
             Some(next) if next < through => after = Some(next),
@@ -237,24 +240,31 @@ impl Jobs {
                 operator,
                 ..
             } = confirmed;
-            let result = each_matching(admin, &filter, through, |failed| {
-                let id = failed.event.event.event_id;
+            let result = each_chunk(admin, &filter, through, |chunk| {
+                let ids = chunk
+                    .iter()
+                    .map(|f| f.event.event.event_id)
+                    .collect::<Vec<_>>();
                 let (running, operator) = (&running, &operator);
                 async move {
-                    let outcome = match action {
-                        Action::Requeue => admin.requeue(id, operator).await,
-                        Action::Skip => admin.skip(id, operator).await,
+                    let acted = match action {
+                        Action::Requeue => admin.requeue_each(&ids, operator).await,
+                        Action::Skip => admin.skip_each(&ids, operator).await,
                     };
+                    let acted = acted
+                        .map_err(|e| e.to_string())?
+                        .into_iter()
+                        .collect::<std::collections::HashSet<_>>();
                     let mut p = running.progress();
-                    match outcome {
-                        Ok(()) => p.done += 1,
-                        Err(error) => {
-                            p.refused += 1;
-                            if p.errors.len() < ERRORS_LISTED {
-                                p.errors.push(format!("{id}: {error}"));
-                            }
+                    p.done += acted.len() as u64;
+                    for id in ids.iter().filter(|id| !acted.contains(id)) {
+                        p.refused += 1;
+                        if p.errors.len() < ERRORS_LISTED {
+                            p.errors
+                                .push(format!("{id}: no longer failed (acted on meanwhile?)"));
                         }
                     }
+                    Ok(())
                 }
             })
             .await;

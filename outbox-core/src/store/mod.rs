@@ -20,4 +20,4 @@ pub use lease::{
     ClaimRequest, ClaimedBatch, ClaimedEvent, EnqueueOutcome, FailReason, FencingToken, Lease,
     Nack, NackAction, RelayId, Release, SettleReport,
 };
-pub use traits::{OutboxAdmin, OutboxStore, OutboxWriter};
+pub use traits::{OutboxAdmin, OutboxStore, OutboxWriter, one_at_a_time};

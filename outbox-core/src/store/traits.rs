@@ -155,6 +155,29 @@ pub trait OutboxAdmin: Send + Sync {
     /// Leaves a failed event failed but stops it blocking its key.
     async fn skip(&self, event_id: EventId, action: &OperatorAction) -> Result<(), StoreError>;
 
+    /// [`OutboxAdmin::requeue`] on each of `event_ids`, in as few
+    /// statements as the store can (PostgreSQL: two for the lot, in one
+    /// transaction); returns those it requeued. The others were not failed,
+    /// were superseded or are gone (`requeue` one to learn which). The
+    /// default requeues them one at a time.
+    async fn requeue_each(
+        &self,
+        event_ids: &[EventId],
+        action: &OperatorAction,
+    ) -> Result<Vec<EventId>, StoreError> {
+        one_at_a_time(event_ids, |id| self.requeue(id, action)).await
+    }
+
+    /// [`OutboxAdmin::skip`] on each of `event_ids`, as
+    /// [`OutboxAdmin::requeue_each`] requeues.
+    async fn skip_each(
+        &self,
+        event_ids: &[EventId],
+        action: &OperatorAction,
+    ) -> Result<Vec<EventId>, StoreError> {
+        one_at_a_time(event_ids, |id| self.skip(id, action)).await
+    }
+
     /// Replaces a failed event by `replacement`, which takes its place in the
     /// key's order; the old event stays failed for audit, linked to the new one.
     async fn supersede(
@@ -184,4 +207,28 @@ pub trait OutboxAdmin: Send + Sync {
 
     /// Relays and when each last reported alive.
     async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError>;
+}
+
+/// An operator action (`act`) on each of `event_ids` in turn: those it
+/// applied to. An event it does not apply to (not failed, superseded,
+/// gone) is passed over; any other error stops the lot. What
+/// [`OutboxAdmin::requeue_each`] and [`OutboxAdmin::skip_each`] do by
+/// default, for a store that has no set-based way.
+pub async fn one_at_a_time<F, Fut>(
+    event_ids: &[EventId],
+    mut act: F,
+) -> Result<Vec<EventId>, StoreError>
+where
+    F: FnMut(EventId) -> Fut,
+    Fut: std::future::Future<Output = Result<(), StoreError>>,
+{
+    let mut done = Vec::new();
+    for &event_id in event_ids {
+        match act(event_id).await {
+            Ok(()) => done.push(event_id),
+            Err(StoreError::NotFound(_) | StoreError::WrongState { .. }) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(done)
 }

@@ -22,6 +22,7 @@ macro_rules! store_conformance_tests {
             block_policy_parks_the_key_until_an_operator_acts,
             requeue_appends_history,
             supersede_takes_the_place_of_the_failed_event,
+            operators_act_on_many_failed_events_at_once,
             crash_loops_end_in_failed,
             release_burns_no_attempt,
             purge_never_touches_unpublished_rows,

@@ -102,6 +102,43 @@ impl<D: Driver> Protocol<D> {
         D::commit(tx).await
     }
 
+    /// An operator update on a set of events in one transaction: `sql`
+    /// (`requeue_each` or `skip_each`) changes and records them in one
+    /// statement, then the keys they unblocked let their parked rows go in
+    /// one more. Returns the events it changed.
+    pub(crate) async fn operator_update_each(
+        &self,
+        sql: &str,
+        event_ids: &[EventId],
+        kind: AttemptKind,
+        action: &OperatorAction,
+    ) -> Result<Vec<EventId>, StoreError> {
+        if event_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.sync_clock().await?;
+        let mut tx = self.driver.begin().await?;
+        let params = vec![
+            Param::Uuids(event_ids.iter().map(|id| *id.as_uuid()).collect()),
+            codes::attempt_kind_code(kind).into(),
+            action.operator.as_str().into(),
+            action.reason.as_str().into(),
+        ];
+        let rows = tx.fetch(sql, params).await?;
+        let mut done = Vec::with_capacity(rows.len());
+        let mut keys = std::collections::BTreeSet::new();
+        for row in &rows {
+            done.push(row.event_id("event_id")?);
+            keys.insert(row.text("partition_key")?);
+        }
+        if !keys.is_empty() {
+            let keys = Param::Texts(keys.into_iter().collect());
+            tx.execute(&self.queries.unpark_keys, vec![keys]).await?;
+        }
+        D::commit(tx).await?;
+        Ok(done)
+    }
+
     /// Rows of `sql` (parameters `params`) on a pooled connection.
     pub(crate) async fn fetch_alone(
         &self,
@@ -270,5 +307,27 @@ impl<D: Driver> Protocol<D> {
             conn.execute(&self.queries.prune_cursor_log, vec![]).await?;
         }
         Ok(purged)
+    }
+}
+
+impl<D: Driver> Protocol<D> {
+    pub(crate) async fn requeue_each_now(
+        &self,
+        event_ids: &[EventId],
+        action: &OperatorAction,
+    ) -> Result<Vec<EventId>, StoreError> {
+        let sql = &self.queries.requeue_each;
+        self.operator_update_each(sql, event_ids, AttemptKind::Requeued, action)
+            .await
+    }
+
+    pub(crate) async fn skip_each_now(
+        &self,
+        event_ids: &[EventId],
+        action: &OperatorAction,
+    ) -> Result<Vec<EventId>, StoreError> {
+        let sql = &self.queries.skip_each;
+        self.operator_update_each(sql, event_ids, AttemptKind::Skipped, action)
+            .await
     }
 }

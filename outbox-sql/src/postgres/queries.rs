@@ -39,6 +39,13 @@ pub struct Queries {
     pub supersede_insert: String,
     pub supersede_mark: String,
     pub unpark_key: String,
+    /// `requeue` and `skip` on an array of event ids (`$1`), recording
+    /// kind `$2`, operator `$3`, reason `$4`; returns `event_id`,
+    /// `partition_key` of each changed.
+    pub requeue_each: String,
+    pub skip_each: String,
+    /// `unpark_key` for an array of keys.
+    pub unpark_keys: String,
     pub record: String,
     pub purge: String,
     pub prune_cursor_log: String,
@@ -78,6 +85,31 @@ impl Queries {
         let kept_from = function("kept_from");
         let now = format!("{}()", function("now"));
         let seq = format!("{}{}_events_seq", names.qualifier(), names.prefix());
+        let requeue = format!(
+            "UPDATE {events} SET status = 4, blocks_key = FALSE, attempts = 0,
+                 unfinished_claims = 0, suspect = FALSE, available_at = {now}
+             WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
+             RETURNING attempts, partition_key"
+        );
+        let skip = format!(
+            "UPDATE {events} SET blocks_key = FALSE
+             WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
+             RETURNING attempts, partition_key"
+        );
+        // The same on a set of events (`$1` an array): the history rows
+        // written by the same statement.
+        let each = |update: &str| {
+            format!(
+                "WITH done AS ({}), recorded AS (
+                     INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)
+                     SELECT event_id, $2, {now}, $3, NULL, $4, attempts FROM done)
+                 SELECT event_id, partition_key FROM done",
+                update
+                    .replace("event_id = $1", "event_id = ANY($1)")
+                    .replace("RETURNING attempts", "RETURNING event_id, attempts")
+            )
+        };
+        let (requeue_each, skip_each) = (each(&requeue), each(&skip));
         Self {
             admin: AdminQueries {
                 stats: format!(
@@ -141,17 +173,8 @@ impl Queries {
                     "SELECT partition_key, event_id, backlog FROM {}()",
                     function("blocked_keys")
                 ),
-                requeue: format!(
-                    "UPDATE {events} SET status = 4, blocks_key = FALSE, attempts = 0,
-                         unfinished_claims = 0, suspect = FALSE, available_at = {now}
-                     WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
-                     RETURNING attempts, partition_key"
-                ),
-                skip: format!(
-                    "UPDATE {events} SET blocks_key = FALSE
-                     WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
-                     RETURNING attempts, partition_key"
-                ),
+                requeue,
+                skip,
                 relays: admin_queries::relays(names),
                 last_sequence: admin_queries::last_sequence(names),
             },
@@ -296,6 +319,15 @@ impl Queries {
             ),
             // Once nothing blocks the key, rows parked behind it are tracked
             // again (claimed in their order).
+            requeue_each,
+            skip_each,
+            unpark_keys: format!(
+                "UPDATE {events} e SET status = 4
+                 WHERE e.partition_key = ANY($1) AND e.status = 5
+                   AND NOT EXISTS (SELECT 1 FROM {events} b
+                                   WHERE b.partition_key = e.partition_key AND b.status = 3
+                                     AND b.blocks_key)"
+            ),
             unpark_key: format!(
                 "UPDATE {events} SET status = 4
                  WHERE partition_key = $1 AND status = 5

@@ -325,6 +325,91 @@ pub async fn supersede_takes_the_place_of_the_failed_event<F: StoreFactory>(fact
     );
 }
 
+/// Requeue and skip on many events at once (`requeue_each`, `skip_each`):
+/// each failed one is acted on and recorded with the operator, the others
+/// are passed over, and a key a requeued event blocked flows again.
+pub async fn operators_act_on_many_failed_events_at_once<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let (a1, a2, b1, c1) = (event("a", 1), event("a", 2), event("b", 1), event("c", 1));
+    enqueue_all(&*store, &[a1.clone(), a2.clone(), b1.clone(), c1.clone()]).await;
+    // a1 fails blocking its key (a2 parked behind it); b1 and c1 fail alone.
+    for blocks in [true, false, false] {
+        let claimed = claim(&*store, &request("r1", 1)).await;
+        store.nack(&[fail(&claimed[0], blocks)]).await.unwrap();
+    }
+    let pending = event("d", 1);
+    enqueue_all(&*store, std::slice::from_ref(&pending)).await;
+    let sorted = |mut v: Vec<EventId>| {
+        v.sort_by_key(|id| id.to_string());
+        v
+    };
+    let op = OperatorAction::new("erin", "consumer fixed");
+    let requeued = store
+        .requeue_each(
+            &[
+                a1.event_id,
+                b1.event_id,
+                pending.event_id,
+                EventId::random(),
+            ],
+            &op,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        sorted(requeued),
+        sorted(vec![a1.event_id, b1.event_id]),
+        "the failed ones; the pending and the unknown passed over"
+    );
+    for id in [a1.event_id, b1.event_id] {
+        let last = store.history(id).await.unwrap().pop().unwrap();
+        assert_eq!(
+            (last.kind, last.actor.as_str(), last.detail.as_str()),
+            (AttemptKind::Requeued, "erin", "consumer fixed")
+        );
+    }
+    let mut published = Vec::new();
+    loop {
+        let claimed = claim(&*store, &request("r1", 10)).await;
+        if claimed.is_empty() {
+            break;
+        }
+        published.extend(ids(&claimed));
+        let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();
+        store.ack(&leases).await.unwrap();
+    }
+    assert_eq!(
+        sorted(published.clone()),
+        sorted(vec![
+            a1.event_id,
+            a2.event_id,
+            b1.event_id,
+            pending.event_id
+        ]),
+        "the requeued, the key they unblocked, the pending one"
+    );
+    let position = |id: EventId| published.iter().position(|p| *p == id);
+    assert!(
+        position(a1.event_id) < position(a2.event_id),
+        "a's order kept"
+    );
+    let skipped = store
+        .skip_each(&[c1.event_id, a1.event_id], &op)
+        .await
+        .unwrap();
+    assert_eq!(skipped, vec![c1.event_id], "a1 was published, not failed");
+    assert!(matches!(
+        state(&*store, c1.event_id).await,
+        EventState::Failed { .. }
+    ));
+    let last = store.history(c1.event_id).await.unwrap().pop().unwrap();
+    assert_eq!(
+        (last.kind, last.actor.as_str()),
+        (AttemptKind::Skipped, "erin")
+    );
+    assert!(store.requeue_each(&[], &op).await.unwrap().is_empty());
+}
+
 /// Claims that never reach an outcome end in `failed` after the bound.
 pub async fn crash_loops_end_in_failed<F: StoreFactory>(factory: &F) {
     let clock = ManualClock::at_epoch();
