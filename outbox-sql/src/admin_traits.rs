@@ -114,7 +114,7 @@ macro_rules! admin_on_protocol {
                 ids: &[EventId],
                 action: &OperatorAction,
             ) -> Result<Vec<EventId>, StoreError> {
-                let each = self.requeue_each_now(ids, action);
+                let each = self.each_now(ids, AttemptKind::Requeued, action);
                 during("requeue_each", || self.events(), each).await
             }
 
@@ -123,7 +123,7 @@ macro_rules! admin_on_protocol {
                 ids: &[EventId],
                 action: &OperatorAction,
             ) -> Result<Vec<EventId>, StoreError> {
-                let each = self.skip_each_now(ids, action);
+                let each = self.each_now(ids, AttemptKind::Skipped, action);
                 during("skip_each", || self.events(), each).await
             }
 
@@ -248,3 +248,30 @@ macro_rules! scalar_admin_reads {
 
 scalar_admin_reads!(mysql, 3, 6);
 scalar_admin_reads!(sqlite, 1, 1);
+
+/// `each_now` (what `requeue_each` and `skip_each` run) for `$dialect`,
+/// which has no set-based operator update: one event at a time.
+macro_rules! one_at_a_time {
+    ($dialect:ident) => {
+        impl<D: crate::$dialect::Driver> crate::$dialect::Protocol<D> {
+            async fn each_now(
+                &self,
+                ids: &[EventId],
+                kind: AttemptKind,
+                action: &OperatorAction,
+            ) -> Result<Vec<EventId>, StoreError> {
+                outbox_core::store::one_at_a_time(ids, |id| async move {
+                    if kind == AttemptKind::Requeued {
+                        self.requeue(id, action).await
+                    } else {
+                        self.skip(id, action).await
+                    }
+                })
+                .await
+            }
+        }
+    };
+}
+
+one_at_a_time!(mysql);
+one_at_a_time!(sqlite);

@@ -119,29 +119,3 @@ impl<D: Driver> Protocol<D> {
         Ok(purged)
     }
 }
-
-impl<D: Driver> Protocol<D> {
-    /// One at a time: this dialect has no set-based operator update.
-    pub(crate) async fn requeue_each_now(
-        &self,
-        event_ids: &[EventId],
-        action: &OperatorAction,
-    ) -> Result<Vec<EventId>, StoreError> {
-        outbox_core::store::one_at_a_time(event_ids, |id| {
-            outbox_core::store::OutboxAdmin::requeue(self, id, action)
-        })
-        .await
-    }
-
-    /// One at a time, as [`Protocol::requeue_each_now`].
-    pub(crate) async fn skip_each_now(
-        &self,
-        event_ids: &[EventId],
-        action: &OperatorAction,
-    ) -> Result<Vec<EventId>, StoreError> {
-        outbox_core::store::one_at_a_time(event_ids, |id| {
-            outbox_core::store::OutboxAdmin::skip(self, id, action)
-        })
-        .await
-    }
-}

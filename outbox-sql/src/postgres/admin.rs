@@ -102,13 +102,11 @@ impl<D: Driver> Protocol<D> {
         D::commit(tx).await
     }
 
-    /// An operator update on a set of events in one transaction: `sql`
-    /// (`requeue_each` or `skip_each`) changes and records them in one
-    /// statement, then the keys they unblocked let their parked rows go in
-    /// one more. Returns the events it changed.
-    pub(crate) async fn operator_update_each(
+    /// A requeue or skip (`kind`) of a set of events in one transaction:
+    /// one statement changes and records them, one more lets the keys they
+    /// unblocked have their parked rows back. Returns the events it changed.
+    pub(crate) async fn each_now(
         &self,
-        sql: &str,
         event_ids: &[EventId],
         kind: AttemptKind,
         action: &OperatorAction,
@@ -116,6 +114,11 @@ impl<D: Driver> Protocol<D> {
         if event_ids.is_empty() {
             return Ok(Vec::new());
         }
+        let sql = if kind == AttemptKind::Requeued {
+            &self.queries.requeue_each
+        } else {
+            &self.queries.skip_each
+        };
         self.sync_clock().await?;
         let mut tx = self.driver.begin().await?;
         let params = vec![
@@ -307,27 +310,5 @@ impl<D: Driver> Protocol<D> {
             conn.execute(&self.queries.prune_cursor_log, vec![]).await?;
         }
         Ok(purged)
-    }
-}
-
-impl<D: Driver> Protocol<D> {
-    pub(crate) async fn requeue_each_now(
-        &self,
-        event_ids: &[EventId],
-        action: &OperatorAction,
-    ) -> Result<Vec<EventId>, StoreError> {
-        let sql = &self.queries.requeue_each;
-        self.operator_update_each(sql, event_ids, AttemptKind::Requeued, action)
-            .await
-    }
-
-    pub(crate) async fn skip_each_now(
-        &self,
-        event_ids: &[EventId],
-        action: &OperatorAction,
-    ) -> Result<Vec<EventId>, StoreError> {
-        let sql = &self.queries.skip_each;
-        self.operator_update_each(sql, event_ids, AttemptKind::Skipped, action)
-            .await
     }
 }
