@@ -125,10 +125,15 @@ impl BacklogGauges {
         let read = self.store.admin().stats().await;
         let took = started.elapsed();
         let mut state = self.state();
-        state.last = Some((Instant::now(), took));
         let mut stats = match read {
-            Ok(stats) => stats,
+            Ok(stats) => {
+                state.last = Some((Instant::now(), took));
+                stats
+            }
             Err(error) => {
+                // A failed read cost the store nothing: the next scrape
+                // after FRESH_FOR tries again, however long this one waited.
+                state.last = Some((Instant::now(), Duration::ZERO));
                 tracing::warn!(%error, "reading the backlog for /metrics failed");
                 metrics::counter!(STORE_ERRORS, "operation" => "stats").increment(1);
                 return;

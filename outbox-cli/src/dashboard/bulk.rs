@@ -49,6 +49,14 @@ impl Action {
             Self::Skip => "skip",
         }
     }
+
+    /// Its name at the start of a sentence.
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::Requeue => "Requeue",
+            Self::Skip => "Skip",
+        }
+    }
 }
 
 /// How many failed events `filter` matches now (not superseded), and the

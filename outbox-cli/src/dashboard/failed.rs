@@ -305,7 +305,7 @@ pub async fn list(
 pub fn confirm(
     frame: &Frame<'_>,
     filter: &Filter,
-    action: &str,
+    action: super::bulk::Action,
     counted: FailedCount,
     request: &Request,
 ) -> String {
@@ -323,15 +323,11 @@ pub fn confirm(
 <form id="confirm" method="post" action="{base}/failed/bulk">{csrf}{hidden}<input type="hidden" name="action" value="{action}">
 <input type="hidden" name="operator" value="{operator}"><input type="hidden" name="reason" value="{reason}"><input type="hidden" name="count" value="{count}"><input type="hidden" name="through" value="{through}">
 <button name="confirm" value="yes">Yes, {action} {count}</button> <a href="{base}/failed?{query}">Cancel</a></form>"#,
-        if action == "requeue" {
-            "Requeue"
-        } else {
-            "Skip"
-        },
+        action.title(),
         filter.describe(),
         csrf = frame.csrf_field(),
         hidden = filter.hidden_fields(),
-        action = esc(action),
+        action = action.name(),
         operator = esc(request.field("operator")),
         reason = esc(request.field("reason")),
     )

@@ -268,7 +268,7 @@ impl Dashboard {
             let counted = bulk::count(self.store.admin(), &filter)
                 .await
                 .map_err(|e| ("400 Bad Request", e))?;
-            let main = failed::confirm(&frame.frame(), &filter, action.name(), counted, request);
+            let main = failed::confirm(&frame.frame(), &filter, action, counted, request);
             return Ok(Response::html("200 OK", frame.page("Confirm", &main)));
         }
         let number = |name: &str| {
