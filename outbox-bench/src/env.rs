@@ -132,13 +132,19 @@ pub fn pg_store_unmigrated(pool: &PgPool) -> Result<PgStore, Error> {
 /// (a relay stopped while waiting for NOTIFY leaves `relay_waiting` set;
 /// producers would notify until the next claim).
 pub async fn pg_reset(pool: &PgPool) -> Result<(), Error> {
-    pool.execute(
-        "TRUNCATE bench_events, bench_attempts, bench_inbox, bench_relays, bench_leases, bench_cursor_log,
-             bench_order, bench_cursor_states, bench_lanes;
-         ALTER SEQUENCE bench_events_seq RESTART;
-         ALTER SEQUENCE bench_pass_window RESTART;
-         UPDATE bench_control SET relay_waiting = FALSE",
-    )
+    pg_reset_tables(pool, "bench").await
+}
+
+/// Empties the outbox tables named with `prefix` (as [`pg_reset`]).
+pub async fn pg_reset_tables(pool: &PgPool, prefix: &str) -> Result<(), Error> {
+    let p = prefix;
+    pool.execute(&*format!(
+        "TRUNCATE {p}_events, {p}_attempts, {p}_inbox, {p}_relays, {p}_leases, {p}_cursor_log,
+             {p}_order, {p}_cursor_states, {p}_lanes;
+         ALTER SEQUENCE {p}_events_seq RESTART;
+         ALTER SEQUENCE {p}_pass_window RESTART;
+         UPDATE {p}_control SET relay_waiting = FALSE"
+    ))
     .await?;
     Ok(())
 }

@@ -322,3 +322,53 @@ async fn claims_pass_a_hot_key_its_runs_interleaved_with_other_keys() {
     let writers = hot_row_writers(&store, &schema).await;
     assert_eq!(writers, 1, "no hot row was written after its insert");
 }
+
+/// Drains `relay` (per-key order) to the end, acking each batch.
+async fn drain(store: &PgStore, relay: &str) -> Vec<EventId> {
+    let mut published = Vec::new();
+    loop {
+        let claimed = store
+            .claim_batch(&request(relay, BATCH))
+            .await
+            .unwrap()
+            .events;
+        if claimed.is_empty() {
+            return published;
+        }
+        published.extend(claimed_ids(&claimed));
+        ack(store, &claimed).await;
+    }
+}
+
+/// A claim made while the hot key is between batches takes the other
+/// keys' events first and fills the rest of the batch from the hot key's
+/// lane, in its order: in claim order alone the lane's older positions
+/// filled every such batch, and the other keys waited for a claim made
+/// while the hot key was in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_keys_go_first_in_a_batch_the_hot_keys_lane_fills() {
+    let (store, _) = shared_store(ManualClock::at_epoch()).await;
+    let (hot, first) = hot_key_in_flight_others_claimed(&store, 3_000).await;
+    ack(&store, &first).await;
+    let others = events_over_keys(20, 20);
+    OutboxWriter::enqueue(&store, &others).await.unwrap();
+    let claimed = store
+        .claim_batch(&request("any-relay", BATCH))
+        .await
+        .unwrap()
+        .events;
+    let (theirs, hot_rows): (Vec<_>, Vec<_>) = claimed
+        .iter()
+        .map(|c| c.event.event_id)
+        .partition(|id| others.iter().any(|o| o.event_id == *id));
+    assert_eq!(theirs.len(), 20, "every other key's event in this batch");
+    assert_eq!(
+        hot_rows,
+        ids(&hot[BATCH..2 * BATCH - 20]),
+        "the hot key's next, in order"
+    );
+    ack(&store, &claimed).await;
+    let mut published = hot_rows;
+    published.extend(drain(&store, "any-relay").await);
+    assert_eq!(published, ids(&hot[BATCH..]), "the hot key in order, once");
+}
