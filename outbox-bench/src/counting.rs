@@ -121,27 +121,10 @@ impl<P: Publisher> Publisher for CountingPublisher<P> {
     }
 
     async fn publish(&self, batch: &[&StoredEvent]) -> Vec<PublishOutcome> {
-        let t0 = Instant::now();
+        let started = Instant::now();
         let outcomes = self.inner.publish(batch).await;
         let now = Instant::now();
-        if std::env::var("EXP_TRACE").is_ok() {
-            static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-            let start = *START.get_or_init(Instant::now);
-            let hot = batch.iter().filter(|e| e.partition_key == "hot").count();
-            let oldest = batch
-                .iter()
-                .filter(|e| e.partition_key != "hot")
-                .map(|e| e.created_at)
-                .min();
-            eprintln!(
-                "PUB t={:.1} dur={:.1} n={} hot={} oldest_other_age_ms={:?}",
-                (t0 - start).as_secs_f64() * 1000.0,
-                (now - t0).as_secs_f64() * 1000.0,
-                batch.len(),
-                hot,
-                oldest.map(|c| (chrono::Utc::now() - c).num_milliseconds())
-            );
-        }
+        crate::publish_trace::record(started, now, batch);
         if let Some(arrivals) = &self.arrivals {
             let mut arrivals = arrivals.lock().expect("arrivals lock");
             for (event, outcome) in batch.iter().zip(&outcomes) {

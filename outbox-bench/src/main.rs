@@ -12,6 +12,7 @@ mod env;
 mod fleet;
 mod pgq;
 mod plot;
+mod publish_trace;
 mod query_count;
 mod relay_process;
 mod relay_run;
