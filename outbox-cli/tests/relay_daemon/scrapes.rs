@@ -113,3 +113,73 @@ listen = "{listen}"
     .await;
     assert!(gauge(&moved, "outbox_backlog_read_seconds").unwrap() >= 1.0);
 }
+
+/// `/metrics` while the backlog read fails (the stats function gone, as a
+/// half-applied migration by hand would leave it): each scrape answers at
+/// once with the last values, counts the failure, and the next scrape
+/// after a second tries again (a failed read spaces nothing out); once
+/// the store answers, the gauges move on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_backlog_read_is_counted_and_tried_again() {
+    const ERRORS: &str = "outbox_store_errors_total{operation=\"stats\"}";
+    let db = EndToEndDb::create("scrape_errors").await;
+    let (store, schema) = (&db.store, &db.schema);
+    OutboxWriter::enqueue(&**store, &billing_events(2))
+        .await
+        .unwrap();
+    let listen = free_address();
+    let config = ConfigFile::with(&format!(
+        r#"
+url = "{url}"
+schema = "{schema}"
+
+[relay]
+id = "scrape-errors-test"
+poll_interval = "100ms"
+
+[broker]
+kind = "redis"
+url = "{redis}"
+stream_prefix = "{prefix}:"
+
+[http]
+listen = "{listen}"
+"#,
+        url = pg_url(),
+        redis = redis_url(),
+        prefix = unique("scrape_errors"),
+    ));
+    let _daemon = spawn_daemon(&config);
+    let metrics = scrape_until(&listen, |m| gauge(m, READ_AT).is_some()).await;
+    let read_at = gauge(&metrics, READ_AT).unwrap();
+    assert_eq!(gauge(&metrics, ERRORS), Some(0.0));
+
+    let rename = |from: &str, to: &str| format!("ALTER FUNCTION {schema}.{from}() RENAME TO {to}");
+    let mut admin = sqlx::PgConnection::connect(&pg_url()).await.unwrap();
+    sqlx::query(&rename("outbox_stats", "outbox_stats_gone"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    for failures in 1..=2 {
+        // Past the last read's freshness (1 s).
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let started = Instant::now();
+        let (status, body) = get(&listen, "/metrics").await;
+        assert!(status.contains("200"), "{status}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "a failed read answers at once ({:?})",
+            started.elapsed()
+        );
+        assert_eq!(gauge(&body, ERRORS), Some(failures as f64), "{body}");
+        assert_eq!(gauge(&body, READ_AT), Some(read_at), "the last values");
+    }
+    sqlx::query(&rename("outbox_stats_gone", "outbox_stats"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    scrape_until(&listen, |m| {
+        gauge(m, READ_AT).is_some_and(|at| at > read_at)
+    })
+    .await;
+}
