@@ -2,7 +2,8 @@
 //! another session, as a long migration or `VACUUM FULL` would): each
 //! scrape answers within the daemon's wait with the last values read,
 //! concurrent scrapes start one read between them, and the gauges move on
-//! once the store answers.
+//! once the store answers; while the read fails, each failure is counted
+//! and the next scrape a second later tries again.
 
 use std::time::{Duration, Instant};
 
