@@ -31,11 +31,21 @@ async fn backlog_reads(conn: &mut sqlx::PgConnection, schema: &str) -> i64 {
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_backlog_read_neither_holds_scrapes_nor_piles_up() {
-    let db = EndToEndDb::create("scrapes").await;
-    let (store, schema) = (&db.store, &db.schema);
-    OutboxWriter::enqueue(&**store, &billing_events(2))
+/// A daemon relaying a fresh schema that holds two events, once its
+/// first backlog read is on `/metrics`.
+struct Scraped {
+    db: EndToEndDb,
+    listen: String,
+    /// The first scrape with the backlog gauges, and when they were read.
+    first: String,
+    read_at: f64,
+    _config: ConfigFile,
+    _daemon: tokio::process::Child,
+}
+
+async fn scraped_daemon(name: &str) -> Scraped {
+    let db = EndToEndDb::create(name).await;
+    OutboxWriter::enqueue(&*db.store, &billing_events(2))
         .await
         .unwrap();
     let listen = free_address();
@@ -45,7 +55,7 @@ url = "{url}"
 schema = "{schema}"
 
 [relay]
-id = "scrapes-test"
+id = "{name}-test"
 poll_interval = "100ms"
 
 [broker]
@@ -57,12 +67,26 @@ stream_prefix = "{prefix}:"
 listen = "{listen}"
 "#,
         url = pg_url(),
+        schema = db.schema,
         redis = redis_url(),
-        prefix = unique("scrapes"),
+        prefix = unique(name),
     ));
-    let _daemon = spawn_daemon(&config);
-    let metrics = scrape_until(&listen, |m| gauge(m, READ_AT).is_some()).await;
-    let read_at = gauge(&metrics, READ_AT).unwrap();
+    let daemon = spawn_daemon(&config);
+    let first = scrape_until(&listen, |m| gauge(m, READ_AT).is_some()).await;
+    Scraped {
+        read_at: gauge(&first, READ_AT).unwrap(),
+        db,
+        listen,
+        first,
+        _config: config,
+        _daemon: daemon,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_backlog_read_neither_holds_scrapes_nor_piles_up() {
+    let scraped = scraped_daemon("scrapes").await;
+    let (schema, listen, read_at) = (&scraped.db.schema, &scraped.listen, scraped.read_at);
 
     // Another session takes the events table: the backlog read waits on it.
     let mut locker = sqlx::PgConnection::connect(&pg_url()).await.unwrap();
@@ -108,10 +132,7 @@ listen = "{listen}"
 
     // The store answers again: the read that waited sets the gauges.
     sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
-    let moved = scrape_until(&listen, |m| {
-        gauge(m, READ_AT).is_some_and(|at| at > read_at)
-    })
-    .await;
+    let moved = scrape_until(listen, |m| gauge(m, READ_AT).is_some_and(|at| at > read_at)).await;
     assert!(gauge(&moved, "outbox_backlog_read_seconds").unwrap() >= 1.0);
 }
 
@@ -123,37 +144,9 @@ listen = "{listen}"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_backlog_read_is_counted_and_tried_again() {
     const ERRORS: &str = "outbox_store_errors_total{operation=\"stats\"}";
-    let db = EndToEndDb::create("scrape_errors").await;
-    let (store, schema) = (&db.store, &db.schema);
-    OutboxWriter::enqueue(&**store, &billing_events(2))
-        .await
-        .unwrap();
-    let listen = free_address();
-    let config = ConfigFile::with(&format!(
-        r#"
-url = "{url}"
-schema = "{schema}"
-
-[relay]
-id = "scrape-errors-test"
-poll_interval = "100ms"
-
-[broker]
-kind = "redis"
-url = "{redis}"
-stream_prefix = "{prefix}:"
-
-[http]
-listen = "{listen}"
-"#,
-        url = pg_url(),
-        redis = redis_url(),
-        prefix = unique("scrape_errors"),
-    ));
-    let _daemon = spawn_daemon(&config);
-    let metrics = scrape_until(&listen, |m| gauge(m, READ_AT).is_some()).await;
-    let read_at = gauge(&metrics, READ_AT).unwrap();
-    assert_eq!(gauge(&metrics, ERRORS), Some(0.0));
+    let scraped = scraped_daemon("scrape_errors").await;
+    let (schema, listen, read_at) = (&scraped.db.schema, &scraped.listen, scraped.read_at);
+    assert_eq!(gauge(&scraped.first, ERRORS), Some(0.0));
 
     let rename = |from: &str, to: &str| format!("ALTER FUNCTION {schema}.{from}() RENAME TO {to}");
     let mut admin = sqlx::PgConnection::connect(&pg_url()).await.unwrap();
@@ -165,7 +158,7 @@ listen = "{listen}"
         // Past the last read's freshness (1 s).
         tokio::time::sleep(Duration::from_millis(1_200)).await;
         let started = Instant::now();
-        let (status, body) = get(&listen, "/metrics").await;
+        let (status, body) = get(listen, "/metrics").await;
         assert!(status.contains("200"), "{status}");
         assert!(
             started.elapsed() < Duration::from_secs(2),
@@ -179,8 +172,5 @@ listen = "{listen}"
         .execute(&mut admin)
         .await
         .unwrap();
-    scrape_until(&listen, |m| {
-        gauge(m, READ_AT).is_some_and(|at| at > read_at)
-    })
-    .await;
+    scrape_until(listen, |m| gauge(m, READ_AT).is_some_and(|at| at > read_at)).await;
 }
