@@ -757,14 +757,20 @@ BEGIN
     ), young_keys AS (
         SELECT DISTINCT unnest(keys) AS key FROM live_leases
         WHERE p_ordered AND claimed_at > p_now - interval '1 second'
+    ), lane_keys AS MATERIALIZED (
+        -- Keys with lane rows, not in flight (nothing of theirs can go
+        -- now), read once: whether one of their entries holds a burst (64
+        -- rows or more; see picks).
+        SELECT partition_key, bool_or(size - taken >= 64) AS burst
+        FROM outbox_lanes
+        WHERE p_ordered AND partition_key NOT IN (SELECT key FROM live_keys)
+        GROUP BY partition_key
     ), waiting_keys AS (
-        -- Keys with rows outside the stream. The lanes of keys in flight
-        -- are not read (nothing of theirs can go now); their tracked rows
-        -- are, to know whether a failed row blocks them.
+        -- Keys with rows outside the stream: tracked rows (of keys in
+        -- flight too, to know whether a failed row blocks them) and lanes.
         SELECT key FROM tracked_keys WHERE key IS NOT NULL
         UNION
-        SELECT partition_key FROM outbox_lanes
-        WHERE p_ordered AND partition_key NOT IN (SELECT key FROM live_keys)
+        SELECT partition_key FROM lane_keys
     ), taken AS (
         SELECT unnest(positions) AS position FROM outbox_leases
         WHERE token >= outbox_kept_from() AND max_position >= p_from
@@ -880,12 +886,9 @@ BEGIN
         SELECT c.* FROM candidates c
         WHERE NOT EXISTS (SELECT 1 FROM left_out_suspects x
                           WHERE x.partition_key = c.partition_key AND x.position <= c.position)
-    ), backlogged AS MATERIALIZED (
-        -- Keys with a burst set aside: a lane entry holding 64 rows or more.
-        SELECT DISTINCT z.partition_key FROM outbox_lanes z
-        WHERE p_ordered AND z.size - z.taken >= 64
     ), picks AS MATERIALIZED (
-        -- Their rows fill what the other keys leave of the batch: a hot
+        -- Keys with a burst set aside (a lane entry holding 64 rows or
+        -- more) fill what the other keys leave of the batch: a hot
         -- key's lane holds older positions than the events other keys
         -- commit beside it, and in claim order alone every claim made while
         -- its relay was between batches took a batch of the hot key and
@@ -896,7 +899,7 @@ BEGIN
         -- claim and left lanes behind, 20 % of a 100,000-key drain). A
         -- key's own rows stay in claim order.
         SELECT * FROM eligible
-        ORDER BY partition_key IN (SELECT partition_key FROM backlogged), position
+        ORDER BY partition_key IN (SELECT partition_key FROM lane_keys WHERE burst), position
         LIMIT p_limit
     ), cut AS (
         -- Rows after the last pick wait for the next claim if the batch is full.
@@ -1681,4 +1684,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('f3a448e83a0ffd28');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('4f7bc4c456c7d444');

@@ -97,7 +97,7 @@ impl<D: Driver> Protocol<D> {
             row.int("attempts")?,
         )
         .await?;
-        tx.execute(&self.queries.unpark_key, vec![key.into()])
+        tx.execute(&self.queries.unpark_keys, vec![Param::Texts(vec![key])])
             .await?;
         D::commit(tx).await
     }
@@ -279,7 +279,7 @@ impl<D: Driver> Protocol<D> {
             old.int("attempts")?,
         )
         .await?;
-        tx.execute(&self.queries.unpark_key, vec![key.into()])
+        tx.execute(&self.queries.unpark_keys, vec![Param::Texts(vec![key])])
             .await?;
         let sequence = inserted.int("sequence")?;
         D::commit(tx).await?;

@@ -38,13 +38,13 @@ pub struct Queries {
     pub supersede_lock: String,
     pub supersede_insert: String,
     pub supersede_mark: String,
-    pub unpark_key: String,
     /// `requeue` and `skip` on an array of event ids (`$1`), recording
     /// kind `$2`, operator `$3`, reason `$4`; returns `event_id`,
     /// `partition_key` of each changed.
     pub requeue_each: String,
     pub skip_each: String,
-    /// `unpark_key` for an array of keys.
+    /// Parked rows (`status` 5) of keys `$1` (an array) tracked again
+    /// where nothing blocks their key any more.
     pub unpark_keys: String,
     pub record: String,
     pub purge: String,
@@ -85,31 +85,40 @@ impl Queries {
         let kept_from = function("kept_from");
         let now = format!("{}()", function("now"));
         let seq = format!("{}{}_events_seq", names.qualifier(), names.prefix());
-        let requeue = format!(
-            "UPDATE {events} SET status = 4, blocks_key = FALSE, attempts = 0,
-                 unfinished_claims = 0, suspect = FALSE, available_at = {now}
-             WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
-             RETURNING attempts, partition_key"
-        );
-        let skip = format!(
-            "UPDATE {events} SET blocks_key = FALSE
-             WHERE event_id = $1 AND status = 3 AND superseded_by IS NULL
-             RETURNING attempts, partition_key"
-        );
-        // The same on a set of events (`$1` an array): the history rows
-        // written by the same statement.
-        let each = |update: &str| {
+        // A requeue and a skip of the failed events `target` names,
+        // returning `returning`.
+        let requeue_of = |target: &str, returning: &str| {
             format!(
-                "WITH done AS ({}), recorded AS (
-                     INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)
-                     SELECT event_id, $2, {now}, $3, NULL, $4, attempts FROM done)
-                 SELECT event_id, partition_key FROM done",
-                update
-                    .replace("event_id = $1", "event_id = ANY($1)")
-                    .replace("RETURNING attempts", "RETURNING event_id, attempts")
+                "UPDATE {events} SET status = 4, blocks_key = FALSE, attempts = 0,
+                     unfinished_claims = 0, suspect = FALSE, available_at = {now}
+                 WHERE {target} AND status = 3 AND superseded_by IS NULL
+                 RETURNING {returning}"
             )
         };
-        let (requeue_each, skip_each) = (each(&requeue), each(&skip));
+        let skip_of = |target: &str, returning: &str| {
+            format!(
+                "UPDATE {events} SET blocks_key = FALSE
+                 WHERE {target} AND status = 3 AND superseded_by IS NULL
+                 RETURNING {returning}"
+            )
+        };
+        // The same on a set of events (`$1` an array), with their history
+        // rows written by the same statement.
+        let each = |update: String| {
+            format!(
+                "WITH done AS ({update}), recorded AS (
+                     INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)
+                     SELECT event_id, $2, {now}, $3, NULL, $4, attempts FROM done)
+                 SELECT event_id, partition_key FROM done"
+            )
+        };
+        let (one, many) = (
+            ("event_id = $1", "attempts, partition_key"),
+            ("event_id = ANY($1)", "event_id, attempts, partition_key"),
+        );
+        let (requeue, skip) = (requeue_of(one.0, one.1), skip_of(one.0, one.1));
+        let requeue_each = each(requeue_of(many.0, many.1));
+        let skip_each = each(skip_of(many.0, many.1));
         Self {
             admin: AdminQueries {
                 stats: format!(
@@ -317,22 +326,16 @@ impl Queries {
             supersede_mark: format!(
                 "UPDATE {events} SET blocks_key = FALSE, superseded_by = $2 WHERE event_id = $1"
             ),
-            // Once nothing blocks the key, rows parked behind it are tracked
-            // again (claimed in their order).
             requeue_each,
             skip_each,
+            // Once nothing blocks a key of `$1`, rows parked behind it are
+            // tracked again (claimed in their order).
             unpark_keys: format!(
                 "UPDATE {events} e SET status = 4
                  WHERE e.partition_key = ANY($1) AND e.status = 5
                    AND NOT EXISTS (SELECT 1 FROM {events} b
                                    WHERE b.partition_key = e.partition_key AND b.status = 3
                                      AND b.blocks_key)"
-            ),
-            unpark_key: format!(
-                "UPDATE {events} SET status = 4
-                 WHERE partition_key = $1 AND status = 5
-                   AND NOT EXISTS (SELECT 1 FROM {events} b
-                                   WHERE b.partition_key = $1 AND b.status = 3 AND b.blocks_key)"
             ),
             record: format!(
                 "INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)
