@@ -16,6 +16,7 @@ pub mod policy;
 pub mod publisher;
 pub mod relay;
 pub mod store;
+pub mod tenants;
 #[cfg(feature = "testing")]
 #[cfg_attr(outbox_docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
