@@ -17,7 +17,12 @@ use crate::error::ResultExt;
 
 /// A pool as the protocol's driver.
 #[derive(Clone, Debug)]
-pub(crate) struct SqlxDriver(pub(crate) PgPool);
+pub(crate) struct SqlxDriver {
+    pub(crate) pool: PgPool,
+    /// Whether claims and settlements run on connections kept apart from
+    /// the pool (see `PgStore::without_kept_connections`).
+    pub(crate) keeps: bool,
+}
 
 /// A connection the protocol runs statements on: pooled, in a transaction,
 /// kept, or the caller's `&mut PgConnection` inside their own transaction.
@@ -231,21 +236,24 @@ impl Driver for SqlxDriver {
     type Tx = Sqlx<Transaction<'static, Postgres>>;
 
     async fn connect(&self) -> Result<Self::Conn, StoreError> {
-        let conn = self.0.acquire().await.store()?;
+        let conn = self.pool.acquire().await.store()?;
         Ok(Sqlx(Own::Pooled(conn)))
     }
 
     async fn keep(&self) -> Result<Option<Self::Conn>, StoreError> {
-        let conn = self.0.acquire().await.store()?.detach();
+        if !self.keeps {
+            return Ok(None);
+        }
+        let conn = self.pool.acquire().await.store()?.detach();
         Ok(Some(Sqlx(Own::Kept(Box::new(conn)))))
     }
 
     fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.pool.is_closed()
     }
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
-        crate::pool::begin(&self.0).await.map(Sqlx)
+        crate::pool::begin(&self.pool).await.map(Sqlx)
     }
 
     async fn commit(tx: Self::Tx) -> Result<(), StoreError> {

@@ -4,6 +4,7 @@ mod driver;
 mod inbox;
 mod listen;
 mod store;
+mod tenants;
 #[cfg(feature = "testing")]
 mod testing;
 
@@ -14,6 +15,7 @@ pub use outbox_sql::postgres::SCHEMA_VERSION;
 pub use inbox::PgInbox;
 pub use listen::PgWakeUp;
 pub use store::PgStore;
+pub use tenants::{PgQueryTenants, PgSchemaTenants, PgTenantRelays};
 #[cfg(feature = "testing")]
 #[cfg_attr(outbox_docsrs, doc(cfg(feature = "testing")))]
 pub use testing::{EffectLog, EndToEndDb, RecordEffect};

@@ -26,13 +26,30 @@ impl PgStore {
     /// A store over `pool`. Table names were validated when built.
     pub fn new(pool: PgPool, config: StoreConfig) -> Self {
         Self {
-            protocol: Protocol::new(SqlxDriver(pool), config),
+            protocol: Protocol::new(SqlxDriver { pool, keeps: true }, config),
+        }
+    }
+
+    /// The store with claims and settlements on connections of the pool,
+    /// taken for each statement, instead of two connections it keeps beside
+    /// the pool. For many stores on one pool (a schema per tenant, see
+    /// `outbox_core::tenants`): connections are then bounded by the pool's
+    /// `max_connections`, not by the number of stores. Each connection
+    /// plans a store's claim function the first time it runs it there (a
+    /// few milliseconds once per connection and tenant).
+    pub fn without_kept_connections(self) -> Self {
+        let driver = SqlxDriver {
+            pool: self.pool().clone(),
+            keeps: false,
+        };
+        Self {
+            protocol: Protocol::new(driver, self.protocol.config.clone()),
         }
     }
 
     /// The pool.
     pub fn pool(&self) -> &PgPool {
-        &self.protocol.driver.0
+        &self.protocol.driver.pool
     }
 
     /// The NOTIFY channel of these tables (schema and prefix).

@@ -1,0 +1,299 @@
+//! A schema per tenant on the shared server, every tenant relayed by one
+//! fleet on one pool (issue 36): schemas created and dropped while it runs,
+//! a tenant whose tables are missing reported and retried on its own while
+//! the others flow, and a dozen tenants on a pool of three connections.
+#![cfg(feature = "postgres")]
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_core::memory::RecordingPublisher;
+use outbox_core::policy::RetryPolicy;
+use outbox_core::tenants::{
+    FleetConfig, FleetReport, FleetStatus, TenantFleet, TenantId, TenantRelayFactory, TenantSource,
+    TenantState,
+};
+use outbox_core::testing::event;
+use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
+use outbox_sqlx::postgres::{PgQueryTenants, PgSchemaTenants, PgStore, PgTenantRelays};
+use outbox_sqlx::{StoreConfig, TableNames};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use support::pg::{connect, shared_url};
+
+/// Each tenant's recording publisher, made on first use.
+#[derive(Clone, Default)]
+struct Publishers(Arc<Mutex<HashMap<TenantId, Arc<RecordingPublisher>>>>);
+
+impl Publishers {
+    fn of(&self, tenant: &str) -> Arc<RecordingPublisher> {
+        let id = TenantId::new(tenant).unwrap();
+        self.0.lock().unwrap().entry(id).or_default().clone()
+    }
+
+    fn published(&self, tenant: &str, id: EventId) -> bool {
+        self.of(tenant).delivered_ids().contains(&id)
+    }
+
+    fn relays(&self, pool: &PgPool) -> PgTenantRelays<RecordingPublisher> {
+        let publishers = self.clone();
+        let relay = RelayConfig {
+            relay_id: RelayId::new("fleet"),
+            poll_interval: Duration::from_millis(20),
+            ..RelayConfig::default()
+        };
+        PgTenantRelays::new(pool.clone(), relay, move |t| publishers.of(t.as_str()))
+    }
+}
+
+fn fleet_config() -> FleetConfig {
+    FleetConfig {
+        refresh: Duration::from_millis(100),
+        restart: RetryPolicy {
+            initial_interval: Duration::from_millis(50),
+            max_interval: Duration::from_millis(200),
+            ..RetryPolicy::default()
+        },
+    }
+}
+
+/// The store of tables in `schema`, migrated if asked.
+async fn store_in(pool: &PgPool, schema: &str, migrate: bool) -> PgStore {
+    sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let tables = TableNames::default().in_schema(schema).unwrap();
+    let store = PgStore::new(pool.clone(), StoreConfig::with_tables(tables));
+    if migrate {
+        store.migrate().await.unwrap();
+    }
+    store
+}
+
+async fn enqueue(store: &PgStore) -> EventId {
+    let event = event("k", 0);
+    let id = event.event_id;
+    OutboxWriter::enqueue(store, &[event]).await.unwrap();
+    id
+}
+
+/// Waits (up to 20 s) until `done` holds.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(20), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "timed out waiting until {what}");
+}
+
+fn running<F: TenantRelayFactory>(
+    source: impl TenantSource + 'static,
+    factory: F,
+) -> (
+    FleetStatus,
+    CancellationToken,
+    tokio::task::JoinHandle<FleetReport>,
+) {
+    let fleet = TenantFleet::new(source, factory, fleet_config());
+    let status = fleet.status();
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(fleet.run(shutdown.clone()));
+    (status, shutdown, handle)
+}
+
+async fn drop_schemas(pool: &PgPool, schemas: &[String]) {
+    for schema in schemas {
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn tenant_schemas_created_and_dropped_while_running_start_and_stop() {
+    let pool = connect(&shared_url()).await;
+    let prefix = support::unique_name("tenant");
+    let [a, b, c] = ["a", "b", "c"].map(|t| format!("{prefix}_{t}"));
+    let store_a = store_in(&pool, &a, true).await;
+    let store_b = store_in(&pool, &b, true).await;
+    // Not a tenant: the pattern matches, but it holds no outbox.
+    store_in(&pool, &format!("{prefix}_empty"), false).await;
+    let publishers = Publishers::default();
+    let source = PgSchemaTenants::new(pool.clone(), format!("{prefix}_%"));
+    let listed: Vec<String> = source
+        .tenants()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(listed, [a.clone(), b.clone()], "schemas holding an outbox");
+    let (status, shutdown, fleet) = running(source, publishers.relays(&pool));
+
+    let (a1, b1) = (enqueue(&store_a).await, enqueue(&store_b).await);
+    until("a and b publish", || {
+        publishers.published(&a, a1) && publishers.published(&b, b1)
+    })
+    .await;
+
+    let store_c = store_in(&pool, &c, true).await;
+    let c1 = enqueue(&store_c).await;
+    until("c, created while running, publishes", || {
+        publishers.published(&c, c1)
+    })
+    .await;
+
+    drop_schemas(&pool, std::slice::from_ref(&a)).await;
+    let a_id = TenantId::new(a.clone()).unwrap();
+    until("a, dropped, is forgotten", || {
+        status.tenant(&a_id).is_none()
+    })
+    .await;
+    let b2 = enqueue(&store_b).await;
+    until("b goes on", || publishers.published(&b, b2)).await;
+
+    shutdown.cancel();
+    let report = fleet.await.unwrap();
+    assert_eq!(
+        report.tenants[&TenantId::new(b.clone()).unwrap()].published,
+        2
+    );
+    assert_eq!(
+        report.tenants[&TenantId::new(c.clone()).unwrap()].published,
+        1
+    );
+    drop_schemas(&pool, &[b, c, format!("{prefix}_empty")]).await;
+}
+
+#[tokio::test]
+async fn an_unmigrated_tenant_is_reported_and_retried_while_the_others_flow() {
+    let pool = connect(&shared_url()).await;
+    let prefix = support::unique_name("tenant");
+    let [ready, later, registry] = ["ready", "later", "registry"].map(|t| format!("{prefix}_{t}"));
+    let ready_store = store_in(&pool, &ready, true).await;
+    let later_store = store_in(&pool, &later, false).await;
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA {registry};
+         CREATE TABLE {registry}.tenants (schema_name text PRIMARY KEY);
+         INSERT INTO {registry}.tenants VALUES ('{ready}'), ('{later}')"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let publishers = Publishers::default();
+    let source = PgQueryTenants::new(
+        pool.clone(),
+        format!("SELECT schema_name FROM {registry}.tenants"),
+    );
+    let (status, shutdown, fleet) = running(source, publishers.relays(&pool));
+
+    let r1 = enqueue(&ready_store).await;
+    until("the ready tenant publishes", || {
+        publishers.published(&ready, r1)
+    })
+    .await;
+    let later_id = TenantId::new(later.clone()).unwrap();
+    until("the unmigrated tenant is reported, retried", || {
+        matches!(
+            status.tenant(&later_id).map(|s| s.state),
+            Some(TenantState::Retrying { ref error, failures, .. })
+                if error.contains(&later) && failures >= 2
+        )
+    })
+    .await;
+    let r2 = enqueue(&ready_store).await;
+    until("the ready tenant goes on meanwhile", || {
+        publishers.published(&ready, r2)
+    })
+    .await;
+
+    later_store.migrate().await.unwrap();
+    let l1 = enqueue(&later_store).await;
+    until("the tenant, migrated, publishes", || {
+        publishers.published(&later, l1)
+    })
+    .await;
+    assert_eq!(
+        status.tenant(&later_id).map(|s| s.state),
+        Some(TenantState::Running)
+    );
+    shutdown.cancel();
+    let report = fleet.await.unwrap();
+    assert!(report.failures >= 2, "{report:?}");
+    assert_eq!(report.total().published, 3);
+    drop_schemas(&pool, &[ready, later, registry]).await;
+}
+
+#[tokio::test]
+async fn a_dozen_tenants_share_a_pool_of_three_connections() {
+    const TENANTS: usize = 12;
+    const EACH: usize = 20;
+    let setup = connect(&shared_url()).await;
+    let prefix = support::unique_name("tenant");
+    let schemas: Vec<String> = (0..TENANTS).map(|n| format!("{prefix}_{n}")).collect();
+    let mut written = HashMap::new();
+    for schema in &schemas {
+        let store = store_in(&setup, schema, true).await;
+        let events: Vec<_> = (0..EACH)
+            .map(|n| event(&format!("k{}", n % 4), n))
+            .collect();
+        OutboxWriter::enqueue(&store, &events).await.unwrap();
+        written.insert(
+            schema.clone(),
+            events.iter().map(|e| e.event_id).collect::<BTreeSet<_>>(),
+        );
+    }
+    let name = support::unique_name("fleet");
+    let options: PgConnectOptions = shared_url().parse().unwrap();
+    let fleet_pool = PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(options.application_name(&name))
+        .await
+        .unwrap();
+    let publishers = Publishers::default();
+    let source = PgSchemaTenants::new(setup.clone(), format!("{prefix}_%"));
+    let (_, shutdown, fleet) = running(source, publishers.relays(&fleet_pool));
+
+    let mut most_connections = 0i64;
+    let all_published = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let open: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            )
+            .bind(&name)
+            .fetch_one(&setup)
+            .await
+            .unwrap();
+            most_connections = most_connections.max(open);
+            let done = written.iter().all(|(schema, ids)| {
+                let got: BTreeSet<_> = publishers.of(schema).delivered_ids().into_iter().collect();
+                &got == ids
+            });
+            if done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        all_published.is_ok(),
+        "every tenant's events were published"
+    );
+    assert!(
+        (1..=3).contains(&most_connections),
+        "the fleet's connections stay within its pool: {most_connections}"
+    );
+    shutdown.cancel();
+    let report = fleet.await.unwrap();
+    assert_eq!(report.total().published, (TENANTS * EACH) as u64);
+    assert_eq!(report.failures, 0);
+    drop_schemas(&setup, &schemas).await;
+}
