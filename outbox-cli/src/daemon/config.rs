@@ -34,6 +34,67 @@ pub struct DaemonConfig {
     pub http: Option<HttpSection>,
     /// Scheduled purge of published events.
     pub purge: Option<PurgeSection>,
+    /// Many tenants' schemas relayed by this one process.
+    pub tenants: Option<TenantsSection>,
+}
+
+/// `[tenants]`: a PostgreSQL schema per tenant, every one relayed by this
+/// process on one pool. Exactly one of `schemas`, `query`, `list` says
+/// which tenants there are; it is read again every `refresh`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantsSection {
+    /// Every schema `LIKE` this that holds an outbox (`tenant_%`).
+    pub schemas: Option<String>,
+    /// A query whose rows (one text column) are the tenants' schemas.
+    pub query: Option<String>,
+    /// The tenants' schemas, listed.
+    pub list: Option<Vec<String>>,
+    /// How often the tenants are read again (`30s`).
+    pub refresh: Option<String>,
+    /// Connections every tenant's relay shares (default 8).
+    pub connections: Option<u32>,
+    /// Run `migrate()` on a tenant's schema before its relay starts
+    /// (default false: a tenant without current tables is reported and
+    /// retried until it is migrated).
+    pub migrate: Option<bool>,
+}
+
+/// Where a fleet's tenants come from ([`TenantsSection`], checked).
+#[derive(Debug, PartialEq, Eq)]
+pub enum TenantsFrom {
+    /// `schemas`.
+    SchemasLike(String),
+    /// `query`.
+    Query(String),
+    /// `list`.
+    List(Vec<String>),
+}
+
+impl TenantsSection {
+    /// The source, the refresh period and the pool size, checked.
+    pub fn settings(&self) -> Result<(TenantsFrom, Duration, u32), CliError> {
+        let from = match (&self.schemas, &self.query, &self.list) {
+            (Some(pattern), None, None) => TenantsFrom::SchemasLike(pattern.clone()),
+            (None, Some(query), None) => TenantsFrom::Query(query.clone()),
+            (None, None, Some(list)) => TenantsFrom::List(list.clone()),
+            _ => {
+                return Err(CliError::usage(
+                    "tenants: set exactly one of schemas, query or list",
+                ));
+            }
+        };
+        let refresh =
+            duration("tenants.refresh", &self.refresh)?.unwrap_or(Duration::from_secs(30));
+        if refresh.is_zero() {
+            return Err(CliError::usage("tenants.refresh must be non-zero"));
+        }
+        let connections = self.connections.unwrap_or(8);
+        if connections == 0 {
+            return Err(CliError::usage("tenants.connections must be at least 1"));
+        }
+        Ok((from, refresh, connections))
+    }
 }
 
 /// `[relay]`.
@@ -280,7 +341,7 @@ impl DaemonConfig {
 }
 
 /// The sections a variable `OUTBOX_<SECTION>_<KEY>` can set.
-const SECTIONS: [&str; 4] = ["relay", "broker", "http", "purge"];
+const SECTIONS: [&str; 5] = ["relay", "broker", "http", "purge", "tenants"];
 
 /// Sets `table.section.key` from each `OUTBOX_<SECTION>_<KEY>` variable
 /// (digits-only values as integers, the rest as strings); other variables

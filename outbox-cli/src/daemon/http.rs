@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use outbox_core::relay::RelayHealth;
+use outbox_core::tenants::{FleetStatus, TenantState};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
@@ -38,12 +39,21 @@ pub fn install_recorder() -> Result<PrometheusHandle, CliError> {
 /// What `/health` answers from.
 #[derive(Clone)]
 pub struct Liveness {
-    /// False once the relay stopped.
+    /// False once the relay (or the fleet) stopped.
     pub running: Arc<AtomicBool>,
-    /// The relay's own view: is it paused by a broker outage.
-    pub relay: RelayHealth,
+    /// The relay's, or each tenant's, view.
+    pub watched: Watched,
     /// How long an outage may last before `/health` answers 503.
     pub outage_unhealthy_after: Duration,
+}
+
+/// Whose health `/health` reports.
+#[derive(Clone)]
+pub enum Watched {
+    /// One relay: is it paused by a broker outage.
+    Relay(RelayHealth),
+    /// A fleet of tenants: which are not running, and why.
+    Tenants(FleetStatus),
 }
 
 impl Liveness {
@@ -52,7 +62,14 @@ impl Liveness {
         if !self.running.load(Ordering::SeqCst) {
             return ("503 Service Unavailable", "relay stopped\n".into());
         }
-        let Some(ongoing) = self.relay.outage() else {
+        match &self.watched {
+            Watched::Relay(relay) => self.relay_answer(relay),
+            Watched::Tenants(fleet) => ("200 OK", tenants_answer(fleet)),
+        }
+    }
+
+    fn relay_answer(&self, relay: &RelayHealth) -> (&'static str, String) {
+        let Some(ongoing) = relay.outage() else {
             return ("200 OK", "ok\n".into());
         };
         let lasted = ongoing.duration();
@@ -70,6 +87,37 @@ impl Liveness {
     }
 }
 
+/// A fleet's `/health` body: one line per tenant not running (a tenant's
+/// failure is its own: the process stays healthy), then the count.
+fn tenants_answer(fleet: &FleetStatus) -> String {
+    let tenants = fleet.tenants();
+    let mut body = String::new();
+    if let Some(error) = fleet.source_error() {
+        body.push_str(&format!("degraded: reading the tenants failed: {error}\n"));
+    }
+    let mut running = 0;
+    for (tenant, status) in &tenants {
+        match &status.state {
+            TenantState::Running => running += 1,
+            TenantState::Starting => body.push_str(&format!("tenant {tenant}: starting\n")),
+            TenantState::Stopping => body.push_str(&format!("tenant {tenant}: stopping\n")),
+            TenantState::Retrying {
+                failures,
+                error,
+                retry_at,
+            } => body.push_str(&format!(
+                "degraded: tenant {tenant}: failed {failures} time(s), retried at {}: {error}\n",
+                retry_at.format("%H:%M:%S")
+            )),
+        }
+    }
+    body.push_str(&format!(
+        "ok: {running} of {} tenants running\n",
+        tenants.len()
+    ));
+    body
+}
+
 /// Serves until the process ends. `/health` is 200 while the relay runs
 /// (saying "degraded: …" during a broker outage), 503 once it stopped or
 /// an outage outlasted `outage_unhealthy_after`; the dashboard under its
@@ -77,11 +125,12 @@ impl Liveness {
 pub async fn serve(
     listener: TcpListener,
     metrics: PrometheusHandle,
-    store: Store,
+    store: Option<Store>,
     liveness: Liveness,
     dashboard: Option<Arc<Dashboard>>,
 ) {
-    let backlog = BacklogGauges::new(store);
+    // One store's backlog gauges (a fleet's tenants have none yet).
+    let backlog = store.map(BacklogGauges::new);
     loop {
         let Ok((mut socket, _)) = listener.accept().await else {
             continue;
@@ -98,7 +147,7 @@ pub async fn serve(
                 dashboard.respond(&request).await.write(&mut socket).await;
                 return;
             }
-            if request.path == "/metrics" {
+            if let Some(backlog) = backlog.filter(|_| request.path == "/metrics") {
                 backlog.refresh().await;
             }
             let (status, content_type, body) = match request.path.as_str() {

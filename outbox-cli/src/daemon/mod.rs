@@ -4,6 +4,7 @@
 mod backlog;
 mod config;
 mod http;
+mod tenants;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -49,6 +50,18 @@ pub async fn run(
         .try_init();
 
     let publisher = publisher(&config.broker)?;
+    if let Some(section) = &config.tenants {
+        return tenants::run(
+            url,
+            tables.schema.as_deref(),
+            tables.prefix.as_deref(),
+            &config,
+            section,
+            relay_config,
+            publisher,
+        )
+        .await;
+    }
     let destination = publisher.destination();
     let store = Store::open(url, &tables, false, RELAY_CONNECTIONS).await?;
     let shutdown = CancellationToken::new();
@@ -86,10 +99,10 @@ pub async fn run(
         tokio::spawn(http::serve(
             listener,
             handle,
-            store.clone(),
+            Some(store.clone()),
             http::Liveness {
                 running: running.clone(),
-                relay: relay.health(),
+                watched: http::Watched::Relay(relay.health()),
                 outage_unhealthy_after: outage_unhealthy_after
                     .unwrap_or(config::DEFAULT_OUTAGE_UNHEALTHY_AFTER),
             },

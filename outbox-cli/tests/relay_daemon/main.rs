@@ -14,6 +14,7 @@ mod scrapes;
 mod settings;
 
 mod outages;
+mod tenants;
 
 fn pg_url() -> String {
     std::env::var("OUTBOX_PG_URL")

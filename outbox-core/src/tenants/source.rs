@@ -67,6 +67,13 @@ pub trait TenantSource: Send + Sync {
     async fn tenants(&self) -> Result<BTreeSet<TenantId>, StoreError>;
 }
 
+#[async_trait]
+impl<T: TenantSource + ?Sized> TenantSource for Box<T> {
+    async fn tenants(&self) -> Result<BTreeSet<TenantId>, StoreError> {
+        (**self).tenants().await
+    }
+}
+
 /// A tenant list the application holds and edits (a fixed list from
 /// configuration, or one its own admin API changes): clones share it.
 #[derive(Clone, Debug, Default)]

@@ -1,0 +1,128 @@
+//! `outbox relay` with `[tenants]`: a PostgreSQL schema per tenant, every
+//! tenant relayed by this process on one pool (`outbox_core::tenants`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+
+use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantList, TenantSource};
+use outbox_core::{CancellationToken, Publisher, RelayConfig};
+use outbox_sqlx::postgres::{PgQueryTenants, PgSchemaTenants, PgTenantRelays};
+use outbox_sqlx::{StoreConfig, TableNames};
+
+use super::config::{DaemonConfig, TenantsFrom, TenantsSection};
+use super::http;
+use crate::error::CliError;
+
+/// What `[tenants]` cannot be combined with yet, each refused by name.
+fn refuse_unsupported(
+    config: &DaemonConfig,
+    url: &str,
+    schema: Option<&str>,
+) -> Result<(), CliError> {
+    let refused = if !url.starts_with("postgres") {
+        Some("tenants: PostgreSQL only (a schema per tenant); the URL is not postgres://")
+    } else if schema.is_some() {
+        Some("tenants: each tenant's schema comes from [tenants]; remove schema / --schema")
+    } else if config.purge.is_some() {
+        Some(
+            "tenants: [purge] is not supported with [tenants] yet; purge each schema with `outbox purge --schema`",
+        )
+    } else if config.http.as_ref().is_some_and(|h| h.dashboard.is_some()) {
+        Some("tenants: http.dashboard is not supported with [tenants] yet")
+    } else {
+        None
+    };
+    refused.map_or(Ok(()), |message| Err(CliError::usage(message)))
+}
+
+/// Runs the fleet until a signal (exit 0 after every relay drained).
+pub async fn run(
+    url: &str,
+    schema: Option<&str>,
+    prefix: Option<&str>,
+    config: &DaemonConfig,
+    section: &TenantsSection,
+    relay: RelayConfig,
+    publisher: Arc<dyn Publisher>,
+) -> Result<(), CliError> {
+    refuse_unsupported(config, url, schema)?;
+    let (from, refresh, connections) = section.settings()?;
+    let tables = match prefix {
+        Some(prefix) => TableNames::with_prefix(prefix),
+        None => Ok(TableNames::default()),
+    }
+    .map_err(|e| CliError::usage(format!("prefix: {e}")))?;
+    let pool = outbox_sqlx::guard_cancelled_transactions(
+        outbox_sqlx::sqlx::postgres::PgPoolOptions::new(),
+    )
+    .max_connections(connections)
+    .connect(url)
+    .await
+    .map_err(|e| CliError::failure(format!("connecting to {}: {e}", super::redacted(url))))?;
+    let source: Box<dyn TenantSource> = match &from {
+        TenantsFrom::SchemasLike(pattern) => {
+            Box::new(PgSchemaTenants::new(pool.clone(), pattern.clone()).with_tables(&tables))
+        }
+        TenantsFrom::Query(query) => Box::new(PgQueryTenants::new(pool.clone(), query.clone())),
+        TenantsFrom::List(list) => Box::new(TenantList::new(
+            list.iter()
+                .map(|t| TenantId::new(t.clone()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| CliError::usage(format!("tenants.list: {e}")))?,
+        )),
+    };
+    let mut factory = PgTenantRelays::new(pool, relay.clone(), move |_| publisher.clone())
+        .with_store_config(StoreConfig::with_tables(tables));
+    if section.migrate.unwrap_or(false) {
+        factory = factory.migrating();
+    }
+    let fleet = TenantFleet::new(
+        source,
+        factory,
+        FleetConfig {
+            refresh,
+            ..FleetConfig::default()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let running = Arc::new(AtomicBool::new(true));
+    if let Some(section) = &config.http {
+        let handle = http::install_recorder()?;
+        let listener = tokio::net::TcpListener::bind(&section.listen)
+            .await
+            .map_err(|e| CliError::usage(format!("http.listen {}: {e}", section.listen)))?;
+        tracing::info!(listen = %section.listen, "serving /metrics and /health");
+        tokio::spawn(http::serve(
+            listener,
+            handle,
+            None,
+            http::Liveness {
+                running: running.clone(),
+                watched: http::Watched::Tenants(fleet.status()),
+                outage_unhealthy_after: section.outage_unhealthy_after()?,
+            },
+            None,
+        ));
+    }
+    tokio::spawn(super::stop_on_signal(shutdown.clone()));
+    tracing::info!(
+        relay = %relay.relay_id,
+        url = %super::redacted(url),
+        tenants = ?from,
+        refresh = ?refresh,
+        connections,
+        "relaying tenants"
+    );
+    let report = fleet.run(shutdown).await;
+    running.store(false, AtomicOrdering::SeqCst);
+    let total = report.total();
+    tracing::info!(
+        tenants = report.tenants.len(),
+        published = total.published,
+        failed = total.failed,
+        failures = report.failures,
+        drained = total.drained,
+        "relay stopped (every tenant)"
+    );
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! `outbox relay` with `[tenants]`: every schema matching a pattern relayed
+//! by one process, a schema created while it runs picked up at the next
+//! refresh, `/health` per tenant, the relays' metrics per tenant, SIGTERM
+//! drains them all.
+
+use outbox_core::OutboxWriter;
+use outbox_core::testing::event;
+use outbox_sqlx::postgres::PgStore;
+use outbox_sqlx::{StoreConfig, TableNames};
+
+use super::*;
+
+async fn tenant(pool: &outbox_sqlx::sqlx::PgPool, schema: &str, events: usize) -> PgStore {
+    outbox_sqlx::sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let tables = TableNames::default().in_schema(schema).unwrap();
+    let store = PgStore::new(pool.clone(), StoreConfig::with_tables(tables));
+    store.migrate().await.unwrap();
+    let batch: Vec<_> = (0..events).map(|n| event(&format!("k{n}"), n)).collect();
+    OutboxWriter::enqueue(&store, &batch).await.unwrap();
+    store
+}
+
+async fn stream_len(redis: &mut redis::aio::MultiplexedConnection, stream: &str) -> usize {
+    redis::cmd("XLEN")
+        .arg(stream)
+        .query_async(redis)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_daemon_relays_every_tenant_schema_and_picks_up_new_ones() {
+    let pool = outbox_sqlx::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&pg_url())
+        .await
+        .unwrap();
+    let prefix = unique("tenants");
+    tenant(&pool, &format!("{prefix}_a"), 3).await;
+    tenant(&pool, &format!("{prefix}_b"), 4).await;
+    let streams = format!("{}:", unique("tenants"));
+    let stream = format!("{streams}invoice.paid");
+    let listen = free_address();
+    let config = ConfigFile::with(&format!(
+        r#"
+url = "{url}"
+
+[relay]
+id = "fleet-test"
+poll_interval = "100ms"
+
+[tenants]
+schemas = "{prefix}_%"
+refresh = "200ms"
+connections = 3
+
+[broker]
+kind = "redis"
+url = "{redis}"
+stream_prefix = "{streams}"
+
+[http]
+listen = "{listen}"
+"#,
+        url = pg_url(),
+        redis = redis_url(),
+    ));
+    let child = spawn_daemon(&config);
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+
+    let published = |tenant: &str| {
+        format!(r#"outbox_relay_published_total{{relay="fleet-test/{prefix}_{tenant}"}}"#)
+    };
+    scrape_until(&listen, |m| {
+        gauge(m, &published("a")) == Some(3.0) && gauge(m, &published("b")) == Some(4.0)
+    })
+    .await;
+    assert_eq!(stream_len(&mut redis, &stream).await, 7);
+    let (status, body) = get(&listen, "/health").await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.contains("ok: 2 of 2 tenants running"), "{body}");
+
+    tenant(&pool, &format!("{prefix}_c"), 5).await;
+    scrape_until(&listen, |m| gauge(m, &published("c")) == Some(5.0)).await;
+    assert_eq!(stream_len(&mut redis, &stream).await, 12);
+    let (_, body) = get(&listen, "/health").await;
+    assert!(body.contains("ok: 3 of 3 tenants running"), "{body}");
+
+    stop_with_sigterm(child).await;
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    for t in ["a", "b", "c"] {
+        outbox_sqlx::sqlx::query(&format!("DROP SCHEMA {prefix}_{t} CASCADE"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn tenants_settings_that_cannot_work_are_refused_by_name() {
+    let postgres = pg_url();
+    let exactly_one = "set exactly one of schemas, query or list";
+    for (url, settings, refused) in [
+        (postgres.as_str(), "", exactly_one),
+        (
+            postgres.as_str(),
+            "schemas = \"t_%\"\nlist = [\"a\"]",
+            exactly_one,
+        ),
+        (
+            postgres.as_str(),
+            "schemas = \"t_%\"\nrefresh = \"0s\"",
+            "tenants.refresh must be non-zero",
+        ),
+        (
+            postgres.as_str(),
+            "schemas = \"t_%\"\nconnections = 0",
+            "tenants.connections must be at least 1",
+        ),
+        ("sqlite::memory:", "schemas = \"t_%\"", "PostgreSQL only"),
+        (
+            postgres.as_str(),
+            "list = [\"two words\"]",
+            "invalid tenant id",
+        ),
+    ] {
+        let config = ConfigFile::with(&format!(
+            "url = \"{url}\"\n[tenants]\n{settings}\n[broker]\nkind = \"redis\"\nurl = \"{redis}\"\n",
+            redis = redis_url(),
+        ));
+        let output = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            daemon_command()
+                .args(["relay", "--config"])
+                .arg(&config.0)
+                .output(),
+        )
+        .await
+        .expect("refused at start")
+        .unwrap();
+        let log = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{settings}: {log}");
+        assert!(log.contains(refused), "{settings}: {log}");
+    }
+}
