@@ -28,7 +28,7 @@ use std::time::Instant;
 use report::Report;
 use scenario::Scale;
 
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "drain",
     "drain-sql",
     "keys",
@@ -42,6 +42,7 @@ const SCENARIOS: [&str; 13] = [
     "claim",
     "pgq",
     "dashboard",
+    "tenants",
 ];
 
 struct Args {
@@ -163,6 +164,7 @@ async fn run(args: Args) -> i32 {
             "hot-key" => scenario::hot_key::run(args.scale.clone(), &mut report).await,
             "week" => scenario::week::run(args.scale.clone(), &mut report).await,
             "read-view" => scenario::read_view::run(args.scale.clone(), &mut report).await,
+            "tenants" => scenario::tenants::run(args.scale.clone(), &mut report).await,
             "enqueue" => scenario::enqueue::run(args.scale.clone(), &mut report).await,
             "claim" => scenario::claim::run(args.scale.clone(), &mut report).await,
             "keys" => scenario::keys::run(args.scale.clone(), &mut report).await,

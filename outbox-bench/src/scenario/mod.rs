@@ -14,6 +14,7 @@ pub mod keys;
 pub mod latency;
 pub mod pgq;
 pub mod read_view;
+pub mod tenants;
 pub mod week;
 
 use std::collections::BTreeMap;

@@ -21,5 +21,5 @@ mod status;
 mod tests;
 
 pub use fleet::{FleetConfig, FleetReport, TenantFleet, TenantRelayFactory};
-pub use source::{InvalidTenantId, TenantId, TenantList, TenantSource};
+pub use source::{InvalidTenantId, MAX_TENANT_ID_LEN, TenantId, TenantList, TenantSource};
 pub use status::{FleetStatus, TenantState, TenantStatus};

@@ -1,0 +1,295 @@
+//! Many tenants relayed by one fleet on one pool (issue 36): a schema per
+//! tenant in the bench database, every tenant's relay in this process on
+//! a pool of eight connections (`PgTenantRelays`, no kept connections, no
+//! LISTEN: each idle relay polls).
+//!
+//! * `drain-N`: the same total of events spread over N tenants, drained by
+//!   the fleet, against one tenant alone.
+//! * `idle`: every tenant idle: statements a second per tenant (the bench
+//!   database's committed transactions) and the process's resident memory
+//!   per tenant (from the first fleet of the run, before any drain).
+//! * `quiet-alone` / `quiet-beside-hot`: a tenant receiving 1,000 events/s
+//!   (one a transaction), alone or while another tenant drains a backlog;
+//!   its commit→publish p99.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantList};
+use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
+use outbox_sqlx::postgres::{PgStore, PgTenantRelays};
+use outbox_sqlx::{StoreConfig, TableNames};
+use sqlx::PgPool;
+
+use super::{Rounds, Scale, progress, rate};
+use crate::counting::CountingPublisher;
+use crate::env::{self, Error};
+use crate::report::{Report, TargetCheck};
+use crate::stats::percentiles;
+
+/// Scenario name.
+pub const NAME: &str = "tenants-postgres";
+/// The fleet's pool.
+const CONNECTIONS: u32 = 8;
+/// The quiet tenant's producer rate.
+const RATE: u64 = 1_000;
+
+fn schema(i: usize) -> String {
+    format!("bench_tenant_{i}")
+}
+
+fn tenant(i: usize) -> TenantId {
+    TenantId::new(schema(i)).expect("a valid tenant id")
+}
+
+fn store(pool: &PgPool, i: usize) -> Result<PgStore, Error> {
+    let tables = TableNames::default().in_schema(&schema(i))?;
+    Ok(PgStore::new(pool.clone(), StoreConfig::with_tables(tables)))
+}
+
+/// `n` events of tenant `i` over 100 keys, in transactions of 1,000;
+/// their ids.
+async fn fill(pool: &PgPool, i: usize, round: usize, n: usize) -> Result<Vec<EventId>, Error> {
+    let store = store(pool, i)?;
+    let events: Vec<_> = (0..n).map(|k| env::event(round, k)).collect();
+    for chunk in events.chunks(1_000) {
+        OutboxWriter::enqueue(&store, chunk).await?;
+    }
+    Ok(events.iter().map(|e| e.event_id).collect())
+}
+
+/// The fleet over tenants `0..n`, publishing into `publisher`.
+fn fleet(
+    pool: &PgPool,
+    n: usize,
+    publisher: Arc<CountingPublisher>,
+) -> TenantFleet<PgTenantRelays<CountingPublisher>> {
+    let relay = RelayConfig {
+        relay_id: RelayId::unique("tenants"),
+        ..RelayConfig::default()
+    };
+    let relays = PgTenantRelays::new(pool.clone(), relay, move |_| publisher.clone());
+    TenantFleet::new(
+        TenantList::new((0..n).map(tenant)),
+        relays,
+        FleetConfig::default(),
+    )
+}
+
+/// The bench database's committed transactions so far.
+async fn commits(pool: &PgPool) -> Result<i64, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+/// This process's resident memory, in KiB.
+fn resident_kib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(f64::NAN)
+}
+
+/// Runs the scenario.
+pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
+    let total = scale.pick(100_000, 2_000);
+    let counts: &[usize] = if scale.quick {
+        &[1, 10]
+    } else {
+        &[1, 100, 1_000]
+    };
+    let most = *counts.last().expect("tenant counts");
+    let setup = env::pg_pool(4).await?;
+    let started = Instant::now();
+    for i in 0..most {
+        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {}", schema(i)))
+            .execute(&setup)
+            .await?;
+        store(&setup, i)?.migrate().await?;
+    }
+    let migrate_ms = started.elapsed().as_secs_f64() * 1_000.0 / most as f64;
+    progress(format!(
+        "{most} tenant schemas migrated, {migrate_ms:.0} ms each"
+    ));
+    let pool = env::pg_bench_pool(CONNECTIONS).await?;
+    let mut rounds = Rounds::default();
+    for round in 0..scale.rounds {
+        if scale.includes("idle") {
+            let (per_tenant, kib) = idle(&pool, most).await?;
+            rounds.add("idle", "statements/s per tenant", per_tenant, false);
+            // Memory only from the first fleet of the process: later ones
+            // reuse what the allocator already holds.
+            if round == 0 {
+                rounds.add("idle", "KiB per tenant", kib, false);
+            }
+            progress(format!(
+                "round {round} idle x{most}: {per_tenant:.2} statements/s and {kib:.0} KiB per tenant"
+            ));
+        }
+        for &n in counts {
+            let contender = format!("drain-{n}");
+            if !scale.includes(&contender) {
+                continue;
+            }
+            for i in 0..n {
+                fill(&setup, i, round, total / n).await?;
+            }
+            let publisher = Arc::new(CountingPublisher::noop(256));
+            let shutdown = CancellationToken::new();
+            let started = Instant::now();
+            let running = tokio::spawn(fleet(&pool, n, publisher.clone()).run(shutdown.clone()));
+            let expected = (total / n * n) as u64;
+            tokio::time::timeout(Duration::from_secs(300), publisher.wait_for(expected))
+                .await
+                .map_err(|_| {
+                    format!(
+                        "{contender}: {} of {expected} delivered",
+                        publisher.delivered()
+                    )
+                })?;
+            let elapsed = started.elapsed();
+            shutdown.cancel();
+            running.await?;
+            rounds.add(&contender, "events/s", rate(expected, elapsed), true);
+            progress(format!(
+                "round {round} {contender}: {:.0} events/s",
+                rate(expected, elapsed)
+            ));
+        }
+        for (contender, hot) in [("quiet-alone", 0), ("quiet-beside-hot", total)] {
+            if !scale.includes(contender) {
+                continue;
+            }
+            let p99 = quiet_p99(&setup, &pool, round, hot, scale.pick(3, 1) as u64).await?;
+            rounds.add(contender, "p99 ms", p99, false);
+            progress(format!(
+                "round {round} {contender}: quiet tenant p99 {p99:.1} ms"
+            ));
+        }
+    }
+    rounds.add("setup", "migrate ms per tenant", migrate_ms, false);
+    rounds.finish(NAME, report);
+    let m = |c: &str, metric: &str| report.median(NAME, c, metric).unwrap_or(f64::NAN);
+    let mut targets: Vec<TargetCheck> = counts[1..]
+        .iter()
+        .map(|n| {
+            TargetCheck::reported(
+                format!("tenants: drain over {n} tenants / one tenant, same total"),
+                m(&format!("drain-{n}"), "events/s") / m("drain-1", "events/s"),
+            )
+        })
+        .collect();
+    targets.push(TargetCheck::at_most(
+        "tenants: quiet tenant's p99 beside a draining one / alone",
+        m("quiet-beside-hot", "p99 ms") / m("quiet-alone", "p99 ms"),
+        1.5,
+    ));
+    for target in targets {
+        report.target(target);
+    }
+    Ok(())
+}
+
+/// The fleet over `n` idle tenants: statements a second and KiB of
+/// resident memory per tenant, over five seconds after two of warm-up.
+async fn idle(pool: &PgPool, n: usize) -> Result<(f64, f64), Error> {
+    let before = resident_kib();
+    let publisher = Arc::new(CountingPublisher::noop(256));
+    let shutdown = CancellationToken::new();
+    let fleet = fleet(pool, n, publisher);
+    let status = fleet.status();
+    let running = tokio::spawn(fleet.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let first = commits(pool).await?;
+    let measured = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let last = commits(pool).await?;
+    let seconds = measured.elapsed().as_secs_f64();
+    let after = resident_kib();
+    let up = status
+        .tenants()
+        .values()
+        .filter(|s| s.state == outbox_core::tenants::TenantState::Running)
+        .count();
+    shutdown.cancel();
+    running.await?;
+    if up != n {
+        return Err(format!("only {up} of {n} idle tenants' relays ran").into());
+    }
+    // The two reads of pg_stat_database are transactions too.
+    let per_tenant = ((last - first - 2) as f64 / seconds) / n as f64;
+    Ok((per_tenant, (after - before) / n as f64))
+}
+
+/// Tenant 0 receives `RATE` events a second for `seconds` while tenant 1
+/// drains `hot` events committed before: tenant 0's commit→publish p99,
+/// over its events committed before the last of tenant 1's was published.
+async fn quiet_p99(
+    setup: &PgPool,
+    pool: &PgPool,
+    round: usize,
+    hot: usize,
+    seconds: u64,
+) -> Result<f64, Error> {
+    let hot_ids = fill(setup, 1, round, hot).await?;
+    let publisher = Arc::new(CountingPublisher::noop(256).recording_arrivals());
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(fleet(pool, 2, publisher.clone()).run(shutdown.clone()));
+    let quiet = Arc::new(store(setup, 0)?);
+    let commits: Arc<Mutex<HashMap<EventId, Instant>>> = Arc::default();
+    let total = RATE * seconds;
+    let start = tokio::time::Instant::now();
+    let mut producers = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        tokio::time::sleep_until(start + Duration::from_micros(i * 1_000_000 / RATE)).await;
+        let (quiet, commits) = (quiet.clone(), commits.clone());
+        producers.push(tokio::spawn(async move {
+            let event = env::event(round, i as usize);
+            OutboxWriter::enqueue(quiet.as_ref(), std::slice::from_ref(&event)).await?;
+            commits
+                .lock()
+                .expect("commits")
+                .insert(event.event_id, Instant::now());
+            Ok::<_, Error>(())
+        }));
+    }
+    for producer in producers {
+        producer.await??;
+    }
+    let everything = total + hot as u64;
+    tokio::time::timeout(Duration::from_secs(300), publisher.wait_for(everything))
+        .await
+        .map_err(|_| format!("{} of {everything} delivered", publisher.delivered()))?;
+    shutdown.cancel();
+    running.await?;
+    let arrivals = publisher.take_arrivals();
+    let hot_done = hot_ids
+        .iter()
+        .filter_map(|id| arrivals.get(id))
+        .max()
+        .copied();
+    let mut waits: Vec<f64> = commits
+        .lock()
+        .expect("commits")
+        .iter()
+        .filter(|(_, committed)| hot_done.is_none_or(|done| **committed <= done))
+        .map(|(id, committed)| {
+            arrivals
+                .get(id)
+                .map(|at| at.saturating_duration_since(*committed).as_secs_f64() * 1_000.0)
+                .ok_or_else(|| format!("event {id} never delivered"))
+        })
+        .collect::<Result<_, _>>()?;
+    if waits.is_empty() {
+        return Err("no quiet event was committed while the other tenant drained".into());
+    }
+    Ok(percentiles(&mut waits, &[0.99])[0])
+}
