@@ -10,6 +10,7 @@
 mod counting;
 mod env;
 mod fleet;
+mod open_loop;
 mod pgq;
 mod plot;
 mod publish_trace;

@@ -27,6 +27,7 @@ use outbox_sqlx::{StoreConfig, TableNames};
 use super::{Rounds, Scale, progress};
 use crate::counting::{CountingPublisher, KeyOrderBroker};
 use crate::env::{self, Error};
+use crate::open_loop::open_loop;
 use crate::report::{Report, TargetCheck};
 use crate::stats::percentiles;
 
@@ -239,13 +240,9 @@ async fn round(
 
     let total = RATE * seconds;
     let commits: Arc<Mutex<HashMap<EventId, Instant>>> = Arc::default();
-    let start = tokio::time::Instant::now();
-    let mut producers = Vec::with_capacity(total as usize);
-    for i in 0..total {
-        tokio::time::sleep_until(start + Duration::from_micros(i * 1_000_000 / RATE)).await;
-        let store = store.clone();
-        let commits = commits.clone();
-        producers.push(tokio::spawn(async move {
+    open_loop(RATE, total, |i| {
+        let (store, commits) = (store.clone(), commits.clone());
+        async move {
             let event = env::event(round, i as usize);
             let mut tx = store.pool().begin().await?;
             store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
@@ -254,12 +251,10 @@ async fn round(
                 .lock()
                 .expect("commits")
                 .insert(event.event_id, Instant::now());
-            Ok::<_, Error>(())
-        }));
-    }
-    for producer in producers {
-        producer.await??;
-    }
+            Ok(())
+        }
+    })
+    .await?;
     let burst_committed = burst.await??;
     let everything = total
         + if matches!(kind, Burst::Relayed | Burst::Apart) {

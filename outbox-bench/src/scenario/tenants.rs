@@ -25,6 +25,7 @@ use sqlx::PgPool;
 use super::{Rounds, Scale, progress, rate};
 use crate::counting::CountingPublisher;
 use crate::env::{self, Error};
+use crate::open_loop::open_loop;
 use crate::report::{Report, TargetCheck};
 use crate::stats::percentiles;
 
@@ -246,24 +247,19 @@ async fn quiet_p99(
     let quiet = Arc::new(store(setup, 0)?);
     let commits: Arc<Mutex<HashMap<EventId, Instant>>> = Arc::default();
     let total = RATE * seconds;
-    let start = tokio::time::Instant::now();
-    let mut producers = Vec::with_capacity(total as usize);
-    for i in 0..total {
-        tokio::time::sleep_until(start + Duration::from_micros(i * 1_000_000 / RATE)).await;
+    open_loop(RATE, total, |i| {
         let (quiet, commits) = (quiet.clone(), commits.clone());
-        producers.push(tokio::spawn(async move {
+        async move {
             let event = env::event(round, i as usize);
             OutboxWriter::enqueue(quiet.as_ref(), std::slice::from_ref(&event)).await?;
             commits
                 .lock()
                 .expect("commits")
                 .insert(event.event_id, Instant::now());
-            Ok::<_, Error>(())
-        }));
-    }
-    for producer in producers {
-        producer.await??;
-    }
+            Ok(())
+        }
+    })
+    .await?;
     let everything = total + hot as u64;
     tokio::time::timeout(Duration::from_secs(300), publisher.wait_for(everything))
         .await

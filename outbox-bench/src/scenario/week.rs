@@ -21,6 +21,7 @@ use sqlx::Executor;
 use super::{Rounds, Scale, progress};
 use crate::counting::CountingPublisher;
 use crate::env::{self, Error};
+use crate::open_loop::open_loop;
 use crate::relay_run;
 use crate::report::{Report, TargetCheck};
 use crate::stats::percentiles;
@@ -279,22 +280,17 @@ async fn purge_under_traffic(
 /// schedule whatever the commits take; returns how many.
 async fn produce(store: &Arc<PgStore>, round: usize, seconds: u64) -> Result<u64, Error> {
     let total = RATE * seconds;
-    let start = tokio::time::Instant::now();
-    let mut producers = Vec::with_capacity(total as usize);
-    for i in 0..total {
-        tokio::time::sleep_until(start + Duration::from_micros(i * 1_000_000 / RATE)).await;
+    open_loop(RATE, total, |i| {
         let store = store.clone();
-        producers.push(tokio::spawn(async move {
+        async move {
             let event = env::event(round, i as usize);
             let mut tx = store.pool().begin().await?;
             store.enqueue(&mut tx, std::slice::from_ref(&event)).await?;
             tx.commit().await?;
-            Ok::<_, Error>(())
-        }));
-    }
-    for producer in producers {
-        producer.await??;
-    }
+            Ok(())
+        }
+    })
+    .await?;
     Ok(total)
 }
 
