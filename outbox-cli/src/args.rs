@@ -43,7 +43,12 @@ pub enum Command {
     Migrate,
     /// Per event type: claimable, oldest claimable age, parked, in flight,
     /// failed; what holds publication back; blocked keys; relays.
-    Status,
+    Status {
+        /// PostgreSQL, a schema per tenant: one line per schema `LIKE` this
+        /// pattern holding an outbox (`tenant_%`), and their sum.
+        #[arg(long, value_name = "SCHEMA_PATTERN")]
+        all_tenants: Option<String>,
+    },
     /// Failed events.
     Failed {
         /// List or show.

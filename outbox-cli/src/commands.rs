@@ -40,7 +40,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     let store = Store::open(url, &tables, create, 2).await?;
     match cli.command {
         Command::Migrate => migrate(&store, cli.output).await,
-        Command::Status => status(&store, cli.output).await,
+        Command::Status {
+            all_tenants: Some(pattern),
+        } => crate::tenants::status(&store, &tables, &pattern, cli.output).await,
+        Command::Status { all_tenants: None } => status(&store, cli.output).await,
         Command::Failed { action } => failed(&store, action, cli.output).await,
         Command::Requeue(repair) => {
             let action = operator_action(&repair)?;

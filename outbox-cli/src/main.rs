@@ -10,6 +10,7 @@ mod duration;
 mod error;
 mod render;
 mod store;
+mod tenants;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,128 @@
+//! `outbox status --all-tenants PATTERN`: one line per tenant schema (a
+//! PostgreSQL schema `LIKE` the pattern that holds an outbox), and their
+//! sum. A tenant whose read fails gets its error on its line; the others
+//! are still read.
+
+use std::time::Duration;
+
+use outbox_core::OutboxAdmin;
+use outbox_core::store::EventTypeStats;
+use outbox_core::tenants::TenantSource;
+use outbox_sqlx::StoreConfig;
+use outbox_sqlx::postgres::{PgSchemaTenants, PgStore};
+use serde_json::{Value, json};
+
+use crate::args::Output;
+use crate::error::CliError;
+use crate::store::{Store, Tables};
+
+/// One tenant's totals over its event types.
+#[derive(Default)]
+struct Totals {
+    claimable: u64,
+    oldest: Option<Duration>,
+    parked: u64,
+    in_flight: u64,
+    failed: u64,
+}
+
+impl Totals {
+    fn add(&mut self, stats: &EventTypeStats) {
+        self.claimable += stats.claimable;
+        self.oldest = self.oldest.max(stats.oldest_claimable_age);
+        self.parked += stats.parked;
+        self.in_flight += stats.in_flight;
+        self.failed += stats.failed;
+    }
+
+    fn sum(&mut self, other: &Totals) {
+        self.claimable += other.claimable;
+        self.oldest = self.oldest.max(other.oldest);
+        self.parked += other.parked;
+        self.in_flight += other.in_flight;
+        self.failed += other.failed;
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "claimable": self.claimable,
+            "oldest_claimable_age_seconds": self.oldest.map(|a| a.as_secs_f64()),
+            "parked": self.parked,
+            "in_flight": self.in_flight,
+            "failed": self.failed,
+        })
+    }
+
+    fn line(&self, name: &str) -> String {
+        let oldest = self
+            .oldest
+            .map_or_else(|| "-".to_owned(), |a| format!("{:.1}", a.as_secs_f64()));
+        format!(
+            "{name:<40} {:>10} {oldest:>12} {:>8} {:>10} {:>8}",
+            self.claimable, self.parked, self.in_flight, self.failed
+        )
+    }
+}
+
+/// Prints every tenant's line and the sum.
+pub async fn status(
+    store: &Store,
+    tables: &Tables,
+    pattern: &str,
+    output: Output,
+) -> Result<(), CliError> {
+    let Store::Postgres(pg) = store else {
+        return Err(CliError::usage(
+            "--all-tenants: PostgreSQL only (a schema per tenant)",
+        ));
+    };
+    if tables.schema.is_some() {
+        return Err(CliError::usage(
+            "--all-tenants reads every tenant's schema: remove --schema",
+        ));
+    }
+    let names = pg.config().tables.clone();
+    let tenants = PgSchemaTenants::new(pg.pool().clone(), pattern)
+        .with_tables(&names)
+        .tenants()
+        .await?;
+    let mut all = Totals::default();
+    let mut rows = Vec::new();
+    for tenant in &tenants {
+        let config = StoreConfig::with_tables(names.clone().in_schema(tenant.as_str())?);
+        let read = PgStore::new(pg.pool().clone(), config).stats().await;
+        let row = match read {
+            Ok(stats) => {
+                let mut totals = Totals::default();
+                stats.iter().for_each(|s| totals.add(s));
+                all.sum(&totals);
+                Ok(totals)
+            }
+            Err(error) => Err(error.to_string()),
+        };
+        rows.push((tenant.to_string(), row));
+    }
+    if output == Output::Json {
+        let tenants: Vec<Value> = rows
+            .iter()
+            .map(|(tenant, row)| match row {
+                Ok(totals) => json!({ "tenant": tenant, "totals": totals.json() }),
+                Err(error) => json!({ "tenant": tenant, "error": error }),
+            })
+            .collect();
+        println!("{}", json!({ "tenants": tenants, "all": all.json() }));
+        return Ok(());
+    }
+    println!(
+        "{:<40} {:>10} {:>12} {:>8} {:>10} {:>8}",
+        "tenant", "claimable", "oldest (s)", "parked", "in flight", "failed"
+    );
+    for (tenant, row) in &rows {
+        match row {
+            Ok(totals) => println!("{}", totals.line(tenant)),
+            Err(error) => println!("{tenant:<40} error: {error}"),
+        }
+    }
+    println!("{}", all.line(&format!("all {} tenants", rows.len())));
+    Ok(())
+}
