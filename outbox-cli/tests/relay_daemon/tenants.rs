@@ -73,7 +73,9 @@ listen = "{listen}"
     let mut redis = client.get_multiplexed_async_connection().await.unwrap();
 
     let published = |tenant: &str| {
-        format!(r#"outbox_relay_published_total{{relay="fleet-test/{prefix}_{tenant}"}}"#)
+        format!(
+            r#"outbox_relay_published_total{{relay="fleet-test/{prefix}_{tenant}",tenant="{prefix}_{tenant}"}}"#
+        )
     };
     scrape_until(&listen, |m| {
         gauge(m, &published("a")) == Some(3.0) && gauge(m, &published("b")) == Some(4.0)

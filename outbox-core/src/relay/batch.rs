@@ -161,11 +161,7 @@ impl BatchWork {
         );
         let publish = tracing::Instrument::instrument(ctx.publisher.publish(&refs), span);
         let result = tokio::time::timeout(timeout, publish).await;
-        metrics::seconds(
-            metrics::PUBLISH_SECONDS,
-            &ctx.config.relay_id,
-            started.elapsed(),
-        );
+        metrics::seconds(metrics::PUBLISH_SECONDS, &ctx.config, started.elapsed());
         match result {
             Ok(outcomes) if outcomes.len() == chunk.len() => outcomes,
             Ok(outcomes) => {
@@ -310,7 +306,7 @@ impl BatchWork {
                 *progress = Progress::Decided;
             }
         }
-        let relay = &ctx.config.relay_id;
+        let relay = &ctx.config;
         if !self.acks.is_empty() {
             let leases: Vec<_> = self
                 .acks
@@ -364,9 +360,9 @@ impl BatchWork {
         Ok(())
     }
 
-    fn count_fenced(&mut self, relay: &crate::store::RelayId, report: &SettleReport) {
+    fn count_fenced(&mut self, relay: &super::RelayConfig, report: &SettleReport) {
         if !report.fenced.is_empty() {
-            tracing::warn!(%relay, fenced = report.fenced.len(), "settlement fenced off: another relay re-claimed these events after our lease expired");
+            tracing::warn!(relay = %relay.relay_id, fenced = report.fenced.len(), "settlement fenced off: another relay re-claimed these events after our lease expired");
             self.report.fenced += report.fenced.len() as u64;
             metrics::count(metrics::FENCED, relay, report.fenced.len() as u64);
         }

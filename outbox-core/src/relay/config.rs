@@ -83,6 +83,10 @@ pub struct RelayConfig {
     pub prefetch: bool,
     /// How often the relay records that it is alive. Default 10 s.
     pub heartbeat_interval: Duration,
+    /// The tenant this relay serves (a `TenantFleet`'s relays): every
+    /// metric it writes carries a `tenant` label beside `relay`. Default
+    /// none.
+    pub tenant: Option<String>,
 }
 
 impl Default for RelayConfig {
@@ -101,6 +105,7 @@ impl Default for RelayConfig {
             drain_timeout: Duration::from_secs(10),
             prefetch: true,
             heartbeat_interval: Duration::from_secs(10),
+            tenant: None,
         }
     }
 }

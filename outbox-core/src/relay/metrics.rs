@@ -9,7 +9,9 @@
 
 use std::time::Duration;
 
-use crate::store::RelayId;
+use metrics::Label;
+
+use super::RelayConfig;
 
 /// Counter: events acknowledged as published.
 pub const PUBLISHED: &str = "outbox_relay_published_total";
@@ -129,36 +131,52 @@ pub fn describe() {
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per claimed batch.");
 }
 
+/// A relay's labels: `relay`, and `tenant` when it serves one.
+fn labels(relay: &RelayConfig) -> Vec<Label> {
+    let mut labels = vec![Label::new("relay", relay.relay_id.to_string())];
+    if let Some(tenant) = &relay.tenant {
+        labels.push(Label::new("tenant", tenant.clone()));
+    }
+    labels
+}
+
+/// A relay's labels and one more.
+fn labels_with(relay: &RelayConfig, key: &'static str, value: &'static str) -> Vec<Label> {
+    let mut labels = labels(relay);
+    labels.push(Label::new(key, value));
+    labels
+}
+
 /// Creates every counter of `relay` at 0 (see the module's docs).
-pub(super) fn start(relay: &RelayId) {
+pub(super) fn start(relay: &RelayConfig) {
     for name in [PUBLISHED, RETRIED, FENCED, RELEASED, OUTAGES, STORE_ERRORS] {
-        metrics::counter!(name, "relay" => relay.to_string()).increment(0);
+        metrics::counter!(name, labels(relay)).increment(0);
     }
     for cause in FAILED_CAUSES {
-        metrics::counter!(FAILED, "relay" => relay.to_string(), "cause" => cause).increment(0);
+        metrics::counter!(FAILED, labels_with(relay, "cause", cause)).increment(0);
     }
 }
 
-pub(super) fn count(name: &'static str, relay: &RelayId, n: u64) {
+pub(super) fn count(name: &'static str, relay: &RelayConfig, n: u64) {
     if n > 0 {
-        metrics::counter!(name, "relay" => relay.to_string()).increment(n);
+        metrics::counter!(name, labels(relay)).increment(n);
     }
 }
 
-pub(super) fn count_failed(relay: &RelayId, cause: &'static str) {
-    metrics::counter!(FAILED, "relay" => relay.to_string(), "cause" => cause).increment(1);
+pub(super) fn count_failed(relay: &RelayConfig, cause: &'static str) {
+    metrics::counter!(FAILED, labels_with(relay, "cause", cause)).increment(1);
 }
 
-pub(super) fn seconds(name: &'static str, relay: &RelayId, elapsed: Duration) {
-    metrics::histogram!(name, "relay" => relay.to_string()).record(elapsed.as_secs_f64());
+pub(super) fn seconds(name: &'static str, relay: &RelayConfig, elapsed: Duration) {
+    metrics::histogram!(name, labels(relay)).record(elapsed.as_secs_f64());
 }
 
-pub(super) fn batch_size(relay: &RelayId, n: usize) {
-    metrics::histogram!(BATCH_SIZE, "relay" => relay.to_string()).record(n as f64);
+pub(super) fn batch_size(relay: &RelayConfig, n: usize) {
+    metrics::histogram!(BATCH_SIZE, labels(relay)).record(n as f64);
 }
 
-pub(super) fn paused(relay: &RelayId, on: bool) {
-    metrics::gauge!(PAUSED, "relay" => relay.to_string()).set(if on { 1.0 } else { 0.0 });
+pub(super) fn paused(relay: &RelayConfig, on: bool) {
+    metrics::gauge!(PAUSED, labels(relay)).set(if on { 1.0 } else { 0.0 });
 }
 
 pub(super) fn publisher_outage(destination: &str, on: bool) {

@@ -129,9 +129,9 @@ where
             let destination = self.ctx.publisher.destination();
             // Present at 0 from the start: an alert or a rate needs a
             // series before the first outage or event.
-            metrics::start(&self.ctx.config.relay_id);
+            metrics::start(&self.ctx.config);
             metrics::publisher_outage(&destination, false);
-            metrics::paused(&self.ctx.config.relay_id, false);
+            metrics::paused(&self.ctx.config, false);
             loop {
                 if shutdown.is_cancelled() {
                     break;
@@ -145,7 +145,7 @@ where
                         Err(error) => {
                             report.store_errors += 1;
                             consecutive_store_errors += 1;
-                            metrics::count(metrics::STORE_ERRORS, &self.ctx.config.relay_id, 1);
+                            metrics::count(metrics::STORE_ERRORS, &self.ctx.config, 1);
                             if !error.is_retryable() {
                                 tracing::error!(%error, "claim failed and retrying cannot help; relay stopped");
                                 return Err(RelayError { error, report });
@@ -215,7 +215,7 @@ where
                     Some(Ok(BatchEnd::Completed)) => {
                         if self.health.outage_over() {
                             tracing::info!(%destination, "broker reachable again; relay resumed");
-                            metrics::paused(&self.ctx.config.relay_id, false);
+                            metrics::paused(&self.ctx.config, false);
                             metrics::publisher_outage(&destination, false);
                             // Say so at once: status and health read it.
                             last_heartbeat = None;
@@ -225,8 +225,8 @@ where
                     Some(Ok(BatchEnd::Outage(message))) => {
                         consecutive_outages += 1;
                         report.outages += 1;
-                        metrics::count(metrics::OUTAGES, &self.ctx.config.relay_id, 1);
-                        metrics::paused(&self.ctx.config.relay_id, true);
+                        metrics::count(metrics::OUTAGES, &self.ctx.config, 1);
+                        metrics::paused(&self.ctx.config, true);
                         metrics::publisher_outage(&destination, true);
                         self.health.outage_seen(PublisherOutage::new(destination.clone(), message.clone()));
                         if let Some(prefetched) = next.take() {
@@ -242,7 +242,7 @@ where
                     }
                     Some(Err(error)) => {
                         report.store_errors += 1;
-                        metrics::count(metrics::STORE_ERRORS, &self.ctx.config.relay_id, 1);
+                        metrics::count(metrics::STORE_ERRORS, &self.ctx.config, 1);
                         if !error.is_retryable() {
                             // Claiming again would publish the same events
                             // again, forever: stop and say why.
@@ -314,7 +314,7 @@ where
 
     fn alert_crash_loops(&self, batch: &ClaimedBatch) {
         for event in &batch.crash_looped {
-            metrics::count_failed(&self.ctx.config.relay_id, "crash_loop");
+            metrics::count_failed(&self.ctx.config, "crash_loop");
             self.ctx.alert.event_failed(&FailedAlert {
                 event: event.clone(),
                 cause: FailureCause::CrashLoop,
@@ -323,7 +323,7 @@ where
             });
         }
         for unreadable in &batch.unreadable {
-            metrics::count_failed(&self.ctx.config.relay_id, "unreadable");
+            metrics::count_failed(&self.ctx.config, "unreadable");
             self.ctx.alert.event_failed(&FailedAlert {
                 event: unreadable.event.clone(),
                 cause: FailureCause::Unreadable,
@@ -346,11 +346,7 @@ where
         match self.ctx.store.release(&releases).await {
             Ok(r) => {
                 report.released += r.applied as u64;
-                metrics::count(
-                    metrics::RELEASED,
-                    &self.ctx.config.relay_id,
-                    r.applied as u64,
-                );
+                metrics::count(metrics::RELEASED, &self.ctx.config, r.applied as u64);
             }
             Err(error) => {
                 tracing::warn!(%error, "could not release prefetched leases; they will expire")
@@ -374,13 +370,9 @@ where
     };
     let started = Instant::now();
     let batch = ctx.store.claim_batch(&request).await?;
-    metrics::seconds(
-        metrics::CLAIM_SECONDS,
-        &ctx.config.relay_id,
-        started.elapsed(),
-    );
+    metrics::seconds(metrics::CLAIM_SECONDS, &ctx.config, started.elapsed());
     if !batch.events.is_empty() {
-        metrics::batch_size(&ctx.config.relay_id, batch.events.len());
+        metrics::batch_size(&ctx.config, batch.events.len());
     }
     Ok(Claimed { batch, started })
 }

@@ -109,7 +109,8 @@ type PublisherFor<P> = Arc<dyn Fn(&TenantId) -> Arc<P> + Send + Sync>;
 /// A relay per tenant schema, every store on one pool (without kept
 /// connections: the pool's `max_connections` bounds the fleet's, however
 /// many tenants). Each relay's id is `{relay_id}/{tenant}` of the template
-/// settings; each tenant's tables are `tables` in its schema.
+/// settings and its metrics carry `tenant`; each tenant's tables are
+/// `tables` in its schema.
 pub struct PgTenantRelays<P: ?Sized> {
     pool: PgPool,
     config: StoreConfig,
@@ -170,6 +171,7 @@ impl<P: Publisher + ?Sized + 'static> TenantRelayFactory for PgTenantRelays<P> {
         }
         let config = RelayConfig {
             relay_id: RelayId::new(format!("{}/{tenant}", self.relay.relay_id)),
+            tenant: Some(tenant.to_string()),
             ..self.relay.clone()
         };
         Relay::new(Arc::new(store), (self.publisher)(tenant), config)

@@ -15,6 +15,8 @@ use outbox_sqlx::postgres::EndToEndDb;
 use outbox_sqlx::sqlite::SqliteStore;
 use serde_json::Value;
 
+mod tenants;
+
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_test";
 
 fn pg_url() -> String {
@@ -574,78 +576,4 @@ async fn skip_and_purge_the_inbox_on_sqlite() {
         "purged 2 published events\npurged 1 inbox claims\n"
     );
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// `status --all-tenants PATTERN`: a line per tenant schema and the sum,
-/// in text and JSON; refused beside `--schema`.
-#[tokio::test]
-async fn status_over_every_tenant_schema() {
-    use outbox_core::OutboxWriter;
-    use outbox_sqlx::postgres::PgStore;
-    use outbox_sqlx::{StoreConfig, TableNames};
-
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&pg_url())
-        .await
-        .unwrap();
-    let prefix = format!("st_{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-    for (tenant, events) in [("a", 3), ("b", 2)] {
-        let schema = format!("{prefix}_{tenant}");
-        sqlx::query(&format!("CREATE SCHEMA {schema}"))
-            .execute(&pool)
-            .await
-            .unwrap();
-        let tables = TableNames::default().in_schema(&schema).unwrap();
-        let store = PgStore::new(pool.clone(), StoreConfig::with_tables(tables));
-        store.migrate().await.unwrap();
-        let batch: Vec<_> = (0..events)
-            .map(|n| outbox_core::testing::event("k", n))
-            .collect();
-        OutboxWriter::enqueue(&store, &batch).await.unwrap();
-    }
-    let pattern = format!("{prefix}_%");
-    let url = pg_url();
-    let report = outbox(
-        &url,
-        &["--output", "json", "status", "--all-tenants", &pattern],
-    )
-    .await;
-    assert!(report.status.success(), "{}", stderr(&report));
-    let report = json(&report);
-    let claimable: Vec<(String, u64)> = report["tenants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            (
-                t["tenant"].as_str().unwrap().to_owned(),
-                t["totals"]["claimable"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        claimable,
-        [(format!("{prefix}_a"), 3), (format!("{prefix}_b"), 2)]
-    );
-    assert_eq!(report["all"]["claimable"], 5);
-    let text = outbox(&url, &["status", "--all-tenants", &pattern]).await;
-    assert!(stdout(&text).contains("all 2 tenants"), "{}", stdout(&text));
-    let refused = outbox(
-        &url,
-        &["--schema", "x", "status", "--all-tenants", &pattern],
-    )
-    .await;
-    assert!(!refused.status.success());
-    assert!(
-        stderr(&refused).contains("remove --schema"),
-        "{}",
-        stderr(&refused)
-    );
-    for tenant in ["a", "b"] {
-        sqlx::query(&format!("DROP SCHEMA {prefix}_{tenant} CASCADE"))
-            .execute(&pool)
-            .await
-            .unwrap();
-    }
 }
