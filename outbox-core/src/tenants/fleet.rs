@@ -374,8 +374,10 @@ impl<F: TenantRelayFactory> FleetRun<'_, F> {
             TenantState::Retrying {
                 failures: *failures,
                 error,
-                retry_at: chrono::Utc::now()
-                    + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+                retry_at: chrono::Duration::from_std(wait)
+                    .ok()
+                    .and_then(|wait| chrono::Utc::now().checked_add_signed(wait))
+                    .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC),
             },
         );
         self.waiting.insert(

@@ -36,7 +36,8 @@ impl PgStore {
     /// `outbox_core::tenants`): connections are then bounded by the pool's
     /// `max_connections`, not by the number of stores. Each connection
     /// plans a store's claim function the first time it runs it there (a
-    /// few milliseconds once per connection and tenant).
+    /// few milliseconds once per connection and tenant). Call it on a new
+    /// store: the returned one shares no relay state with `self`'s clones.
     pub fn without_kept_connections(self) -> Self {
         let driver = SqlxDriver {
             pool: self.pool().clone(),
