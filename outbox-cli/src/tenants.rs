@@ -27,12 +27,14 @@ struct Totals {
 }
 
 impl Totals {
-    fn add(&mut self, stats: &EventTypeStats) {
-        self.claimable += stats.claimable;
-        self.oldest = self.oldest.max(stats.oldest_claimable_age);
-        self.parked += stats.parked;
-        self.in_flight += stats.in_flight;
-        self.failed += stats.failed;
+    fn of(stats: &EventTypeStats) -> Self {
+        Self {
+            claimable: stats.claimable,
+            oldest: stats.oldest_claimable_age,
+            parked: stats.parked,
+            in_flight: stats.in_flight,
+            failed: stats.failed,
+        }
     }
 
     fn sum(&mut self, other: &Totals) {
@@ -94,7 +96,7 @@ pub async fn status(
         let row = match read {
             Ok(stats) => {
                 let mut totals = Totals::default();
-                stats.iter().for_each(|s| totals.add(s));
+                stats.iter().for_each(|s| totals.sum(&Totals::of(s)));
                 all.sum(&totals);
                 Ok(totals)
             }

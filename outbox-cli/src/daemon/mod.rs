@@ -139,17 +139,23 @@ pub async fn run(
     running.store(false, AtomicOrdering::SeqCst);
     match result {
         Ok(report) => {
-            tracing::info!(
-                published = report.published,
-                failed = report.failed,
-                retried = report.retried,
-                drained = report.drained,
-                "relay stopped"
-            );
+            log_stopped(&report, "relay stopped");
             Ok(())
         }
         Err(error) => Err(CliError::failure(error)),
     }
+}
+
+/// The last line of a drained daemon (`relay stopped` is what operators
+/// and the tests look for).
+fn log_stopped(report: &outbox_core::RelayReport, message: &'static str) {
+    tracing::info!(
+        published = report.published,
+        failed = report.failed,
+        retried = report.retried,
+        drained = report.drained,
+        "{message}"
+    );
 }
 
 /// `url` with any password replaced by `***` (start-up logs and pages).

@@ -115,14 +115,11 @@ pub async fn run(
     );
     let report = fleet.run(shutdown).await;
     running.store(false, AtomicOrdering::SeqCst);
-    let total = report.total();
     tracing::info!(
         tenants = report.tenants.len(),
-        published = total.published,
-        failed = total.failed,
         failures = report.failures,
-        drained = total.drained,
-        "relay stopped (every tenant)"
+        "every tenant's relay drained"
     );
+    super::log_stopped(&report.total(), "relay stopped (every tenant)");
     Ok(())
 }
