@@ -1,7 +1,8 @@
 //! A schema per tenant on the shared server, every tenant relayed by one
 //! fleet on one pool (issue 36): schemas created and dropped while it runs,
 //! a tenant whose tables are missing reported and retried on its own while
-//! the others flow, and a dozen tenants on a pool of three connections.
+//! the others flow, a tenant whose (private) server stops and starts again,
+//! and a dozen tenants on a pool of three connections.
 #![cfg(feature = "postgres")]
 
 mod support;
@@ -296,4 +297,79 @@ async fn a_dozen_tenants_share_a_pool_of_three_connections() {
     assert_eq!(report.total().published, (TENANTS * EACH) as u64);
     assert_eq!(report.failures, 0);
     drop_schemas(&setup, &schemas).await;
+}
+
+/// Tenants on two servers: the first's relays on the shared one, the
+/// second's on a private one the test stops and starts.
+struct TwoServers {
+    shared: PgTenantRelays<RecordingPublisher>,
+    private: PgTenantRelays<RecordingPublisher>,
+    private_tenant: TenantId,
+}
+
+#[async_trait::async_trait]
+impl TenantRelayFactory for TwoServers {
+    type Store = PgStore;
+    type Publisher = RecordingPublisher;
+
+    async fn relay(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<outbox_core::Relay<PgStore, RecordingPublisher>, outbox_core::StoreError> {
+        if *tenant == self.private_tenant {
+            self.private.relay(tenant).await
+        } else {
+            self.shared.relay(tenant).await
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_whose_database_stops_holds_no_one_and_resumes() {
+    let server = outbox_sql::testing::PrivatePg::start(&[]);
+    let shared_pool = connect(&shared_url()).await;
+    let private_pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&server.url("postgres"))
+        .await
+        .unwrap();
+    let prefix = support::unique_name("tenant");
+    let [up, down] = ["up", "down"].map(|t| format!("{prefix}_{t}"));
+    let up_store = store_in(&shared_pool, &up, true).await;
+    let down_store = store_in(&private_pool, &down, true).await;
+    let publishers = Publishers::default();
+    let factory = TwoServers {
+        shared: publishers.relays(&shared_pool),
+        private: publishers.relays(&private_pool),
+        private_tenant: TenantId::new(down.clone()).unwrap(),
+    };
+    let list = outbox_core::tenants::TenantList::new(
+        [&up, &down].map(|t| TenantId::new(t.clone()).unwrap()),
+    );
+    let (_status, shutdown, fleet) = running(list, factory);
+    let (u1, d1) = (enqueue(&up_store).await, enqueue(&down_store).await);
+    until("both tenants publish", || {
+        publishers.published(&up, u1) && publishers.published(&down, d1)
+    })
+    .await;
+
+    server.stop();
+    let u2 = enqueue(&up_store).await;
+    until(
+        "the other tenant publishes while the server is down",
+        || publishers.published(&up, u2),
+    )
+    .await;
+
+    server.resume();
+    let d2 = enqueue(&down_store).await;
+    until("the tenant resumes once its server is back", || {
+        publishers.published(&down, d2)
+    })
+    .await;
+    shutdown.cancel();
+    let report = fleet.await.unwrap();
+    assert_eq!(report.total().published, 4, "{report:?}");
+    drop_schemas(&shared_pool, &[up]).await;
 }
