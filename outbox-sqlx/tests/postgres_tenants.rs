@@ -2,7 +2,8 @@
 //! fleet on one pool (issue 36): schemas created and dropped while it runs,
 //! a tenant whose tables are missing reported and retried on its own while
 //! the others flow, a tenant whose (private) server stops and starts again,
-//! and a dozen tenants on a pool of three connections.
+//! a dozen tenants on a pool of three connections, and idle tenants woken
+//! through one shared LISTEN connection, also after it is killed.
 #![cfg(feature = "postgres")]
 
 mod support;
@@ -40,10 +41,18 @@ impl Publishers {
     }
 
     fn relays(&self, pool: &PgPool) -> PgTenantRelays<RecordingPublisher> {
+        self.relays_polling_every(pool, Duration::from_millis(20))
+    }
+
+    fn relays_polling_every(
+        &self,
+        pool: &PgPool,
+        poll_interval: Duration,
+    ) -> PgTenantRelays<RecordingPublisher> {
         let publishers = self.clone();
         let relay = RelayConfig {
             relay_id: RelayId::new("fleet"),
-            poll_interval: Duration::from_millis(20),
+            poll_interval,
             ..RelayConfig::default()
         };
         PgTenantRelays::new(pool.clone(), relay, move |t| publishers.of(t.as_str()))
@@ -372,4 +381,106 @@ async fn a_tenant_whose_database_stops_holds_no_one_and_resumes() {
     let report = fleet.await.unwrap();
     assert_eq!(report.total().published, 4, "{report:?}");
     drop_schemas(&shared_pool, &[up]).await;
+}
+
+/// The fleet's sessions on the server that are its shared LISTEN connection.
+async fn listen_sessions(setup: &PgPool, application: &str) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity
+         WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+    )
+    .bind(application)
+    .fetch_all(setup)
+    .await
+    .unwrap()
+}
+
+/// Waits until `id` of `schema` is published: well before the relays'
+/// minute-long poll, so only a NOTIFY (or the hub's wake-up after a lost
+/// connection) can have woken them.
+async fn published_without_polling(publishers: &Publishers, schema: &str, id: EventId) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while !publishers.published(schema, id) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{schema}'s event woke its idle relay");
+}
+
+#[tokio::test]
+async fn idle_tenants_wake_through_one_shared_listen_connection_even_after_it_is_killed() {
+    const TENANTS: usize = 10;
+    let setup = connect(&shared_url()).await;
+    let prefix = support::unique_name("tenant");
+    let schemas: Vec<String> = (0..TENANTS).map(|n| format!("{prefix}_{n}")).collect();
+    for schema in &schemas {
+        store_in(&setup, schema, true).await;
+    }
+    let name = support::unique_name("fleet");
+    let options: PgConnectOptions = shared_url().parse().unwrap();
+    let fleet_pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.application_name(&name))
+        .await
+        .unwrap();
+    let publishers = Publishers::default();
+    // A poll of a minute: every publish below within 10 s came from NOTIFY.
+    let relays = publishers.relays_polling_every(&fleet_pool, Duration::from_secs(60));
+    let source = PgSchemaTenants::new(setup.clone(), format!("{prefix}_%"));
+    let (status, shutdown, fleet) = running(source, relays);
+    until("every tenant runs", || {
+        let tenants = status.tenants();
+        tenants.len() == TENANTS
+            && tenants
+                .values()
+                .all(|t| matches!(t.state, TenantState::Running))
+    })
+    .await;
+    // Let each relay's first claim find nothing and go to wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let listening = listen_sessions(&setup, &name).await;
+    assert_eq!(listening.len(), 1, "one LISTEN connection for every tenant");
+    let stores: Vec<PgStore> =
+        futures::future::join_all(schemas.iter().map(|schema| store_in(&setup, schema, false)))
+            .await;
+    for (schema, store) in schemas.iter().zip(&stores).step_by(3) {
+        published_without_polling(&publishers, schema, enqueue(store).await).await;
+    }
+
+    // Kill the shared connection and commit an event in one round trip,
+    // before it can be back: its NOTIFY is lost, and the tenant is still
+    // woken.
+    let mut conn = setup.acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+    let lost = event("k", 1);
+    stores[1].enqueue(&mut conn, std::slice::from_ref(&lost)).await.unwrap();
+    let kill_and_commit = format!("SELECT pg_terminate_backend({}); COMMIT", listening[0]);
+    sqlx::raw_sql(&kill_and_commit)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    published_without_polling(&publishers, &schemas[1], lost.event_id).await;
+    let replaced = tokio::time::timeout(Duration::from_secs(10), async {
+        while !listen_sessions(&setup, &name)
+            .await
+            .iter()
+            .any(|pid| *pid != listening[0])
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        replaced.is_ok(),
+        "a new LISTEN connection replaced the killed one"
+    );
+    published_without_polling(&publishers, &schemas[2], enqueue(&stores[2]).await).await;
+
+    shutdown.cancel();
+    let report = fleet.await.unwrap();
+    assert_eq!(report.total().published, 6, "{report:?}");
+    assert_eq!(report.failures, 0);
+    drop_schemas(&setup, &schemas).await;
 }

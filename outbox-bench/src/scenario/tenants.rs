@@ -1,13 +1,15 @@
 //! Many tenants relayed by one fleet on one pool (issue 36): a schema per
 //! tenant in the bench database, every tenant's relay in this process on
-//! a pool of eight connections (`PgTenantRelays`, no kept connections, no
-//! LISTEN: each idle relay polls).
+//! a pool of eight connections (`PgTenantRelays`, no kept connections,
+//! idle relays woken through one shared LISTEN connection).
 //!
 //! * `drain-N`: the same total of events spread over N tenants, drained by
 //!   the fleet, against one tenant alone.
-//! * `idle`: every tenant idle: statements a second per tenant (the bench
-//!   database's committed transactions) and the process's resident memory
-//!   per tenant (from the first fleet of the run, before any drain).
+//! * `idle-poll` / `idle-listen`: every tenant idle: statements a second
+//!   per tenant (the bench database's committed transactions) and the
+//!   process's resident memory per tenant (from the first fleet of the
+//!   run, before any drain); polling every second without LISTEN, or woken
+//!   by the shared LISTEN with the daemon's 10 s backstop poll.
 //! * `quiet-alone` / `quiet-beside-hot`: a tenant receiving 1,000 events/s
 //!   (one a transaction), alone or while another tenant drains a backlog;
 //!   its commit→publish p99.
@@ -60,17 +62,35 @@ async fn fill(pool: &PgPool, i: usize, round: usize, n: usize) -> Result<Vec<Eve
     Ok(events.iter().map(|e| e.event_id).collect())
 }
 
+/// How idle tenants learn of new events.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waking {
+    /// Each polls every second (the relay's default).
+    Poll,
+    /// The shared LISTEN, with the relays' default poll as the backstop.
+    Listen,
+    /// The shared LISTEN, with the daemon's 10 s backstop poll.
+    ListenLongPoll,
+}
+
 /// The fleet over tenants `0..n`, publishing into `publisher`.
 fn fleet(
     pool: &PgPool,
     n: usize,
     publisher: Arc<CountingPublisher>,
+    waking: Waking,
 ) -> TenantFleet<PgTenantRelays<CountingPublisher>> {
-    let relay = RelayConfig {
+    let mut relay = RelayConfig {
         relay_id: RelayId::unique("tenants"),
         ..RelayConfig::default()
     };
-    let relays = PgTenantRelays::new(pool.clone(), relay, move |_| publisher.clone());
+    if waking == Waking::ListenLongPoll {
+        relay.poll_interval = Duration::from_secs(10);
+    }
+    let mut relays = PgTenantRelays::new(pool.clone(), relay, move |_| publisher.clone());
+    if waking == Waking::Poll {
+        relays = relays.polling_only();
+    }
     TenantFleet::new(
         TenantList::new((0..n).map(tenant)),
         relays,
@@ -123,16 +143,25 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     let pool = env::pg_bench_pool(CONNECTIONS).await?;
     let mut rounds = Rounds::default();
     for round in 0..scale.rounds {
-        if scale.includes("idle") {
-            let (per_tenant, kib) = idle(&pool, most).await?;
-            rounds.add("idle", "statements/s per tenant", per_tenant, false);
+        for (contender, waking) in [
+            ("idle-poll", Waking::Poll),
+            ("idle-listen", Waking::ListenLongPoll),
+        ] {
+            if !scale.includes(contender) {
+                continue;
+            }
+            // Two backstop polls of the slowest: the tenants start together,
+            // so their polls come in waves.
+            let window = if scale.quick { 5 } else { 20 };
+            let (per_tenant, kib) = idle(&pool, most, waking, window).await?;
+            rounds.add(contender, "statements/s per tenant", per_tenant, false);
             // Memory only from the first fleet of the process: later ones
             // reuse what the allocator already holds.
-            if round == 0 {
-                rounds.add("idle", "KiB per tenant", kib, false);
+            if round == 0 && waking == Waking::Poll {
+                rounds.add(contender, "KiB per tenant", kib, false);
             }
             progress(format!(
-                "round {round} idle x{most}: {per_tenant:.2} statements/s and {kib:.0} KiB per tenant"
+                "round {round} {contender} x{most}: {per_tenant:.2} statements/s and {kib:.0} KiB per tenant"
             ));
         }
         for &n in counts {
@@ -146,7 +175,9 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             let publisher = Arc::new(CountingPublisher::noop(256));
             let shutdown = CancellationToken::new();
             let started = Instant::now();
-            let running = tokio::spawn(fleet(&pool, n, publisher.clone()).run(shutdown.clone()));
+            let running = tokio::spawn(
+                fleet(&pool, n, publisher.clone(), Waking::Listen).run(shutdown.clone()),
+            );
             let expected = (total / n * n) as u64;
             tokio::time::timeout(Duration::from_secs(300), publisher.wait_for(expected))
                 .await
@@ -200,18 +231,18 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
 }
 
 /// The fleet over `n` idle tenants: statements a second and KiB of
-/// resident memory per tenant, over five seconds after two of warm-up.
-async fn idle(pool: &PgPool, n: usize) -> Result<(f64, f64), Error> {
+/// resident memory per tenant, over `window` seconds after two of warm-up.
+async fn idle(pool: &PgPool, n: usize, waking: Waking, window: u64) -> Result<(f64, f64), Error> {
     let before = resident_kib();
     let publisher = Arc::new(CountingPublisher::noop(256));
     let shutdown = CancellationToken::new();
-    let fleet = fleet(pool, n, publisher);
+    let fleet = fleet(pool, n, publisher, waking);
     let status = fleet.status();
     let running = tokio::spawn(fleet.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let first = commits(pool).await?;
     let measured = Instant::now();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(window)).await;
     let last = commits(pool).await?;
     let seconds = measured.elapsed().as_secs_f64();
     let after = resident_kib();
@@ -243,7 +274,8 @@ async fn quiet_p99(
     let hot_ids = fill(setup, 1, round, hot).await?;
     let publisher = Arc::new(CountingPublisher::noop(256).recording_arrivals());
     let shutdown = CancellationToken::new();
-    let running = tokio::spawn(fleet(pool, 2, publisher.clone()).run(shutdown.clone()));
+    let running =
+        tokio::spawn(fleet(pool, 2, publisher.clone(), Waking::Listen).run(shutdown.clone()));
     let quiet = Arc::new(store(setup, 0)?);
     let commits: Arc<Mutex<HashMap<EventId, Instant>>> = Arc::default();
     let total = RATE * seconds;

@@ -58,6 +58,23 @@ pub struct TenantsSection {
     /// (default false: a tenant without current tables is reported and
     /// retried until it is migrated).
     pub migrate: Option<bool>,
+    /// Wake idle tenants through one shared LISTEN connection, one of
+    /// `connections` (default true; `relay.poll_interval` then defaults to
+    /// 10 s, the backstop). False: every tenant polls.
+    pub listen: Option<bool>,
+}
+
+/// `[tenants]`, checked.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TenantSettings {
+    /// Where the tenants come from.
+    pub from: TenantsFrom,
+    /// How often they are read again.
+    pub refresh: Duration,
+    /// The pool every tenant shares.
+    pub connections: u32,
+    /// Whether idle tenants wake on a shared LISTEN connection.
+    pub listen: bool,
 }
 
 /// Where a fleet's tenants come from ([`TenantsSection`], checked).
@@ -72,8 +89,8 @@ pub enum TenantsFrom {
 }
 
 impl TenantsSection {
-    /// The source, the refresh period and the pool size, checked.
-    pub fn settings(&self) -> Result<(TenantsFrom, Duration, u32), CliError> {
+    /// The settings, checked.
+    pub fn settings(&self) -> Result<TenantSettings, CliError> {
         let from = match (&self.schemas, &self.query, &self.list) {
             (Some(pattern), None, None) => TenantsFrom::SchemasLike(pattern.clone()),
             (None, Some(query), None) => TenantsFrom::Query(query.clone()),
@@ -89,11 +106,22 @@ impl TenantsSection {
         if refresh.is_zero() {
             return Err(CliError::usage("tenants.refresh must be non-zero"));
         }
+        let listen = self.listen.unwrap_or(true);
         let connections = self.connections.unwrap_or(8);
         if connections == 0 {
             return Err(CliError::usage("tenants.connections must be at least 1"));
         }
-        Ok((from, refresh, connections))
+        if listen && connections < 2 {
+            return Err(CliError::usage(
+                "tenants.connections must be at least 2 with listen (one is the shared LISTEN connection), or set listen = false",
+            ));
+        }
+        Ok(TenantSettings {
+            from,
+            refresh,
+            connections,
+            listen,
+        })
     }
 }
 

@@ -12,9 +12,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 use super::backlog::BacklogGauges;
+use super::served::Served;
 use crate::dashboard::Dashboard;
 use crate::error::CliError;
-use crate::store::Store;
 
 /// Installs the Prometheus recorder: histograms with the documented bucket
 /// bounds (they add up across replicas, unlike summaries), every metric
@@ -125,12 +125,11 @@ fn tenants_answer(fleet: &FleetStatus) -> String {
 pub async fn serve(
     listener: TcpListener,
     metrics: PrometheusHandle,
-    store: Option<Store>,
+    backlog: Option<Served>,
     liveness: Liveness,
     dashboard: Option<Arc<Dashboard>>,
 ) {
-    // One store's backlog gauges (a fleet's tenants have none yet).
-    let backlog = store.map(BacklogGauges::new);
+    let backlog = backlog.map(BacklogGauges::new);
     loop {
         let Ok((mut socket, _)) = listener.accept().await else {
             continue;

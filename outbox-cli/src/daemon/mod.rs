@@ -4,6 +4,7 @@
 mod backlog;
 mod config;
 mod http;
+mod served;
 mod tenants;
 
 use std::sync::Arc;
@@ -99,7 +100,7 @@ pub async fn run(
         tokio::spawn(http::serve(
             listener,
             handle,
-            Some(store.clone()),
+            Some(served::Served::Store(store.clone())),
             http::Liveness {
                 running: running.clone(),
                 watched: http::Watched::Relay(relay.health()),
@@ -111,7 +112,7 @@ pub async fn run(
     }
     if let Some((older_than, every)) = purge {
         tokio::spawn(purge_loop(
-            store.clone(),
+            served::Served::Store(store.clone()),
             older_than,
             every,
             shutdown.clone(),
@@ -279,32 +280,46 @@ pub(crate) async fn stop_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
+/// Deletes published events older than `older_than` from every store
+/// served (each tenant's in turn), every `every`, until shutdown.
 async fn purge_loop(
-    store: Store,
+    served: served::Served,
     older_than: Duration,
     every: Duration,
     shutdown: CancellationToken,
 ) {
     loop {
         let mut purged = 0u64;
-        loop {
-            match store.admin().purge_published(older_than, 1000).await {
-                Ok(n) => {
-                    purged += n;
-                    if n < 1000 {
-                        break;
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "purge failed; next round retries");
-                    break;
-                }
+        for (tenant, store) in served.stores() {
+            let tenant = tenant.as_ref().map(|t| t.as_str());
+            match store {
+                Ok(store) => purged += purge_store(&store, older_than, tenant).await,
+                Err(error) => tracing::warn!(%error, tenant, "purge failed; next round retries"),
             }
         }
         tracing::info!(purged, "purged published events");
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// One store's purge, a thousand rows a call until a call deletes fewer.
+async fn purge_store(store: &Store, older_than: Duration, tenant: Option<&str>) -> u64 {
+    let mut purged = 0u64;
+    loop {
+        match store.admin().purge_published(older_than, 1000).await {
+            Ok(n) => {
+                purged += n;
+                if n < 1000 {
+                    return purged;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, tenant, "purge failed; next round retries");
+                return purged;
+            }
         }
     }
 }

@@ -3,15 +3,22 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::time::Duration;
 
 use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantList, TenantSource};
 use outbox_core::{CancellationToken, Publisher, RelayConfig};
 use outbox_sqlx::postgres::{PgQueryTenants, PgSchemaTenants, PgTenantRelays};
 use outbox_sqlx::{StoreConfig, TableNames};
 
-use super::config::{DaemonConfig, TenantsFrom, TenantsSection};
+use super::config::{DaemonConfig, TenantSettings, TenantsFrom, TenantsSection};
 use super::http;
+use super::served::Served;
 use crate::error::CliError;
+use crate::store::Store;
+
+/// Each tenant's backstop poll when it wakes on the shared LISTEN and
+/// `relay.poll_interval` is not set.
+const IDLE_TENANT_POLL: Duration = Duration::from_secs(10);
 
 /// What `[tenants]` cannot be combined with yet, each refused by name.
 fn refuse_unsupported(
@@ -23,10 +30,6 @@ fn refuse_unsupported(
         Some("tenants: PostgreSQL only (a schema per tenant); the URL is not postgres://")
     } else if schema.is_some() {
         Some("tenants: each tenant's schema comes from [tenants]; remove schema / --schema")
-    } else if config.purge.is_some() {
-        Some(
-            "tenants: [purge] is not supported with [tenants] yet; purge each schema with `outbox purge --schema`",
-        )
     } else if config.http.as_ref().is_some_and(|h| h.dashboard.is_some()) {
         Some("tenants: http.dashboard is not supported with [tenants] yet")
     } else {
@@ -42,11 +45,20 @@ pub async fn run(
     prefix: Option<&str>,
     config: &DaemonConfig,
     section: &TenantsSection,
-    relay: RelayConfig,
+    mut relay: RelayConfig,
     publisher: Arc<dyn Publisher>,
 ) -> Result<(), CliError> {
     refuse_unsupported(config, url, schema)?;
-    let (from, refresh, connections) = section.settings()?;
+    let TenantSettings {
+        from,
+        refresh,
+        connections,
+        listen,
+    } = section.settings()?;
+    if listen && config.relay.poll_interval.is_none() {
+        // Idle tenants wake on NOTIFY: the poll is only the backstop.
+        relay.poll_interval = IDLE_TENANT_POLL;
+    }
     let tables = match prefix {
         Some(prefix) => TableNames::with_prefix(prefix),
         None => Ok(TableNames::default()),
@@ -76,6 +88,10 @@ pub async fn run(
     if section.migrate.unwrap_or(false) {
         factory = factory.migrating();
     }
+    if !listen {
+        factory = factory.polling_only();
+    }
+    let stores = factory.stores().clone();
     let fleet = TenantFleet::new(
         source,
         factory,
@@ -84,8 +100,20 @@ pub async fn run(
             ..FleetConfig::default()
         },
     );
+    let served = Served::Tenants {
+        fleet: fleet.status(),
+        store_of: Arc::new(move |tenant| Ok(Store::Postgres(stores.store(tenant)?))),
+    };
     let shutdown = CancellationToken::new();
     let running = Arc::new(AtomicBool::new(true));
+    if let Some((older_than, every)) = config.purge_schedule()? {
+        tokio::spawn(super::purge_loop(
+            served.clone(),
+            older_than,
+            every,
+            shutdown.clone(),
+        ));
+    }
     if let Some(section) = &config.http {
         let handle = http::install_recorder()?;
         let listener = tokio::net::TcpListener::bind(&section.listen)
@@ -95,7 +123,7 @@ pub async fn run(
         tokio::spawn(http::serve(
             listener,
             handle,
-            None,
+            Some(served.clone()),
             http::Liveness {
                 running: running.clone(),
                 watched: http::Watched::Tenants(fleet.status()),
@@ -111,6 +139,8 @@ pub async fn run(
         tenants = ?from,
         refresh = ?refresh,
         connections,
+        listen,
+        poll = ?relay.poll_interval,
         "relaying tenants"
     );
     let report = fleet.run(shutdown).await;

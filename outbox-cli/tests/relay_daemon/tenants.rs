@@ -1,6 +1,7 @@
 //! `outbox relay` with `[tenants]`: every schema matching a pattern relayed
 //! by one process, a schema created while it runs picked up at the next
-//! refresh, `/health` per tenant, the relays' metrics per tenant, SIGTERM
+//! refresh, `/health` per tenant, the relays' metrics and the backlog
+//! gauges per tenant, the scheduled purge over every tenant, SIGTERM
 //! drains them all.
 
 use outbox_core::OutboxWriter;
@@ -39,8 +40,12 @@ async fn one_daemon_relays_every_tenant_schema_and_picks_up_new_ones() {
         .await
         .unwrap();
     let prefix = unique("tenants");
-    tenant(&pool, &format!("{prefix}_a"), 3).await;
+    let store_a = tenant(&pool, &format!("{prefix}_a"), 3).await;
     tenant(&pool, &format!("{prefix}_b"), 4).await;
+    // Due in an hour: a backlog /metrics shows under the tenant's label.
+    let mut later = event("later", 0);
+    later.available_at = Some(chrono::Utc::now() + chrono::Duration::hours(1));
+    OutboxWriter::enqueue(&store_a, &[later]).await.unwrap();
     let streams = format!("{}:", unique("tenants"));
     let stream = format!("{streams}invoice.paid");
     let listen = free_address();
@@ -56,6 +61,10 @@ poll_interval = "100ms"
 schemas = "{prefix}_%"
 refresh = "200ms"
 connections = 3
+
+[purge]
+published_older_than = "0s"
+every = "200ms"
 
 [broker]
 kind = "redis"
@@ -82,6 +91,34 @@ listen = "{listen}"
     })
     .await;
     assert_eq!(stream_len(&mut redis, &stream).await, 7);
+    let backlog = |tenant: &str, state: &str| {
+        format!(
+            r#"outbox_events{{event_type="invoice.paid",state="{state}",tenant="{prefix}_{tenant}"}}"#
+        )
+    };
+    scrape_until(&listen, |m| {
+        gauge(m, &backlog("a", "parked")) == Some(1.0)
+            && gauge(m, &backlog("a", "claimable")) == Some(0.0)
+    })
+    .await;
+    // [purge] goes over every tenant: only a's event due later is left.
+    for (t, left) in [("a", 1), ("b", 0)] {
+        let rows = format!("SELECT count(*) FROM {prefix}_{t}.outbox_events");
+        let purged = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            loop {
+                let n: i64 = outbox_sqlx::sqlx::query_scalar(&rows)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                if n == left {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(purged.is_ok(), "tenant {t}'s published events purged");
+    }
     let (status, body) = get(&listen, "/health").await;
     assert_eq!(status, "HTTP/1.1 200 OK");
     assert!(body.contains("ok: 2 of 2 tenants running"), "{body}");
@@ -126,6 +163,11 @@ async fn tenants_settings_that_cannot_work_are_refused_by_name() {
             postgres.as_str(),
             "schemas = \"t_%\"\nconnections = 0",
             "tenants.connections must be at least 1",
+        ),
+        (
+            postgres.as_str(),
+            "schemas = \"t_%\"\nconnections = 1",
+            "at least 2 with listen",
         ),
         ("sqlite::memory:", "schemas = \"t_%\"", "PostgreSQL only"),
         (

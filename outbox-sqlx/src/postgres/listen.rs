@@ -8,6 +8,7 @@ use futures::FutureExt;
 use outbox_core::{StoreError, WakeUp};
 use sqlx::postgres::PgListener;
 
+use super::listen_hub::{HubSubscription, PgListenHub};
 use super::store::PgStore;
 use crate::error::ResultExt;
 
@@ -33,8 +34,16 @@ fn watch_pause(watched_for: Duration, last: Duration) -> Duration {
 /// one poll interval: the relay's poll is
 /// the backstop, and each idle poll sets the flag again.
 pub struct PgWakeUp {
-    listener: PgListener,
+    notifications: Notifications,
     store: PgStore,
+}
+
+/// Where a wake-up's NOTIFYs come from.
+enum Notifications {
+    /// A LISTEN connection of its own.
+    Own(PgListener),
+    /// A connection shared with the other stores of its database.
+    Shared(HubSubscription),
 }
 
 impl std::fmt::Debug for PgWakeUp {
@@ -48,14 +57,26 @@ impl PgStore {
     pub async fn wake_up(&self) -> Result<PgWakeUp, StoreError> {
         let mut listener = PgListener::connect_with(self.pool()).await.store()?;
         listener.listen(self.channel()).await.store()?;
+        Ok(self.wake_up_on(Notifications::Own(listener)))
+    }
+
+    /// A wake-up source for one relay that waits on `hub`'s connection,
+    /// shared with the other stores of the database (the tenants of a
+    /// fleet), instead of one of its own.
+    pub async fn wake_up_shared(&self, hub: &PgListenHub) -> Result<PgWakeUp, StoreError> {
+        let subscription = hub.subscribe(self.channel()).await?;
+        Ok(self.wake_up_on(Notifications::Shared(subscription)))
+    }
+
+    fn wake_up_on(&self, notifications: Notifications) -> PgWakeUp {
         self.protocol
             .wake
             .listeners
             .fetch_add(1, AtomicOrdering::Relaxed);
-        Ok(PgWakeUp {
-            listener,
+        PgWakeUp {
+            notifications,
             store: self.clone(),
-        })
+        }
     }
 }
 
@@ -139,10 +160,14 @@ impl PgWakeUp {
     }
 
     async fn notified(&mut self) {
-        match self.listener.recv().await {
+        let listener = match &mut self.notifications {
+            Notifications::Shared(subscription) => return subscription.notified().await,
+            Notifications::Own(listener) => listener,
+        };
+        match listener.recv().await {
             Ok(_) => {
                 // Older notifications buffered meanwhile say nothing new.
-                while let Some(Ok(Some(_))) = self.listener.try_recv().now_or_never() {}
+                while let Some(Ok(Some(_))) = listener.try_recv().now_or_never() {}
             }
             Err(error) => {
                 // The listener reconnects on the next call; don't spin meanwhile.

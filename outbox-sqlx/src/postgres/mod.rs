@@ -3,6 +3,7 @@
 mod driver;
 mod inbox;
 mod listen;
+mod listen_hub;
 mod store;
 mod tenants;
 #[cfg(feature = "testing")]
@@ -14,8 +15,9 @@ pub use outbox_sql::postgres::SCHEMA_VERSION;
 
 pub use inbox::PgInbox;
 pub use listen::PgWakeUp;
+pub use listen_hub::PgListenHub;
 pub use store::PgStore;
-pub use tenants::{PgQueryTenants, PgSchemaTenants, PgTenantRelays};
+pub use tenants::{PgQueryTenants, PgSchemaTenants, PgTenantRelays, PgTenantStores};
 #[cfg(feature = "testing")]
 #[cfg_attr(outbox_docsrs, doc(cfg(feature = "testing")))]
 pub use testing::{EffectLog, EndToEndDb, RecordEffect};

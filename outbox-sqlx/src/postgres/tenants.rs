@@ -1,16 +1,17 @@
 //! A schema per tenant on PostgreSQL, for [`outbox_core::tenants`]: where
 //! the tenants come from ([`PgSchemaTenants`], [`PgQueryTenants`]) and a
-//! relay per tenant's schema on one shared pool ([`PgTenantRelays`]).
+//! relay per tenant's schema on one shared pool ([`PgTenantRelays`]), and
+//! their stores for other readers ([`PgTenantStores`]).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use outbox_core::tenants::{TenantId, TenantRelayFactory, TenantSource};
 use outbox_core::{Publisher, Relay, RelayConfig, RelayId, StoreError};
 use sqlx::PgPool;
 
-use super::PgStore;
+use super::{PgListenHub, PgStore};
 use crate::config::{StoreConfig, TableNames};
 use crate::error::ResultExt;
 
@@ -103,6 +104,30 @@ impl TenantSource for PgQueryTenants {
     }
 }
 
+/// Each tenant's store: `tables` in the tenant's schema, on one pool
+/// (without kept connections), for what else reads the tenants (backlog
+/// gauges, status) beside their relays.
+#[derive(Clone, Debug)]
+pub struct PgTenantStores {
+    pool: PgPool,
+    config: StoreConfig,
+}
+
+impl PgTenantStores {
+    /// Stores on `pool` with `config` (its table names' schema is replaced
+    /// by each tenant's).
+    pub fn new(pool: PgPool, config: StoreConfig) -> Self {
+        Self { pool, config }
+    }
+
+    /// The store of `tenant`'s schema.
+    pub fn store(&self, tenant: &TenantId) -> Result<PgStore, StoreError> {
+        let mut config = self.config.clone();
+        config.tables = config.tables.clone().in_schema(tenant.as_str())?;
+        Ok(PgStore::new(self.pool.clone(), config).without_kept_connections())
+    }
+}
+
 /// Gives each tenant its publisher.
 type PublisherFor<P> = Arc<dyn Fn(&TenantId) -> Arc<P> + Send + Sync>;
 
@@ -111,12 +136,18 @@ type PublisherFor<P> = Arc<dyn Fn(&TenantId) -> Arc<P> + Send + Sync>;
 /// many tenants). Each relay's id is `{relay_id}/{tenant}` of the template
 /// settings and its metrics carry `tenant`; each tenant's tables are
 /// `tables` in its schema.
+///
+/// Every relay wakes on NOTIFY through one [`PgListenHub`] (one connection
+/// of the pool, taken at the first tenant's start): an idle tenant costs
+/// its backstop poll (`poll_interval`, which a fleet can afford to make
+/// long) and its heartbeat, nothing more.
 pub struct PgTenantRelays<P: ?Sized> {
-    pool: PgPool,
-    config: StoreConfig,
+    stores: PgTenantStores,
     relay: RelayConfig,
     publisher: PublisherFor<P>,
     migrate: bool,
+    /// `None` inside: polling only.
+    hub: Option<OnceLock<PgListenHub>>,
 }
 
 impl<P: Publisher + ?Sized + 'static> PgTenantRelays<P> {
@@ -128,18 +159,26 @@ impl<P: Publisher + ?Sized + 'static> PgTenantRelays<P> {
         publisher: impl Fn(&TenantId) -> Arc<P> + Send + Sync + 'static,
     ) -> Self {
         Self {
-            pool,
-            config: StoreConfig::default(),
+            stores: PgTenantStores::new(pool, StoreConfig::default()),
             relay,
             publisher: Arc::new(publisher),
             migrate: false,
+            hub: Some(OnceLock::new()),
         }
+    }
+
+    /// Relays that poll only, without the shared LISTEN connection (every
+    /// connection of the pool then serves claims; each idle tenant polls
+    /// every `poll_interval`).
+    pub fn polling_only(mut self) -> Self {
+        self.hub = None;
+        self
     }
 
     /// Store settings for every tenant (the table names' schema is
     /// replaced by the tenant's).
     pub fn with_store_config(mut self, config: StoreConfig) -> Self {
-        self.config = config;
+        self.stores.config = config;
         self
     }
 
@@ -151,11 +190,9 @@ impl<P: Publisher + ?Sized + 'static> PgTenantRelays<P> {
         self
     }
 
-    /// The store of `tenant`'s schema.
-    pub fn store(&self, tenant: &TenantId) -> Result<PgStore, StoreError> {
-        let mut config = self.config.clone();
-        config.tables = config.tables.clone().in_schema(tenant.as_str())?;
-        Ok(PgStore::new(self.pool.clone(), config).without_kept_connections())
+    /// Each tenant's store, as its relay has it.
+    pub fn stores(&self) -> &PgTenantStores {
+        &self.stores
     }
 }
 
@@ -165,7 +202,7 @@ impl<P: Publisher + ?Sized + 'static> TenantRelayFactory for PgTenantRelays<P> {
     type Publisher = P;
 
     async fn relay(&self, tenant: &TenantId) -> Result<Relay<PgStore, P>, StoreError> {
-        let store = self.store(tenant)?;
+        let store = self.stores.store(tenant)?;
         if self.migrate {
             store.migrate().await?;
         }
@@ -174,7 +211,18 @@ impl<P: Publisher + ?Sized + 'static> TenantRelayFactory for PgTenantRelays<P> {
             tenant: Some(tenant.to_string()),
             ..self.relay.clone()
         };
-        Relay::new(Arc::new(store), (self.publisher)(tenant), config)
-            .map_err(|e| StoreError::Config(e.to_string()))
+        let wake_up = match &self.hub {
+            Some(hub) => {
+                let hub = hub.get_or_init(|| PgListenHub::start(self.stores.pool.clone()));
+                Some(store.wake_up_shared(hub).await?)
+            }
+            None => None,
+        };
+        let relay = Relay::new(Arc::new(store), (self.publisher)(tenant), config)
+            .map_err(|e| StoreError::Config(e.to_string()))?;
+        Ok(match wake_up {
+            Some(wake_up) => relay.with_wake_up(wake_up),
+            None => relay,
+        })
     }
 }
