@@ -109,6 +109,7 @@ async fn dashboard(
         token,
         sample_every,
         loopback_only: address.ip().is_loopback(),
+        tenant: None,
     };
     let read_only = if settings.token.is_none() {
         " (read-only: no token)"

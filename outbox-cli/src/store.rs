@@ -26,6 +26,11 @@ pub enum Store {
     Sqlite(SqliteStore),
 }
 
+/// A fleet tenant's store, from its id.
+pub type StoreOf = std::sync::Arc<
+    dyn Fn(&outbox_core::tenants::TenantId) -> Result<Store, StoreError> + Send + Sync,
+>;
+
 /// Where the tables are: a PostgreSQL schema, or a name prefix.
 pub struct Tables {
     /// `--schema` (PostgreSQL only).

@@ -455,7 +455,10 @@ async fn idle_tenants_wake_through_one_shared_listen_connection_even_after_it_is
     let mut conn = setup.acquire().await.unwrap();
     sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
     let lost = event("k", 1);
-    stores[1].enqueue(&mut conn, std::slice::from_ref(&lost)).await.unwrap();
+    stores[1]
+        .enqueue(&mut conn, std::slice::from_ref(&lost))
+        .await
+        .unwrap();
     let kill_and_commit = format!("SELECT pg_terminate_backend({}); COMMIT", listening[0]);
     sqlx::raw_sql(&kill_and_commit)
         .execute(&mut *conn)

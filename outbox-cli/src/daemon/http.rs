@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 
 use super::backlog::BacklogGauges;
 use super::served::Served;
-use crate::dashboard::Dashboard;
+use crate::dashboard::Ui;
 use crate::error::CliError;
 
 /// Installs the Prometheus recorder: histograms with the documented bucket
@@ -127,7 +127,7 @@ pub async fn serve(
     metrics: PrometheusHandle,
     backlog: Option<Served>,
     liveness: Liveness,
-    dashboard: Option<Arc<Dashboard>>,
+    dashboard: Option<Ui>,
 ) {
     let backlog = backlog.map(BacklogGauges::new);
     loop {

@@ -85,17 +85,10 @@ pub async fn run(
         tracing::info!(listen = %section.listen, "serving /metrics and /health");
         let dashboard = section.dashboard_path()?.map(|base| {
             tracing::info!(path = %base, "serving the dashboard");
-            crate::dashboard::Dashboard::start(
+            crate::dashboard::Ui::Store(crate::dashboard::Dashboard::start(
                 store.clone(),
-                crate::dashboard::Settings {
-                    base,
-                    token: std::env::var("OUTBOX_DASHBOARD_TOKEN").ok(),
-                    sample_every: Duration::from_secs(10),
-                    loopback_only: listener
-                        .local_addr()
-                        .is_ok_and(|address| address.ip().is_loopback()),
-                },
-            )
+                dashboard_settings(base, &listener),
+            ))
         });
         tokio::spawn(http::serve(
             listener,
@@ -261,6 +254,24 @@ async fn build_relay(
         Some(wake_up) => relay.with_wake_up(wake_up),
         None => relay,
     })
+}
+
+/// The dashboard's settings under the daemon, mounted at `base`: the
+/// token from `OUTBOX_DASHBOARD_TOKEN`, loopback names only when it
+/// listens on loopback.
+fn dashboard_settings(
+    base: String,
+    listener: &tokio::net::TcpListener,
+) -> crate::dashboard::Settings {
+    crate::dashboard::Settings {
+        base,
+        token: std::env::var("OUTBOX_DASHBOARD_TOKEN").ok(),
+        sample_every: Duration::from_secs(10),
+        loopback_only: listener
+            .local_addr()
+            .is_ok_and(|address| address.ip().is_loopback()),
+        tenant: None,
+    }
 }
 
 /// Cancels `shutdown` on SIGTERM or SIGINT.

@@ -2,15 +2,10 @@
 //! what reads them beside the relays (the backlog gauges, the scheduled
 //! purge) goes over them the same way.
 
-use std::sync::Arc;
-
 use outbox_core::StoreError;
 use outbox_core::tenants::{FleetStatus, TenantId, TenantState};
 
-use crate::store::Store;
-
-/// A tenant's store, from its id.
-pub type StoreOf = Arc<dyn Fn(&TenantId) -> Result<Store, StoreError> + Send + Sync>;
+use crate::store::{Store, StoreOf};
 
 /// The stores a daemon serves.
 #[derive(Clone)]

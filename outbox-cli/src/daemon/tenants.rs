@@ -13,25 +13,20 @@ use outbox_sqlx::{StoreConfig, TableNames};
 use super::config::{DaemonConfig, TenantSettings, TenantsFrom, TenantsSection};
 use super::http;
 use super::served::Served;
+use crate::dashboard::{TenantDashboards, Ui};
 use crate::error::CliError;
-use crate::store::Store;
+use crate::store::{Store, StoreOf};
 
 /// Each tenant's backstop poll when it wakes on the shared LISTEN and
 /// `relay.poll_interval` is not set.
 const IDLE_TENANT_POLL: Duration = Duration::from_secs(10);
 
-/// What `[tenants]` cannot be combined with yet, each refused by name.
-fn refuse_unsupported(
-    config: &DaemonConfig,
-    url: &str,
-    schema: Option<&str>,
-) -> Result<(), CliError> {
+/// What `[tenants]` cannot be combined with, each refused by name.
+fn refuse_unsupported(url: &str, schema: Option<&str>) -> Result<(), CliError> {
     let refused = if !url.starts_with("postgres") {
         Some("tenants: PostgreSQL only (a schema per tenant); the URL is not postgres://")
     } else if schema.is_some() {
         Some("tenants: each tenant's schema comes from [tenants]; remove schema / --schema")
-    } else if config.http.as_ref().is_some_and(|h| h.dashboard.is_some()) {
-        Some("tenants: http.dashboard is not supported with [tenants] yet")
     } else {
         None
     };
@@ -48,7 +43,7 @@ pub async fn run(
     mut relay: RelayConfig,
     publisher: Arc<dyn Publisher>,
 ) -> Result<(), CliError> {
-    refuse_unsupported(config, url, schema)?;
+    refuse_unsupported(url, schema)?;
     let TenantSettings {
         from,
         refresh,
@@ -100,9 +95,10 @@ pub async fn run(
             ..FleetConfig::default()
         },
     );
+    let store_of: StoreOf = Arc::new(move |tenant| Ok(Store::Postgres(stores.store(tenant)?)));
     let served = Served::Tenants {
         fleet: fleet.status(),
-        store_of: Arc::new(move |tenant| Ok(Store::Postgres(stores.store(tenant)?))),
+        store_of: store_of.clone(),
     };
     let shutdown = CancellationToken::new();
     let running = Arc::new(AtomicBool::new(true));
@@ -120,6 +116,14 @@ pub async fn run(
             .await
             .map_err(|e| CliError::usage(format!("http.listen {}: {e}", section.listen)))?;
         tracing::info!(listen = %section.listen, "serving /metrics and /health");
+        let dashboard = section.dashboard_path()?.map(|base| {
+            tracing::info!(path = %base, "serving the dashboard's tenant picker");
+            Ui::Tenants(TenantDashboards::new(
+                super::dashboard_settings(base, &listener),
+                fleet.status(),
+                store_of,
+            ))
+        });
         tokio::spawn(http::serve(
             listener,
             handle,
@@ -129,7 +133,7 @@ pub async fn run(
                 watched: http::Watched::Tenants(fleet.status()),
                 outage_unhealthy_after: section.outage_unhealthy_after()?,
             },
-            None,
+            dashboard,
         ));
     }
     tokio::spawn(super::stop_on_signal(shutdown.clone()));

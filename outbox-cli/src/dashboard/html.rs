@@ -38,6 +38,8 @@ pub struct Frame<'a> {
     pub actions_enabled: bool,
     /// The visitor's CSRF token, for forms.
     pub csrf: Option<&'a str>,
+    /// The tenant shown, under a picker.
+    pub tenant: Option<&'a super::TenantOf>,
 }
 
 impl Frame<'_> {
@@ -56,11 +58,18 @@ impl Frame<'_> {
         } else {
             account.push_str("<span class=\"muted\">read-only (no token configured)</span>");
         }
+        let tenant = self.tenant.map_or_else(String::new, |t| {
+            format!(
+                r#"<span class="tenant">tenant <b id="tenant">{}</b> · <a id="all-tenants" href="{}/">all tenants</a></span>"#,
+                esc(&t.name),
+                t.picker
+            )
+        });
         format!(
             r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title} · outbox</title><link rel="stylesheet" href="{base}/assets/app.css"><script src="{base}/assets/app.js" defer></script></head>
-<body><header><a class="brand" href="{base}/">outbox</a><nav><a href="{base}/">Overview</a><a href="{base}/failed">Failed</a></nav><span class="store">{store}</span><span class="account">{account}</span></header>
+<body><header><a class="brand" href="{base}/">outbox</a><nav><a href="{base}/">Overview</a><a href="{base}/failed">Failed</a></nav>{tenant}<span class="store">{store}</span><span class="account">{account}</span></header>
 <main id="main">{main}</main></body></html>"#,
             title = esc(title),
             store = esc(self.store),

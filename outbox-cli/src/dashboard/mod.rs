@@ -14,6 +14,7 @@ mod html;
 mod http;
 mod overview;
 mod samples;
+mod tenants;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +29,7 @@ use auth::{COOKIE, Refused, Sessions};
 use html::{Frame, esc};
 pub use http::read;
 use http::{Request, Response};
+pub use tenants::{TenantDashboards, Ui};
 
 /// How the dashboard is served.
 #[derive(Clone, Debug)]
@@ -42,13 +44,26 @@ pub struct Settings {
     /// loopback host, so a web page whose domain an attacker rebinds to
     /// 127.0.0.1 cannot read the dashboard from a browser on this machine.
     pub loopback_only: bool,
+    /// One tenant's dashboard under a tenant picker: its pages name the
+    /// tenant and link back; its session is the picker's.
+    pub tenant: Option<TenantOf>,
+}
+
+/// The tenant a dashboard shows, under a picker.
+#[derive(Clone, Debug)]
+pub struct TenantOf {
+    /// The tenant.
+    pub name: String,
+    /// Where the picker is mounted (`/ui`): every tenant's dashboard below
+    /// it shares its sign-in, so the session cookie's path is this.
+    pub picker: String,
 }
 
 /// The dashboard over one store.
 pub struct Dashboard {
     store: Store,
     settings: Settings,
-    sessions: Sessions,
+    sessions: Arc<Sessions>,
     samples: samples::Samples,
     jobs: bulk::Jobs,
     /// The overview as last read by the sampler.
@@ -61,10 +76,16 @@ pub struct Dashboard {
 impl Dashboard {
     /// A dashboard over `store`, sampling it in the background from now on.
     pub fn start(store: Store, settings: Settings) -> Arc<Self> {
+        Self::start_sharing(store, settings, Arc::default())
+    }
+
+    /// A dashboard whose visitors' sign-ins are `sessions` (shared by
+    /// every tenant's dashboard of a picker).
+    fn start_sharing(store: Store, settings: Settings, sessions: Arc<Sessions>) -> Arc<Self> {
         let dashboard = Arc::new(Self {
             store,
             settings,
-            sessions: Sessions::default(),
+            sessions,
             samples: samples::Samples::default(),
             jobs: bulk::Jobs::default(),
             latest: std::sync::Mutex::new(None),
@@ -156,12 +177,6 @@ impl Dashboard {
                 }
             });
         }
-    }
-
-    /// Whether `path` is the dashboard's (under its base).
-    pub fn serves(&self, path: &str) -> bool {
-        path.strip_prefix(&self.settings.base)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     }
 
     /// The answer to `request`, whose path starts with the base.
@@ -410,10 +425,10 @@ impl Dashboard {
             return self.login_page(request, "That is not the dashboard's token.");
         }
         let session = self.sessions.start();
-        let path = if self.settings.base.is_empty() {
-            "/"
-        } else {
-            &self.settings.base
+        let path = match &self.settings.tenant {
+            Some(tenant) => &tenant.picker,
+            None if self.settings.base.is_empty() => "/",
+            None => &self.settings.base,
         };
         Response::see_other(&format!("{}/", self.settings.base)).set_cookie(&format!(
             "{COOKIE}={session}; Path={path}; HttpOnly; SameSite=Strict"
@@ -445,6 +460,7 @@ impl FrameFor<'_> {
             signed_in: self.csrf.is_some(),
             actions_enabled: self.dashboard.settings.token.is_some(),
             csrf: self.csrf.as_deref(),
+            tenant: self.dashboard.settings.tenant.as_ref(),
         }
     }
 

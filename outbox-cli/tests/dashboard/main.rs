@@ -5,11 +5,13 @@
 //! Screenshots of the overview and an event's page land in
 //! `target/screenshots/`; `stores` compares the overview with `outbox
 //! status` on PostgreSQL and MariaDB; `restart` takes a private
-//! PostgreSQL away under it and back.
+//! PostgreSQL away under it and back; `tenants` is the daemon's tenant
+//! picker.
 
 mod browser;
 mod restart;
 mod stores;
+mod tenants;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
