@@ -1,20 +1,22 @@
-//! `outbox status --all-tenants PATTERN`: one line per tenant schema (a
-//! PostgreSQL schema `LIKE` the pattern that holds an outbox), and their
-//! sum. A tenant whose read fails gets its error on its line; the others
+//! `outbox status --all-tenants PATTERN`: one line per tenant (a
+//! PostgreSQL schema or a MySQL/MariaDB database `LIKE` the pattern that
+//! holds an outbox), and their sum. A tenant whose read fails gets its error on its line; the others
 //! are still read.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::OutboxAdmin;
 use outbox_core::store::EventTypeStats;
 use outbox_core::tenants::TenantSource;
 use outbox_sqlx::StoreConfig;
-use outbox_sqlx::postgres::{PgSchemaTenants, PgStore};
+use outbox_sqlx::mysql::{MySqlDatabaseTenants, MySqlTenantStores};
+use outbox_sqlx::postgres::{PgSchemaTenants, PgTenantStores};
+use outbox_sqlx::tenants::TenantStores;
 use serde_json::{Value, json};
 
 use crate::args::Output;
 use crate::error::CliError;
-use crate::store::{Store, Tables};
+use crate::store::{Store, StoreOf, Tables};
 
 /// One tenant's totals over its event types.
 #[derive(Default)]
@@ -73,26 +75,43 @@ pub async fn status(
     pattern: &str,
     output: Output,
 ) -> Result<(), CliError> {
-    let Store::Postgres(pg) = store else {
-        return Err(CliError::usage(
-            "--all-tenants: PostgreSQL only (a schema per tenant)",
-        ));
-    };
     if tables.schema.is_some() {
         return Err(CliError::usage(
             "--all-tenants reads every tenant's schema: remove --schema",
         ));
     }
-    let names = pg.config().tables.clone();
-    let tenants = PgSchemaTenants::new(pg.pool().clone(), pattern)
-        .with_tables(&names)
-        .tenants()
-        .await?;
+    let (tenants, stores): (_, StoreOf) = match store {
+        Store::Postgres(pg) => {
+            let names = pg.config().tables.clone();
+            let tenants = PgSchemaTenants::new(pg.pool().clone(), pattern).with_tables(&names);
+            let stores = PgTenantStores::new(pg.pool().clone(), StoreConfig::with_tables(names));
+            (
+                tenants.tenants().await?,
+                Arc::new(move |t| Ok(Store::Postgres(stores.store(t)?))),
+            )
+        }
+        Store::MySql(my) => {
+            let names = my.config().tables.clone();
+            let tenants = MySqlDatabaseTenants::new(my.pool().clone(), pattern).with_tables(&names);
+            let stores = MySqlTenantStores::new(my.pool().clone(), StoreConfig::with_tables(names));
+            (
+                tenants.tenants().await?,
+                Arc::new(move |t| Ok(Store::MySql(stores.store(t)?))),
+            )
+        }
+        Store::Sqlite(_) => {
+            return Err(CliError::usage(
+                "--all-tenants: PostgreSQL (a schema per tenant) or MySQL/MariaDB (a database per tenant) only",
+            ));
+        }
+    };
     let mut all = Totals::default();
     let mut rows = Vec::new();
     for tenant in &tenants {
-        let config = StoreConfig::with_tables(names.clone().in_schema(tenant.as_str())?);
-        let read = PgStore::new(pg.pool().clone(), config).stats().await;
+        let read = match stores(tenant) {
+            Ok(store) => store.admin().stats().await,
+            Err(error) => Err(error),
+        };
         let row = match read {
             Ok(stats) => {
                 let mut totals = Totals::default();

@@ -15,6 +15,7 @@ mod inbox;
 mod pool;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod scalars;
+pub mod tenants;
 
 #[cfg(feature = "mysql")]
 #[cfg_attr(outbox_docsrs, doc(cfg(feature = "mysql")))]

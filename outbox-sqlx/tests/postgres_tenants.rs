@@ -20,7 +20,9 @@ use outbox_core::tenants::{
 };
 use outbox_core::testing::event;
 use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
-use outbox_sqlx::postgres::{PgQueryTenants, PgSchemaTenants, PgStore, PgTenantRelays};
+use outbox_sqlx::postgres::{
+    PgQueryTenants, PgSchemaTenants, PgStore, PgTenantRelays, PgTenantStores,
+};
 use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -55,7 +57,11 @@ impl Publishers {
             poll_interval,
             ..RelayConfig::default()
         };
-        PgTenantRelays::new(pool.clone(), relay, move |t| publishers.of(t.as_str()))
+        PgTenantRelays::new(
+            PgTenantStores::new(pool.clone(), StoreConfig::default()),
+            relay,
+            move |t| publishers.of(t.as_str()),
+        )
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantList};
 use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
-use outbox_sqlx::postgres::{PgStore, PgTenantRelays};
+use outbox_sqlx::postgres::{PgStore, PgTenantRelays, PgTenantStores};
 use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::PgPool;
 
@@ -87,10 +87,11 @@ fn fleet(
     if waking == Waking::ListenLongPoll {
         relay.poll_interval = Duration::from_secs(10);
     }
-    let mut relays = PgTenantRelays::new(pool.clone(), relay, move |_| publisher.clone());
+    let mut stores = PgTenantStores::new(pool.clone(), StoreConfig::default());
     if waking == Waking::Poll {
-        relays = relays.polling_only();
+        stores = stores.polling_only();
     }
+    let relays = PgTenantRelays::new(stores, relay, move |_| publisher.clone());
     TenantFleet::new(
         TenantList::new((0..n).map(tenant)),
         relays,

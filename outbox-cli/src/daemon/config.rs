@@ -38,13 +38,14 @@ pub struct DaemonConfig {
     pub tenants: Option<TenantsSection>,
 }
 
-/// `[tenants]`: a PostgreSQL schema per tenant, every one relayed by this
-/// process on one pool. Exactly one of `schemas`, `query`, `list` says
+/// `[tenants]`: a PostgreSQL schema or a MySQL/MariaDB database per
+/// tenant, every one relayed by this process on one pool. Exactly one of `schemas`, `query`, `list` says
 /// which tenants there are; it is read again every `refresh`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantsSection {
-    /// Every schema `LIKE` this that holds an outbox (`tenant_%`).
+    /// Every schema (MySQL/MariaDB: database) `LIKE` this that holds an
+    /// outbox (`tenant_%`).
     pub schemas: Option<String>,
     /// A query whose rows (one text column) are the tenants' schemas.
     pub query: Option<String>,
@@ -89,8 +90,9 @@ pub enum TenantsFrom {
 }
 
 impl TenantsSection {
-    /// The settings, checked.
-    pub fn settings(&self) -> Result<TenantSettings, CliError> {
+    /// The settings, checked; `has_listen`: the server has LISTEN/NOTIFY
+    /// (PostgreSQL), so `listen` defaults to true.
+    pub fn settings(&self, has_listen: bool) -> Result<TenantSettings, CliError> {
         let from = match (&self.schemas, &self.query, &self.list) {
             (Some(pattern), None, None) => TenantsFrom::SchemasLike(pattern.clone()),
             (None, Some(query), None) => TenantsFrom::Query(query.clone()),
@@ -106,7 +108,14 @@ impl TenantsSection {
         if refresh.is_zero() {
             return Err(CliError::usage("tenants.refresh must be non-zero"));
         }
-        let listen = self.listen.unwrap_or(true);
+        let listen = match (self.listen, has_listen) {
+            (Some(true), false) => {
+                return Err(CliError::usage(
+                    "tenants.listen: MySQL/MariaDB has no LISTEN/NOTIFY; each tenant polls (remove listen)",
+                ));
+            }
+            (listen, has_listen) => listen.unwrap_or(has_listen),
+        };
         let connections = self.connections.unwrap_or(8);
         if connections == 0 {
             return Err(CliError::usage("tenants.connections must be at least 1"));

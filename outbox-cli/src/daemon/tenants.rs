@@ -1,14 +1,19 @@
-//! `outbox relay` with `[tenants]`: a PostgreSQL schema per tenant, every
-//! tenant relayed by this process on one pool (`outbox_core::tenants`).
+//! `outbox relay` with `[tenants]`: a PostgreSQL schema or a MySQL/MariaDB
+//! database per tenant, every tenant relayed by this process on one pool
+//! (`outbox_core::tenants`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantList, TenantSource};
+use outbox_core::tenants::{
+    FleetConfig, TenantFleet, TenantId, TenantList, TenantRelayFactory, TenantSource,
+};
 use outbox_core::{CancellationToken, Publisher, RelayConfig};
-use outbox_sqlx::postgres::{PgQueryTenants, PgSchemaTenants, PgTenantRelays};
-use outbox_sqlx::{StoreConfig, TableNames};
+use outbox_sqlx::mysql::{MySqlDatabaseTenants, MySqlQueryTenants, MySqlTenantStores};
+use outbox_sqlx::postgres::{PgQueryTenants, PgSchemaTenants, PgTenantStores};
+use outbox_sqlx::tenants::{TenantRelays, TenantStores};
+use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions, sqlx};
 
 use super::config::{DaemonConfig, TenantSettings, TenantsFrom, TenantsSection};
 use super::http;
@@ -21,16 +26,39 @@ use crate::store::{Store, StoreOf};
 /// `relay.poll_interval` is not set.
 const IDLE_TENANT_POLL: Duration = Duration::from_secs(10);
 
-/// What `[tenants]` cannot be combined with, each refused by name.
-fn refuse_unsupported(url: &str, schema: Option<&str>) -> Result<(), CliError> {
-    let refused = if !url.starts_with("postgres") {
-        Some("tenants: PostgreSQL only (a schema per tenant); the URL is not postgres://")
-    } else if schema.is_some() {
-        Some("tenants: each tenant's schema comes from [tenants]; remove schema / --schema")
-    } else {
-        None
-    };
-    refused.map_or(Ok(()), |message| Err(CliError::usage(message)))
+/// The servers whose tenants a fleet relays.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    /// A schema per tenant, woken through one shared LISTEN.
+    Postgres,
+    /// A database per tenant, polled.
+    MySql,
+}
+
+/// The dialect of `url`, or why `[tenants]` cannot serve it.
+fn dialect(url: &str, schema: Option<&str>) -> Result<Dialect, CliError> {
+    if schema.is_some() {
+        return Err(CliError::usage(
+            "tenants: each tenant's schema comes from [tenants]; remove schema / --schema",
+        ));
+    }
+    match url.split_once(':').map(|(scheme, _)| scheme) {
+        Some("postgres" | "postgresql") => Ok(Dialect::Postgres),
+        Some("mysql" | "mariadb") => Ok(Dialect::MySql),
+        _ => Err(CliError::usage(
+            "tenants: PostgreSQL (a schema per tenant) or MySQL/MariaDB (a database per tenant) only; the URL is neither",
+        )),
+    }
+}
+
+/// `tenants.list`, checked.
+fn listed(list: &[String]) -> Result<TenantList, CliError> {
+    let ids = list
+        .iter()
+        .map(|t| TenantId::new(t.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CliError::usage(format!("tenants.list: {e}")))?;
+    Ok(TenantList::new(ids))
 }
 
 /// Runs the fleet until a signal (exit 0 after every relay drained).
@@ -43,14 +71,9 @@ pub async fn run(
     mut relay: RelayConfig,
     publisher: Arc<dyn Publisher>,
 ) -> Result<(), CliError> {
-    refuse_unsupported(url, schema)?;
-    let TenantSettings {
-        from,
-        refresh,
-        connections,
-        listen,
-    } = section.settings()?;
-    if listen && config.relay.poll_interval.is_none() {
+    let dialect = dialect(url, schema)?;
+    let settings = section.settings(dialect == Dialect::Postgres)?;
+    if settings.listen && config.relay.poll_interval.is_none() {
         // Idle tenants wake on NOTIFY: the poll is only the backstop.
         relay.poll_interval = IDLE_TENANT_POLL;
     }
@@ -59,101 +82,165 @@ pub async fn run(
         None => Ok(TableNames::default()),
     }
     .map_err(|e| CliError::usage(format!("prefix: {e}")))?;
-    let pool = outbox_sqlx::guard_cancelled_transactions(
-        outbox_sqlx::sqlx::postgres::PgPoolOptions::new(),
-    )
-    .max_connections(connections)
-    .connect(url)
-    .await
-    .map_err(|e| CliError::failure(format!("connecting to {}: {e}", super::redacted(url))))?;
-    let source: Box<dyn TenantSource> = match &from {
-        TenantsFrom::SchemasLike(pattern) => {
-            Box::new(PgSchemaTenants::new(pool.clone(), pattern.clone()).with_tables(&tables))
+    let store_config = StoreConfig::with_tables(tables.clone());
+    let unreachable =
+        |e: sqlx::Error| CliError::failure(format!("connecting to {}: {e}", super::redacted(url)));
+    let fleet_config = FleetConfig {
+        refresh: settings.refresh,
+        ..FleetConfig::default()
+    };
+    let run = FleetRun {
+        config,
+        settings: &settings,
+        relay: &relay,
+        url,
+    };
+    match dialect {
+        Dialect::Postgres => {
+            let pool = guard_cancelled_transactions(sqlx::postgres::PgPoolOptions::new())
+                .max_connections(settings.connections)
+                .connect(url)
+                .await
+                .map_err(unreachable)?;
+            let source: Box<dyn TenantSource> = match &settings.from {
+                TenantsFrom::SchemasLike(pattern) => Box::new(
+                    PgSchemaTenants::new(pool.clone(), pattern.clone()).with_tables(&tables),
+                ),
+                TenantsFrom::Query(query) => {
+                    Box::new(PgQueryTenants::new(pool.clone(), query.clone()))
+                }
+                TenantsFrom::List(list) => Box::new(listed(list)?),
+            };
+            let mut stores = PgTenantStores::new(pool, store_config);
+            if !settings.listen {
+                stores = stores.polling_only();
+            }
+            let store_of = store_of(stores.clone(), Store::Postgres);
+            let relays = relays(stores, &relay, publisher, section);
+            run.serve(TenantFleet::new(source, relays, fleet_config), store_of)
+                .await
         }
-        TenantsFrom::Query(query) => Box::new(PgQueryTenants::new(pool.clone(), query.clone())),
-        TenantsFrom::List(list) => Box::new(TenantList::new(
-            list.iter()
-                .map(|t| TenantId::new(t.clone()))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| CliError::usage(format!("tenants.list: {e}")))?,
-        )),
-    };
-    let mut factory = PgTenantRelays::new(pool, relay.clone(), move |_| publisher.clone())
-        .with_store_config(StoreConfig::with_tables(tables));
+        Dialect::MySql => {
+            let url = format!("mysql:{}", url.split_once(':').map_or("", |(_, rest)| rest));
+            let pool = guard_cancelled_transactions(sqlx::mysql::MySqlPoolOptions::new())
+                .max_connections(settings.connections)
+                .connect(&url)
+                .await
+                .map_err(unreachable)?;
+            let source: Box<dyn TenantSource> = match &settings.from {
+                TenantsFrom::SchemasLike(pattern) => Box::new(
+                    MySqlDatabaseTenants::new(pool.clone(), pattern.clone()).with_tables(&tables),
+                ),
+                TenantsFrom::Query(query) => {
+                    Box::new(MySqlQueryTenants::new(pool.clone(), query.clone()))
+                }
+                TenantsFrom::List(list) => Box::new(listed(list)?),
+            };
+            let stores = MySqlTenantStores::new(pool, store_config);
+            let store_of = store_of(stores.clone(), Store::MySql);
+            let relays = relays(stores, &relay, publisher, section);
+            run.serve(TenantFleet::new(source, relays, fleet_config), store_of)
+                .await
+        }
+    }
+}
+
+/// Each tenant's store as the daemon's other readers take it.
+fn store_of<T: TenantStores>(stores: T, wrap: fn(T::Store) -> Store) -> StoreOf {
+    Arc::new(move |tenant| Ok(wrap(stores.store(tenant)?)))
+}
+
+/// The relays over `stores`, migrating first if `[tenants]` says so.
+fn relays<T: TenantStores>(
+    stores: T,
+    relay: &RelayConfig,
+    publisher: Arc<dyn Publisher>,
+    section: &TenantsSection,
+) -> TenantRelays<T, dyn Publisher> {
+    let relays = TenantRelays::new(stores, relay.clone(), move |_| publisher.clone());
     if section.migrate.unwrap_or(false) {
-        factory = factory.migrating();
+        relays.migrating()
+    } else {
+        relays
     }
-    if !listen {
-        factory = factory.polling_only();
+}
+
+/// What a fleet's run reads besides the fleet.
+struct FleetRun<'a> {
+    config: &'a DaemonConfig,
+    settings: &'a TenantSettings,
+    relay: &'a RelayConfig,
+    url: &'a str,
+}
+
+impl FleetRun<'_> {
+    /// Runs `fleet` (with its purge, `/metrics`, `/health` and dashboard)
+    /// until a signal.
+    async fn serve<F: TenantRelayFactory>(
+        self,
+        fleet: TenantFleet<F>,
+        store_of: StoreOf,
+    ) -> Result<(), CliError> {
+        let served = Served::Tenants {
+            fleet: fleet.status(),
+            store_of: store_of.clone(),
+        };
+        let shutdown = CancellationToken::new();
+        let running = Arc::new(AtomicBool::new(true));
+        if let Some((older_than, every)) = self.config.purge_schedule()? {
+            tokio::spawn(super::purge_loop(
+                served.clone(),
+                older_than,
+                every,
+                shutdown.clone(),
+            ));
+        }
+        if let Some(section) = &self.config.http {
+            let handle = http::install_recorder()?;
+            let listener = tokio::net::TcpListener::bind(&section.listen)
+                .await
+                .map_err(|e| CliError::usage(format!("http.listen {}: {e}", section.listen)))?;
+            tracing::info!(listen = %section.listen, "serving /metrics and /health");
+            let dashboard = section.dashboard_path()?.map(|base| {
+                tracing::info!(path = %base, "serving the dashboard's tenant picker");
+                Ui::Tenants(TenantDashboards::new(
+                    super::dashboard_settings(base, &listener),
+                    fleet.status(),
+                    store_of,
+                ))
+            });
+            tokio::spawn(http::serve(
+                listener,
+                handle,
+                Some(served),
+                http::Liveness {
+                    running: running.clone(),
+                    watched: http::Watched::Tenants(fleet.status()),
+                    outage_unhealthy_after: section.outage_unhealthy_after()?,
+                },
+                dashboard,
+            ));
+        }
+        tokio::spawn(super::stop_on_signal(shutdown.clone()));
+        let settings = self.settings;
+        tracing::info!(
+            relay = %self.relay.relay_id,
+            url = %super::redacted(self.url),
+            tenants = ?settings.from,
+            refresh = ?settings.refresh,
+            connections = settings.connections,
+            listen = settings.listen,
+            poll = ?self.relay.poll_interval,
+            "relaying tenants"
+        );
+        let report = fleet.run(shutdown).await;
+        running.store(false, AtomicOrdering::SeqCst);
+        tracing::info!(
+            tenants = report.tenants.len(),
+            failures = report.failures,
+            "every tenant's relay drained"
+        );
+        super::log_stopped(&report.total(), "relay stopped (every tenant)");
+        Ok(())
     }
-    let stores = factory.stores().clone();
-    let fleet = TenantFleet::new(
-        source,
-        factory,
-        FleetConfig {
-            refresh,
-            ..FleetConfig::default()
-        },
-    );
-    let store_of: StoreOf = Arc::new(move |tenant| Ok(Store::Postgres(stores.store(tenant)?)));
-    let served = Served::Tenants {
-        fleet: fleet.status(),
-        store_of: store_of.clone(),
-    };
-    let shutdown = CancellationToken::new();
-    let running = Arc::new(AtomicBool::new(true));
-    if let Some((older_than, every)) = config.purge_schedule()? {
-        tokio::spawn(super::purge_loop(
-            served.clone(),
-            older_than,
-            every,
-            shutdown.clone(),
-        ));
-    }
-    if let Some(section) = &config.http {
-        let handle = http::install_recorder()?;
-        let listener = tokio::net::TcpListener::bind(&section.listen)
-            .await
-            .map_err(|e| CliError::usage(format!("http.listen {}: {e}", section.listen)))?;
-        tracing::info!(listen = %section.listen, "serving /metrics and /health");
-        let dashboard = section.dashboard_path()?.map(|base| {
-            tracing::info!(path = %base, "serving the dashboard's tenant picker");
-            Ui::Tenants(TenantDashboards::new(
-                super::dashboard_settings(base, &listener),
-                fleet.status(),
-                store_of,
-            ))
-        });
-        tokio::spawn(http::serve(
-            listener,
-            handle,
-            Some(served.clone()),
-            http::Liveness {
-                running: running.clone(),
-                watched: http::Watched::Tenants(fleet.status()),
-                outage_unhealthy_after: section.outage_unhealthy_after()?,
-            },
-            dashboard,
-        ));
-    }
-    tokio::spawn(super::stop_on_signal(shutdown.clone()));
-    tracing::info!(
-        relay = %relay.relay_id,
-        url = %super::redacted(url),
-        tenants = ?from,
-        refresh = ?refresh,
-        connections,
-        listen,
-        poll = ?relay.poll_interval,
-        "relaying tenants"
-    );
-    let report = fleet.run(shutdown).await;
-    running.store(false, AtomicOrdering::SeqCst);
-    tracing::info!(
-        tenants = report.tenants.len(),
-        failures = report.failures,
-        "every tenant's relay drained"
-    );
-    super::log_stopped(&report.total(), "relay stopped (every tenant)");
-    Ok(())
 }

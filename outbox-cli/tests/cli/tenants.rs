@@ -1,5 +1,5 @@
 //! `outbox status --all-tenants`: a schema per tenant on the shared
-//! PostgreSQL.
+//! PostgreSQL, a database per tenant on the shared MariaDB.
 
 use super::*;
 
@@ -71,6 +71,58 @@ async fn status_over_every_tenant_schema() {
     );
     for tenant in ["a", "b"] {
         sqlx::query(&format!("DROP SCHEMA {prefix}_{tenant} CASCADE"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// The same on MariaDB, a database per tenant.
+#[tokio::test]
+async fn status_over_every_tenant_database() {
+    use outbox_core::OutboxWriter;
+    use outbox_sqlx::mysql::MySqlStore;
+    use outbox_sqlx::{StoreConfig, TableNames};
+
+    let url =
+        std::env::var("OUTBOX_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into());
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let prefix = format!(
+        "outbox_t_st_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    for (tenant, events) in [("a", 1), ("b", 4)] {
+        let database = format!("{prefix}_{tenant}");
+        sqlx::query(&format!("CREATE DATABASE {database}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let tables = TableNames::default().in_schema(&database).unwrap();
+        let store = MySqlStore::new(pool.clone(), StoreConfig::with_tables(tables));
+        store.migrate().await.unwrap();
+        let batch: Vec<_> = (0..events)
+            .map(|n| outbox_core::testing::event("k", n))
+            .collect();
+        OutboxWriter::enqueue(&store, &batch).await.unwrap();
+    }
+    let pattern = format!("{prefix}\\_%");
+    let report = outbox(
+        &url,
+        &["--output", "json", "status", "--all-tenants", &pattern],
+    )
+    .await;
+    assert!(report.status.success(), "{}", stderr(&report));
+    let report = json(&report);
+    let tenants: Vec<&str> = report["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(tenants, [format!("{prefix}_a"), format!("{prefix}_b")]);
+    assert_eq!(report["all"]["claimable"], 5);
+    for tenant in ["a", "b"] {
+        sqlx::query(&format!("DROP DATABASE {prefix}_{tenant}"))
             .execute(&pool)
             .await
             .unwrap();

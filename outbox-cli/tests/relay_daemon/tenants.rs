@@ -143,6 +143,80 @@ listen = "{listen}"
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_daemon_relays_every_tenant_database_on_mariadb() {
+    use outbox_sqlx::mysql::MySqlStore;
+    let mysql =
+        std::env::var("OUTBOX_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into());
+    let pool = outbox_sqlx::sqlx::MySqlPool::connect(&mysql).await.unwrap();
+    let prefix = unique("outbox_t_dtn");
+    for (t, n) in [("a", 3), ("b", 4)] {
+        let database = format!("{prefix}_{t}");
+        outbox_sqlx::sqlx::query(&format!("CREATE DATABASE {database}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let tables = TableNames::default().in_schema(&database).unwrap();
+        let store = MySqlStore::new(pool.clone(), StoreConfig::with_tables(tables));
+        store.migrate().await.unwrap();
+        let batch: Vec<_> = (0..n).map(|i| event(&format!("k{i}"), i)).collect();
+        OutboxWriter::enqueue(&store, &batch).await.unwrap();
+    }
+    let streams = format!("{}:", unique("tenants"));
+    let listen = free_address();
+    let config = ConfigFile::with(&format!(
+        r#"
+url = "{mysql}"
+
+[relay]
+id = "fleet-my"
+poll_interval = "100ms"
+
+[tenants]
+schemas = "{prefix}\\_%"
+refresh = "200ms"
+connections = 2
+
+[broker]
+kind = "redis"
+url = "{redis}"
+stream_prefix = "{streams}"
+
+[http]
+listen = "{listen}"
+"#,
+        redis = redis_url(),
+    ));
+    let child = spawn_daemon(&config);
+    let published = |tenant: &str| {
+        format!(
+            r#"outbox_relay_published_total{{relay="fleet-my/{prefix}_{tenant}",tenant="{prefix}_{tenant}"}}"#
+        )
+    };
+    scrape_until(&listen, |m| {
+        gauge(m, &published("a")) == Some(3.0) && gauge(m, &published("b")) == Some(4.0)
+    })
+    .await;
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{streams}invoice.paid");
+    assert_eq!(stream_len(&mut redis, &stream).await, 7);
+    let (_, body) = get(&listen, "/health").await;
+    assert!(body.contains("ok: 2 of 2 tenants running"), "{body}");
+    stop_with_sigterm(child).await;
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    for t in ["a", "b"] {
+        outbox_sqlx::sqlx::query(&format!("DROP DATABASE {prefix}_{t}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test]
 async fn tenants_settings_that_cannot_work_are_refused_by_name() {
     let postgres = pg_url();
@@ -169,7 +243,16 @@ async fn tenants_settings_that_cannot_work_are_refused_by_name() {
             "schemas = \"t_%\"\nconnections = 1",
             "at least 2 with listen",
         ),
-        ("sqlite::memory:", "schemas = \"t_%\"", "PostgreSQL only"),
+        (
+            "sqlite::memory:",
+            "schemas = \"t_%\"",
+            "PostgreSQL (a schema per tenant) or MySQL/MariaDB",
+        ),
+        (
+            "mysql://root@127.0.0.1:3306",
+            "schemas = \"t_%\"\nlisten = true",
+            "MySQL/MariaDB has no LISTEN/NOTIFY",
+        ),
         (
             postgres.as_str(),
             "list = [\"two words\"]",

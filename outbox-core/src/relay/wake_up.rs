@@ -21,3 +21,10 @@ impl WakeUp for PollOnly {
         std::future::pending::<()>().await;
     }
 }
+
+#[async_trait]
+impl<W: WakeUp + ?Sized> WakeUp for Box<W> {
+    async fn wait(&mut self) {
+        (**self).wait().await;
+    }
+}

@@ -3,6 +3,7 @@
 mod driver;
 mod inbox;
 mod store;
+mod tenants;
 #[cfg(feature = "testing")]
 mod testing;
 
@@ -11,3 +12,4 @@ pub use inbox::MySqlInbox;
 /// are refused by `migrate` (see the CHANGELOG's upgrade notes).
 pub use outbox_sql::mysql::SCHEMA_VERSION;
 pub use store::MySqlStore;
+pub use tenants::{MySqlDatabaseTenants, MySqlQueryTenants, MySqlTenantRelays, MySqlTenantStores};

@@ -7,6 +7,7 @@
 mod floor;
 #[path = "../support/mod.rs"]
 mod support;
+mod tenants;
 
 use std::sync::Arc;
 

@@ -1,0 +1,239 @@
+//! A database per tenant on MariaDB, every tenant relayed by one fleet on
+//! one pool (issue 36): databases created and dropped while it runs, an
+//! unmigrated tenant from a tenants table reported and retried on its own
+//! while the others flow, and ten tenants on a pool of three connections.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_core::memory::RecordingPublisher;
+use outbox_core::policy::RetryPolicy;
+use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantSource, TenantState};
+use outbox_core::testing::event;
+use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
+use outbox_sqlx::mysql::{
+    MySqlDatabaseTenants, MySqlQueryTenants, MySqlStore, MySqlTenantRelays, MySqlTenantStores,
+};
+use outbox_sqlx::{StoreConfig, TableNames};
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+
+use super::{pool, support, url};
+
+/// Each tenant's recording publisher, made on first use.
+#[derive(Clone, Default)]
+struct Publishers(Arc<Mutex<HashMap<String, Arc<RecordingPublisher>>>>);
+
+impl Publishers {
+    fn of(&self, tenant: &str) -> Arc<RecordingPublisher> {
+        let mut all = self.0.lock().unwrap();
+        all.entry(tenant.to_owned()).or_default().clone()
+    }
+
+    fn published(&self, tenant: &str) -> BTreeSet<EventId> {
+        self.of(tenant).delivered_ids().into_iter().collect()
+    }
+
+    fn relays(&self, pool: &MySqlPool) -> MySqlTenantRelays<RecordingPublisher> {
+        let publishers = self.clone();
+        let relay = RelayConfig {
+            relay_id: RelayId::new("fleet"),
+            poll_interval: Duration::from_millis(20),
+            ..RelayConfig::default()
+        };
+        let stores = MySqlTenantStores::new(pool.clone(), StoreConfig::default());
+        MySqlTenantRelays::new(stores, relay, move |t| publishers.of(t.as_str()))
+    }
+}
+
+fn fleet<S: TenantSource + 'static>(
+    source: S,
+    relays: MySqlTenantRelays<RecordingPublisher>,
+) -> (
+    TenantFleet<MySqlTenantRelays<RecordingPublisher>>,
+    CancellationToken,
+) {
+    let config = FleetConfig {
+        refresh: Duration::from_millis(100),
+        restart: RetryPolicy {
+            initial_interval: Duration::from_millis(50),
+            max_interval: Duration::from_millis(200),
+            ..RetryPolicy::default()
+        },
+    };
+    (
+        TenantFleet::new(source, relays, config),
+        CancellationToken::new(),
+    )
+}
+
+/// A tenant database, migrated if asked, holding `n` events.
+async fn tenant(
+    pool: &MySqlPool,
+    database: &str,
+    migrate: bool,
+    n: usize,
+) -> (MySqlStore, BTreeSet<EventId>) {
+    sqlx::query(&format!("CREATE DATABASE IF NOT EXISTS {database}"))
+        .execute(pool)
+        .await
+        .unwrap();
+    let tables = TableNames::default().in_schema(database).unwrap();
+    let store = MySqlStore::new(pool.clone(), StoreConfig::with_tables(tables));
+    if !migrate {
+        return (store, BTreeSet::new());
+    }
+    store.migrate().await.unwrap();
+    let events: Vec<_> = (0..n).map(|i| event(&format!("k{}", i % 3), i)).collect();
+    OutboxWriter::enqueue(&store, &events).await.unwrap();
+    (store, events.iter().map(|e| e.event_id).collect())
+}
+
+async fn drop_databases(pool: &MySqlPool, databases: &[&str]) {
+    for database in databases {
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {database}"))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// Waits (up to 30 s) until `done` holds.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(30), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "timed out waiting until {what}");
+}
+
+#[tokio::test]
+async fn tenant_databases_come_and_go_and_an_unmigrated_one_is_retried_alone() {
+    let setup = pool().await;
+    let prefix = support::unique_name("outbox_t_tn");
+    let [a, b, c] = ["a", "b", "c"].map(|t| format!("{prefix}_{t}"));
+    let (_, a_ids) = tenant(&setup, &a, true, 4).await;
+    let (store_b, _) = tenant(&setup, &b, false, 0).await;
+    // Holds no outbox: the pattern matches, the source does not list it.
+    tenant(&setup, &format!("{prefix}_empty"), false, 0).await;
+    let databases = MySqlDatabaseTenants::new(setup.clone(), format!("{prefix}\\_%"));
+    let listed: Vec<String> = databases
+        .tenants()
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(listed, std::slice::from_ref(&a), "databases holding an outbox");
+
+    // The tenants table lists b before its tables exist.
+    let registry = format!("{prefix}_registry");
+    sqlx::query(&format!("CREATE DATABASE {registry}"))
+        .execute(&setup)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "CREATE TABLE {registry}.tenants (name VARCHAR(64) PRIMARY KEY)"
+    ))
+    .execute(&setup)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {registry}.tenants VALUES ('{a}'), ('{b}')"
+    ))
+    .execute(&setup)
+    .await
+    .unwrap();
+    let query = MySqlQueryTenants::new(
+        setup.clone(),
+        format!("SELECT name FROM {registry}.tenants"),
+    );
+    let publishers = Publishers::default();
+    let (fleet, shutdown) = fleet(query, publishers.relays(&setup));
+    let status = fleet.status();
+    let running = tokio::spawn(fleet.run(shutdown.clone()));
+
+    until("a publishes while b is unmigrated", || {
+        publishers.published(&a) == a_ids
+    })
+    .await;
+    let b_id = TenantId::new(b.clone()).unwrap();
+    until("b is reported retrying", || {
+        matches!(
+            status.tenant(&b_id).map(|s| s.state),
+            Some(TenantState::Retrying { .. })
+        )
+    })
+    .await;
+    store_b.migrate().await.unwrap();
+    let b_event = event("k", 0);
+    OutboxWriter::enqueue(&store_b, std::slice::from_ref(&b_event))
+        .await
+        .unwrap();
+    until("b publishes once migrated", || {
+        publishers.published(&b).contains(&b_event.event_id)
+    })
+    .await;
+
+    // c joins the table; a leaves it.
+    let (_, c_ids) = tenant(&setup, &c, true, 2).await;
+    sqlx::query(&format!("INSERT INTO {registry}.tenants VALUES ('{c}')"))
+        .execute(&setup)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "DELETE FROM {registry}.tenants WHERE name = '{a}'"
+    ))
+    .execute(&setup)
+    .await
+    .unwrap();
+    until("c, added while running, publishes", || {
+        publishers.published(&c) == c_ids
+    })
+    .await;
+    let a_id = TenantId::new(a.clone()).unwrap();
+    until("a, removed, is forgotten", || {
+        status.tenant(&a_id).is_none()
+    })
+    .await;
+
+    shutdown.cancel();
+    let report = running.await.unwrap();
+    assert_eq!(report.total().published, 4 + 1 + 2, "{report:?}");
+    drop_databases(&setup, &[&a, &b, &c, &format!("{prefix}_empty"), &registry]).await;
+}
+
+#[tokio::test]
+async fn ten_tenant_databases_share_a_pool_of_three_connections() {
+    let setup = pool().await;
+    let prefix = support::unique_name("outbox_t_tn");
+    let databases: Vec<String> = (0..10).map(|n| format!("{prefix}_{n}")).collect();
+    let mut written = HashMap::new();
+    for database in &databases {
+        written.insert(database.clone(), tenant(&setup, database, true, 15).await.1);
+    }
+    let fleet_pool = MySqlPoolOptions::new()
+        .max_connections(3)
+        .connect(&url())
+        .await
+        .unwrap();
+    let publishers = Publishers::default();
+    let source = MySqlDatabaseTenants::new(setup.clone(), format!("{prefix}\\_%"));
+    let (fleet, shutdown) = fleet(source, publishers.relays(&fleet_pool));
+    let running = tokio::spawn(fleet.run(shutdown.clone()));
+    until("every tenant's events are published", || {
+        written
+            .iter()
+            .all(|(database, ids)| &publishers.published(database) == ids)
+    })
+    .await;
+    assert!(fleet_pool.size() <= 3, "the fleet stays within its pool");
+    shutdown.cancel();
+    let report = running.await.unwrap();
+    assert_eq!(report.total().published, 150);
+    assert_eq!(report.failures, 0);
+    let names: Vec<&str> = databases.iter().map(String::as_str).collect();
+    drop_databases(&setup, &names).await;
+}
