@@ -165,7 +165,10 @@ async fn run(args: Args) -> i32 {
             "hot-key" => scenario::hot_key::run(args.scale.clone(), &mut report).await,
             "week" => scenario::week::run(args.scale.clone(), &mut report).await,
             "read-view" => scenario::read_view::run(args.scale.clone(), &mut report).await,
-            "tenants" => scenario::tenants::run(args.scale.clone(), &mut report).await,
+            "tenants" => match scenario::tenants::run(args.scale.clone(), &mut report).await {
+                Ok(()) => scenario::tenants_mariadb::run(args.scale.clone(), &mut report).await,
+                failed => failed,
+            },
             "enqueue" => scenario::enqueue::run(args.scale.clone(), &mut report).await,
             "claim" => scenario::claim::run(args.scale.clone(), &mut report).await,
             "keys" => scenario::keys::run(args.scale.clone(), &mut report).await,

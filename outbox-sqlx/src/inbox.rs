@@ -70,7 +70,7 @@ macro_rules! protocol_inbox {
                 event_id: outbox_core::EventId,
             ) -> Result<bool, outbox_core::StoreError> {
                 self.protocol
-                    .inbox_claim(&mut super::driver::Sqlx(conn), consumer, event_id)
+                    .inbox_claim(&mut super::driver::Sqlx::caller(conn), consumer, event_id)
                     .await
             }
 

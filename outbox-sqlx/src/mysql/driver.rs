@@ -24,6 +24,13 @@ pub(crate) struct SqlxDriver(pub(crate) MySqlPool);
 /// transaction) as the protocol runs statements on it.
 pub(crate) struct Sqlx<C>(pub(crate) C);
 
+impl<C> Sqlx<C> {
+    /// The caller's connection (their transaction).
+    pub(crate) fn caller(conn: C) -> Self {
+        Self(conn)
+    }
+}
+
 /// A pooled connection or transaction of the store's own, whose every
 /// statement runs to completion on a task of its own.
 ///

@@ -25,8 +25,42 @@ pub(crate) struct SqlxDriver {
 }
 
 /// A connection the protocol runs statements on: pooled, in a transaction,
-/// kept, or the caller's `&mut PgConnection` inside their own transaction.
-pub(crate) struct Sqlx<C>(pub(crate) C);
+/// kept, or the caller's `&mut PgConnection` inside their own transaction;
+/// and whether its statements are prepared and cached on the connection.
+///
+/// A store without kept connections shares its pool with many others (a
+/// fleet's tenants, each schema's statements distinct): their statements
+/// would evict each other from every connection's cache (100 by
+/// default), so each would be prepared anew in an extra round trip and
+/// transaction. Unprepared, each runs in one.
+pub(crate) struct Sqlx<C>(pub(crate) C, pub(crate) Prepared);
+
+/// Whether a connection's statements are prepared and cached.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Prepared {
+    /// Prepared once per connection (a store with kept connections, the
+    /// caller's connection).
+    Cached,
+    /// Sent unprepared (a store without kept connections).
+    Unprepared,
+}
+
+impl<C> Sqlx<C> {
+    /// The caller's connection (their transaction): statements prepared.
+    pub(crate) fn caller(conn: C) -> Self {
+        Self(conn, Prepared::Cached)
+    }
+}
+
+impl SqlxDriver {
+    fn prepared(&self) -> Prepared {
+        if self.keeps {
+            Prepared::Cached
+        } else {
+            Prepared::Unprepared
+        }
+    }
+}
 
 /// A connection of the store's own: from the pool, or kept for one kind of
 /// relay statement.
@@ -61,26 +95,25 @@ impl DerefMut for Own {
 
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
-fn bind(sql: &str, params: Vec<Param>) -> Query<'_> {
-    params
-        .into_iter()
-        .fold(sqlx::query(sql), |query, param| match param {
-            Param::BigInt(n) => query.bind(n),
-            Param::Int(n) => query.bind(n),
-            Param::Bool(b) => query.bind(b),
-            Param::Text(t) => query.bind(t),
-            Param::OptText(t) => query.bind(t),
-            Param::OptBigInt(n) => query.bind(n),
-            Param::Uuid(u) => query.bind(u),
-            Param::Time(t) => query.bind(t),
-            Param::BigInts(v) => query.bind(v),
-            Param::OptBigInts(v) => query.bind(v),
-            Param::Ints(v) => query.bind(v),
-            Param::Bools(v) => query.bind(v),
-            Param::Texts(v) => query.bind(v),
-            Param::OptTexts(v) => query.bind(v),
-            Param::Uuids(v) => query.bind(v),
-        })
+fn bind(sql: &str, params: Vec<Param>, prepared: Prepared) -> Query<'_> {
+    let query = sqlx::query(sql).persistent(matches!(prepared, Prepared::Cached));
+    params.into_iter().fold(query, |query, param| match param {
+        Param::BigInt(n) => query.bind(n),
+        Param::Int(n) => query.bind(n),
+        Param::Bool(b) => query.bind(b),
+        Param::Text(t) => query.bind(t),
+        Param::OptText(t) => query.bind(t),
+        Param::OptBigInt(n) => query.bind(n),
+        Param::Uuid(u) => query.bind(u),
+        Param::Time(t) => query.bind(t),
+        Param::BigInts(v) => query.bind(v),
+        Param::OptBigInts(v) => query.bind(v),
+        Param::Ints(v) => query.bind(v),
+        Param::Bools(v) => query.bind(v),
+        Param::Texts(v) => query.bind(v),
+        Param::OptTexts(v) => query.bind(v),
+        Param::Uuids(v) => query.bind(v),
+    })
 }
 
 /// The column types the statements return, as the protocol reads them.
@@ -190,12 +223,20 @@ where
     C: DerefMut<Target = PgConnection> + Send,
 {
     async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
-        let done = bind(sql, params).execute(&mut *self.0).await.store()?;
+        let done = bind(sql, params, self.1)
+            .execute(&mut *self.0)
+            .await
+            .store()?;
         Ok(done.rows_affected())
     }
 
     async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
-        rows(&bind(sql, params).fetch_all(&mut *self.0).await.store()?)
+        rows(
+            &bind(sql, params, self.1)
+                .fetch_all(&mut *self.0)
+                .await
+                .store()?,
+        )
     }
 
     async fn fetch_claimed(
@@ -203,7 +244,10 @@ where
         sql: &str,
         params: Vec<Param>,
     ) -> Result<Vec<ClaimRow>, StoreError> {
-        let rows = bind(sql, params).fetch_all(&mut *self.0).await.store()?;
+        let rows = bind(sql, params, self.1)
+            .fetch_all(&mut *self.0)
+            .await
+            .store()?;
         rows.iter().map(claim_row).collect::<Result<_, _>>().store()
     }
 
@@ -212,7 +256,10 @@ where
         sql: &str,
         params: Vec<Param>,
     ) -> Result<Vec<Option<i64>>, StoreError> {
-        let rows = bind(sql, params).fetch_all(&mut *self.0).await.store()?;
+        let rows = bind(sql, params, self.1)
+            .fetch_all(&mut *self.0)
+            .await
+            .store()?;
         rows.iter()
             .map(|r| sqlx::Row::try_get(r, "sequence"))
             .collect::<Result<_, _>>()
@@ -237,7 +284,7 @@ impl Driver for SqlxDriver {
 
     async fn connect(&self) -> Result<Self::Conn, StoreError> {
         let conn = self.pool.acquire().await.store()?;
-        Ok(Sqlx(Own::Pooled(conn)))
+        Ok(Sqlx(Own::Pooled(conn), self.prepared()))
     }
 
     async fn keep(&self) -> Result<Option<Self::Conn>, StoreError> {
@@ -245,7 +292,7 @@ impl Driver for SqlxDriver {
             return Ok(None);
         }
         let conn = self.pool.acquire().await.store()?.detach();
-        Ok(Some(Sqlx(Own::Kept(Box::new(conn)))))
+        Ok(Some(Sqlx(Own::Kept(Box::new(conn)), self.prepared())))
     }
 
     fn is_closed(&self) -> bool {
@@ -253,7 +300,10 @@ impl Driver for SqlxDriver {
     }
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
-        crate::pool::begin(&self.pool).await.map(Sqlx)
+        let prepared = self.prepared();
+        crate::pool::begin(&self.pool)
+            .await
+            .map(|tx| Sqlx(tx, prepared))
     }
 
     async fn commit(tx: Self::Tx) -> Result<(), StoreError> {

@@ -95,6 +95,6 @@ impl PgStore {
         conn: &mut PgConnection,
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.protocol.enqueue(&mut Sqlx(conn), events).await
+        self.protocol.enqueue(&mut Sqlx::caller(conn), events).await
     }
 }

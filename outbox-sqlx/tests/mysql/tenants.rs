@@ -126,7 +126,11 @@ async fn tenant_databases_come_and_go_and_an_unmigrated_one_is_retried_alone() {
         .iter()
         .map(|t| t.to_string())
         .collect();
-    assert_eq!(listed, std::slice::from_ref(&a), "databases holding an outbox");
+    assert_eq!(
+        listed,
+        std::slice::from_ref(&a),
+        "databases holding an outbox"
+    );
 
     // The tenants table lists b before its tables exist.
     let registry = format!("{prefix}_registry");
