@@ -2,7 +2,6 @@
 //! stores of a server's tenants ([`TenantStores`], one implementation per
 //! dialect) and a relay per tenant over them ([`TenantRelays`]).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -100,7 +99,8 @@ impl<T: TenantStores, P: Publisher + ?Sized + 'static> TenantRelayFactory for Te
 
 /// Tenant ids from text read off the database; a name that cannot be a
 /// tenant id is refused loudly, not skipped.
-pub(crate) fn tenant_ids(names: Vec<String>) -> Result<BTreeSet<TenantId>, StoreError> {
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn tenant_ids(names: Vec<String>) -> Result<std::collections::BTreeSet<TenantId>, StoreError> {
     names
         .into_iter()
         .map(|name| TenantId::new(name).map_err(|e| StoreError::Config(e.to_string())))
@@ -138,13 +138,85 @@ where
     String: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
-    async fn tenants(&self) -> Result<BTreeSet<TenantId>, StoreError> {
+    async fn tenants(&self) -> Result<std::collections::BTreeSet<TenantId>, StoreError> {
         use crate::error::ResultExt;
         let names: Vec<String> = sqlx::query_scalar(&self.query)
             .fetch_all(&self.pool)
             .await
             .store()
             .map_err(|e| e.during("reading tenants", "the tenants query"))?;
+        tenant_ids(names)
+    }
+}
+
+/// Where a dialect lists its schemas or databases holding a table.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug)]
+pub(crate) struct Catalog {
+    /// `$1`/`?` the name pattern, then the table; one text column a row.
+    pub(crate) sql: &'static str,
+    /// What the read is called in errors.
+    pub(crate) during: &'static str,
+    /// The catalog read.
+    pub(crate) source: &'static str,
+}
+
+/// Every schema (PostgreSQL) or database (MySQL/MariaDB) of the server
+/// whose name is `LIKE` a pattern and that holds an outbox (the events
+/// table of `tables`' prefix): a tenant appears once `migrate()` has made
+/// its tables there, and goes when it is dropped. Built by
+/// `PgSchemaTenants::new` or `MySqlDatabaseTenants::new`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Clone, Debug)]
+pub struct CatalogTenants<DB: sqlx::Database> {
+    pool: sqlx::Pool<DB>,
+    pattern: String,
+    events_table: String,
+    catalog: &'static Catalog,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<DB: sqlx::Database> CatalogTenants<DB> {
+    pub(crate) fn in_catalog(
+        pool: sqlx::Pool<DB>,
+        pattern: String,
+        catalog: &'static Catalog,
+    ) -> Self {
+        Self {
+            pool,
+            pattern,
+            events_table: format!("{}_events", crate::TableNames::default().prefix()),
+            catalog,
+        }
+    }
+
+    /// Looks for the events table of `tables`' prefix instead of the
+    /// default one (the schema in `tables` is not read).
+    pub fn with_tables(mut self, tables: &crate::TableNames) -> Self {
+        self.events_table = format!("{}_events", tables.prefix());
+        self
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[async_trait]
+impl<DB> outbox_core::tenants::TenantSource for CatalogTenants<DB>
+where
+    DB: sqlx::Database,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    String: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    async fn tenants(&self) -> Result<std::collections::BTreeSet<TenantId>, StoreError> {
+        use crate::error::ResultExt;
+        let names: Vec<String> = sqlx::query_scalar(self.catalog.sql)
+            .bind(self.pattern.clone())
+            .bind(self.events_table.clone())
+            .fetch_all(&self.pool)
+            .await
+            .store()
+            .map_err(|e| e.during(self.catalog.during, self.catalog.source))?;
         tenant_ids(names)
     }
 }

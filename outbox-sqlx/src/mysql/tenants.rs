@@ -5,62 +5,31 @@
 //! ([`MySqlTenantRelays`]). There is no LISTEN/NOTIFY: an idle tenant's
 //! relay polls every `poll_interval`.
 
-use std::collections::BTreeSet;
-
 use async_trait::async_trait;
 use outbox_core::StoreError;
-use outbox_core::tenants::{TenantId, TenantSource};
+use outbox_core::tenants::TenantId;
 use sqlx::MySqlPool;
 
 use super::MySqlStore;
-use crate::config::{StoreConfig, TableNames};
-use crate::error::ResultExt;
-use crate::tenants::{QueryTenants, TenantRelays, TenantStores, tenant_ids};
+use crate::config::StoreConfig;
+use crate::tenants::{Catalog, CatalogTenants, QueryTenants, TenantRelays, TenantStores};
 
 /// Every database of the server whose name is `LIKE` a pattern and that
-/// holds an outbox (the events table of `tables`' prefix): a tenant
-/// appears once `migrate()` has made its tables in its database, and goes
-/// when its database is dropped.
-#[derive(Clone, Debug)]
-pub struct MySqlDatabaseTenants {
-    pool: MySqlPool,
-    pattern: String,
-    events_table: String,
-}
+/// holds an outbox (see [`CatalogTenants`]).
+pub type MySqlDatabaseTenants = CatalogTenants<sqlx::MySql>;
 
-impl MySqlDatabaseTenants {
+static DATABASES: Catalog = Catalog {
+    sql: "SELECT CAST(table_schema AS CHAR) FROM information_schema.tables
+          WHERE table_schema LIKE ? AND table_name = ?
+          ORDER BY 1",
+    during: "reading tenant databases",
+    source: "information_schema.tables",
+};
+
+impl CatalogTenants<sqlx::MySql> {
     /// Databases `LIKE pattern` (`tenant\_%`) holding `outbox_events`.
     pub fn new(pool: MySqlPool, pattern: impl Into<String>) -> Self {
-        Self {
-            pool,
-            pattern: pattern.into(),
-            events_table: format!("{}_events", TableNames::default().prefix()),
-        }
-    }
-
-    /// Looks for the events table of `tables`' prefix instead of the
-    /// default one (the schema in `tables` is not read).
-    pub fn with_tables(mut self, tables: &TableNames) -> Self {
-        self.events_table = format!("{}_events", tables.prefix());
-        self
-    }
-}
-
-#[async_trait]
-impl TenantSource for MySqlDatabaseTenants {
-    async fn tenants(&self) -> Result<BTreeSet<TenantId>, StoreError> {
-        let names: Vec<String> = sqlx::query_scalar(
-            "SELECT CAST(table_schema AS CHAR) FROM information_schema.tables
-             WHERE table_schema LIKE ? AND table_name = ?
-             ORDER BY 1",
-        )
-        .bind(&self.pattern)
-        .bind(&self.events_table)
-        .fetch_all(&self.pool)
-        .await
-        .store()
-        .map_err(|e| e.during("reading tenant databases", "information_schema.tables"))?;
-        tenant_ids(names)
+        Self::in_catalog(pool, pattern.into(), &DATABASES)
     }
 }
 

@@ -3,66 +3,36 @@
 //! tenant's store on one shared pool ([`PgTenantStores`]) and a relay per
 //! tenant over them ([`PgTenantRelays`]).
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
-use outbox_core::tenants::{TenantId, TenantSource};
+use outbox_core::tenants::TenantId;
 use outbox_core::{StoreError, WakeUp};
 use sqlx::PgPool;
 
 use super::{PgListenHub, PgStore};
-use crate::config::{StoreConfig, TableNames};
-use crate::error::ResultExt;
-use crate::tenants::{QueryTenants, TenantRelays, TenantStores, tenant_ids};
+use crate::config::StoreConfig;
+use crate::tenants::{Catalog, CatalogTenants, QueryTenants, TenantRelays, TenantStores};
 
 /// Every schema of the pool's database whose name is `LIKE` a pattern and
-/// that holds an outbox (the events table of `tables`' prefix): a tenant
-/// appears once `migrate()` has made its tables in its schema, and goes
-/// when its schema is dropped.
-#[derive(Clone, Debug)]
-pub struct PgSchemaTenants {
-    pool: PgPool,
-    pattern: String,
-    events_table: String,
-}
+/// that holds an outbox (see [`CatalogTenants`]).
+pub type PgSchemaTenants = CatalogTenants<sqlx::Postgres>;
 
-impl PgSchemaTenants {
+static SCHEMAS: Catalog = Catalog {
+    sql: "SELECT n.nspname::text FROM pg_namespace n
+          WHERE n.nspname LIKE $1
+            AND EXISTS (SELECT 1 FROM pg_class c
+                        WHERE c.relnamespace = n.oid AND c.relname = $2
+                          AND c.relkind IN ('r', 'p'))
+          ORDER BY 1",
+    during: "reading tenant schemas",
+    source: "pg_namespace",
+};
+
+impl CatalogTenants<sqlx::Postgres> {
     /// Schemas `LIKE pattern` (`tenant_%`) holding `outbox_events`.
     pub fn new(pool: PgPool, pattern: impl Into<String>) -> Self {
-        Self {
-            pool,
-            pattern: pattern.into(),
-            events_table: format!("{}_events", TableNames::default().prefix()),
-        }
-    }
-
-    /// Looks for the events table of `tables`' prefix instead of the
-    /// default one (the schema in `tables` is not read).
-    pub fn with_tables(mut self, tables: &TableNames) -> Self {
-        self.events_table = format!("{}_events", tables.prefix());
-        self
-    }
-}
-
-#[async_trait]
-impl TenantSource for PgSchemaTenants {
-    async fn tenants(&self) -> Result<BTreeSet<TenantId>, StoreError> {
-        let names: Vec<String> = sqlx::query_scalar(
-            "SELECT n.nspname::text FROM pg_namespace n
-             WHERE n.nspname LIKE $1
-               AND EXISTS (SELECT 1 FROM pg_class c
-                           WHERE c.relnamespace = n.oid AND c.relname = $2
-                             AND c.relkind IN ('r', 'p'))
-             ORDER BY 1",
-        )
-        .bind(&self.pattern)
-        .bind(&self.events_table)
-        .fetch_all(&self.pool)
-        .await
-        .store()
-        .map_err(|e| e.during("reading tenant schemas", "pg_namespace"))?;
-        tenant_ids(names)
+        Self::in_catalog(pool, pattern.into(), &SCHEMAS)
     }
 }
 
