@@ -21,6 +21,11 @@ pub trait TenantStores: Send + Sync + 'static {
     /// Creates `store`'s tables if missing (checks their version).
     async fn migrate(&self, store: &Self::Store) -> Result<(), StoreError>;
 
+    /// Refuses `store` unless its tables exist at this build's schema
+    /// version (a relay on missing tables, or on an older version's
+    /// functions, must not start).
+    async fn check(&self, store: &Self::Store) -> Result<(), StoreError>;
+
     /// What ends `store`'s relay's idle waits early, if anything (default:
     /// nothing; the relay polls).
     async fn wake_up(&self, _store: &Self::Store) -> Result<Option<Box<dyn WakeUp>>, StoreError> {
@@ -81,6 +86,8 @@ impl<T: TenantStores, P: Publisher + ?Sized + 'static> TenantRelayFactory for Te
         let store = self.stores.store(tenant)?;
         if self.migrate {
             self.stores.migrate(&store).await?;
+        } else {
+            self.stores.check(&store).await?;
         }
         let wake_up = self.stores.wake_up(&store).await?;
         let config = RelayConfig {
@@ -94,6 +101,22 @@ impl<T: TenantStores, P: Publisher + ?Sized + 'static> TenantRelayFactory for Te
             Some(wake_up) => relay.with_wake_up(wake_up),
             None => relay,
         })
+    }
+}
+
+/// `Ok` when a tenant's tables (`events`) are at `expected`, found at
+/// `found` (`None`: missing); else why its relay cannot start.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn tables_current(
+    events: &str,
+    found: Option<i32>,
+    expected: i32,
+) -> Result<(), StoreError> {
+    match found {
+        None => Err(StoreError::Config(format!(
+            "no outbox tables ({events}): migrate them (or let the fleet: `migrating()`, `[tenants] migrate = true`)"
+        ))),
+        found => crate::config::check_schema_version(events, found, expected).map(drop),
     }
 }
 

@@ -1,7 +1,7 @@
 //! A schema per tenant on the shared server, every tenant relayed by one
 //! fleet on one pool (issue 36): schemas created and dropped while it runs,
-//! a tenant whose tables are missing reported and retried on its own while
-//! the others flow, a tenant whose (private) server stops and starts again,
+//! a tenant whose tables are missing or of an older schema version reported
+//! and retried on its own while the others flow, a tenant whose (private) server stops and starts again,
 //! a dozen tenants on a pool of three connections, and idle tenants woken
 //! through one shared LISTEN connection, also after it is killed.
 #![cfg(feature = "postgres")]
@@ -189,16 +189,23 @@ async fn tenant_schemas_created_and_dropped_while_running_start_and_stop() {
 }
 
 #[tokio::test]
-async fn an_unmigrated_tenant_is_reported_and_retried_while_the_others_flow() {
+async fn unmigrated_and_older_tenants_are_reported_and_retried_while_the_others_flow() {
     let pool = connect(&shared_url()).await;
     let prefix = support::unique_name("tenant");
-    let [ready, later, registry] = ["ready", "later", "registry"].map(|t| format!("{prefix}_{t}"));
+    let [ready, later, old, registry] =
+        ["ready", "later", "old", "registry"].map(|t| format!("{prefix}_{t}"));
     let ready_store = store_in(&pool, &ready, true).await;
     let later_store = store_in(&pool, &later, false).await;
+    let old_store = store_in(&pool, &old, true).await;
+    // Tables an older build made: its relay must not start on them.
+    let set_version = |delta: i32| {
+        format!("UPDATE {old}.outbox_schema_version SET version = version + ({delta})")
+    };
+    sqlx::query(&set_version(-1)).execute(&pool).await.unwrap();
     sqlx::raw_sql(&format!(
         "CREATE SCHEMA {registry};
          CREATE TABLE {registry}.tenants (schema_name text PRIMARY KEY);
-         INSERT INTO {registry}.tenants VALUES ('{ready}'), ('{later}')"
+         INSERT INTO {registry}.tenants VALUES ('{ready}'), ('{later}'), ('{old}')"
     ))
     .execute(&pool)
     .await
@@ -224,9 +231,28 @@ async fn an_unmigrated_tenant_is_reported_and_retried_while_the_others_flow() {
         )
     })
     .await;
+    let old_id = TenantId::new(old.clone()).unwrap();
+    until(
+        "the tenant at an older schema version is reported, retried",
+        || {
+            matches!(
+                status.tenant(&old_id).map(|s| s.state),
+                Some(TenantState::Retrying { ref error, failures, .. })
+                    if error.contains("schema version") && failures >= 2
+            )
+        },
+    )
+    .await;
     let r2 = enqueue(&ready_store).await;
     until("the ready tenant goes on meanwhile", || {
         publishers.published(&ready, r2)
+    })
+    .await;
+    // Upgraded: it runs.
+    sqlx::query(&set_version(1)).execute(&pool).await.unwrap();
+    let o1 = enqueue(&old_store).await;
+    until("the upgraded tenant publishes", || {
+        publishers.published(&old, o1)
     })
     .await;
 
@@ -242,9 +268,9 @@ async fn an_unmigrated_tenant_is_reported_and_retried_while_the_others_flow() {
     );
     shutdown.cancel();
     let report = fleet.await.unwrap();
-    assert!(report.failures >= 2, "{report:?}");
-    assert_eq!(report.total().published, 3);
-    drop_schemas(&pool, &[ready, later, registry]).await;
+    assert!(report.failures >= 4, "{report:?}");
+    assert_eq!(report.total().published, 4);
+    drop_schemas(&pool, &[ready, later, old, registry]).await;
 }
 
 #[tokio::test]

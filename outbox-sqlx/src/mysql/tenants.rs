@@ -12,7 +12,9 @@ use sqlx::MySqlPool;
 
 use super::MySqlStore;
 use crate::config::StoreConfig;
-use crate::tenants::{Catalog, CatalogTenants, QueryTenants, TenantRelays, TenantStores};
+use crate::tenants::{
+    Catalog, CatalogTenants, QueryTenants, TenantRelays, TenantStores, tables_current,
+};
 
 /// Every database of the server whose name is `LIKE` a pattern and that
 /// holds an outbox (see [`CatalogTenants`]).
@@ -65,6 +67,15 @@ impl TenantStores for MySqlTenantStores {
 
     async fn migrate(&self, store: &MySqlStore) -> Result<(), StoreError> {
         store.migrate().await.map(drop)
+    }
+
+    async fn check(&self, store: &MySqlStore) -> Result<(), StoreError> {
+        let found = store.schema_version().await?;
+        tables_current(
+            &store.config().tables.events(),
+            found,
+            super::SCHEMA_VERSION,
+        )
     }
 }
 

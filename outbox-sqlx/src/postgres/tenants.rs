@@ -12,7 +12,9 @@ use sqlx::PgPool;
 
 use super::{PgListenHub, PgStore};
 use crate::config::StoreConfig;
-use crate::tenants::{Catalog, CatalogTenants, QueryTenants, TenantRelays, TenantStores};
+use crate::tenants::{
+    Catalog, CatalogTenants, QueryTenants, TenantRelays, TenantStores, tables_current,
+};
 
 /// Every schema of the pool's database whose name is `LIKE` a pattern and
 /// that holds an outbox (see [`CatalogTenants`]).
@@ -87,6 +89,15 @@ impl TenantStores for PgTenantStores {
 
     async fn migrate(&self, store: &PgStore) -> Result<(), StoreError> {
         store.migrate().await.map(drop)
+    }
+
+    async fn check(&self, store: &PgStore) -> Result<(), StoreError> {
+        let found = store.schema_version().await?;
+        tables_current(
+            &store.config().tables.events(),
+            found,
+            super::SCHEMA_VERSION,
+        )
     }
 
     async fn wake_up(&self, store: &PgStore) -> Result<Option<Box<dyn WakeUp>>, StoreError> {
