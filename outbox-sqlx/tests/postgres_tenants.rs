@@ -469,8 +469,27 @@ async fn idle_tenants_wake_through_one_shared_listen_connection_even_after_it_is
                 .all(|t| matches!(t.state, TenantState::Running))
     })
     .await;
-    // Let each relay's first claim find nothing and go to wait.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every relay has found nothing and asked for NOTIFY (its idle probe
+    // set `relay_waiting`): from here only a NOTIFY wakes it.
+    let waiting = schemas
+        .iter()
+        .map(|s| format!("SELECT relay_waiting FROM {s}.outbox_control"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let all_waiting = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let flags: Vec<bool> = sqlx::query_scalar(&waiting)
+                .fetch_all(&setup)
+                .await
+                .unwrap();
+            if flags.len() == TENANTS && flags.iter().all(|w| *w) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(all_waiting.is_ok(), "every idle relay waits for NOTIFY");
 
     let listening = listen_sessions(&setup, &name).await;
     assert_eq!(listening.len(), 1, "one LISTEN connection for every tenant");
