@@ -1,5 +1,6 @@
 //! Relay behaviour beyond the conformance suites: how batches are shaped
-//! into publish calls, wake-ups, the lease guard and store-error backoff.
+//! into publish calls, wake-ups, rests, the lease guard and store-error
+//! backoff.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
@@ -7,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outbox_core::memory::{MemoryStore, MockPublisher, RecordingPublisher};
+use outbox_core::relay::{BatchDone, Pace};
 use outbox_core::store::{
     ClaimRequest, ClaimedBatch, EventState, OutboxAdmin, OutboxStore, OutboxWriter,
 };
@@ -292,4 +294,64 @@ fn invalid_settings_are_refused_before_running() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("publish_timeout"));
+}
+
+/// Records the batches it is told of and rests `rest` after each full one.
+struct RestAfterFull {
+    rest: Duration,
+    seen: Arc<std::sync::Mutex<Vec<(usize, bool)>>>,
+}
+
+impl Pace for RestAfterFull {
+    fn rest_after(&self, batch: &BatchDone) -> Duration {
+        self.seen.lock().unwrap().push((batch.events, batch.full));
+        if batch.full {
+            self.rest
+        } else {
+            Duration::ZERO
+        }
+    }
+}
+
+/// A fleet slows a backlogged tenant through its relay's pace: the relay
+/// tells it every settled batch and waits the rest it returns before its
+/// next claim.
+#[tokio::test(start_paused = true)]
+async fn a_relay_rests_between_batches_as_its_pace_says() {
+    let store = store();
+    let events: Vec<NewEvent> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|key| event(key, 1))
+        .collect();
+    enqueue(&store, &events).await;
+    let publisher = Arc::new(RecordingPublisher::new());
+    let mut config = relay_suite::config("paced");
+    config.batch_size = 2;
+    config.prefetch = false;
+    let seen = Arc::default();
+    let rest = Duration::from_secs(5);
+    let relay = Relay::new(store.clone(), publisher.clone(), config)
+        .unwrap()
+        .with_pace(RestAfterFull {
+            rest,
+            seen: Arc::clone(&seen),
+        });
+    let started = tokio::time::Instant::now();
+    let shutdown = CancellationToken::new();
+    let task = relay.spawn(shutdown.clone());
+    tokio::time::timeout(DEADLINE, publisher.wait_for_deliveries(5))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        seen.lock().unwrap().as_slice(),
+        &[(2, true), (2, true), (1, false)],
+        "told of every batch, full or not"
+    );
+    assert!(
+        took >= 2 * rest && took < 3 * rest,
+        "rested after the two full batches only: {took:?}"
+    );
 }

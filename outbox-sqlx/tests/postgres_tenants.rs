@@ -73,6 +73,7 @@ fn fleet_config() -> FleetConfig {
             max_interval: Duration::from_millis(200),
             ..RetryPolicy::default()
         },
+        ..FleetConfig::default()
     }
 }
 

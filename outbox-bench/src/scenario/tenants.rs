@@ -10,15 +10,17 @@
 //!   process's resident memory per tenant (from the first fleet of the
 //!   run, before any drain); polling every second without LISTEN, or woken
 //!   by the shared LISTEN with the daemon's 10 s backstop poll.
-//! * `quiet-alone` / `quiet-beside-hot`: a tenant receiving 1,000 events/s
-//!   (one a transaction), alone or while another tenant drains a backlog;
-//!   its commit→publish p99.
+//! * `quiet-alone` / `quiet-beside-hot` / `quiet-beside-hot-unpaced`: a
+//!   tenant receiving 1,000 events/s (one a transaction), alone or while
+//!   another tenant drains a backlog, with the fleet's default
+//!   `FairShare` (the backlog rests while the quiet one is served) or
+//!   without it; its commit→publish p99, and the hot one's drain rate.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantList};
+use outbox_core::tenants::{FairShare, FleetConfig, TenantFleet, TenantId, TenantList};
 use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
 use outbox_sqlx::postgres::{PgStore, PgTenantRelays, PgTenantStores};
 use outbox_sqlx::{StoreConfig, TableNames};
@@ -37,6 +39,10 @@ pub const NAME: &str = "tenants-postgres";
 const CONNECTIONS: u32 = 8;
 /// The quiet tenant's producer rate.
 const RATE: u64 = 1_000;
+/// The quiet tenant's producers' own pool: commits slowed by the hot
+/// tenant's drain must not queue for a connection (the open loop's
+/// lateness would count as the relay's).
+const PRODUCER_CONNECTIONS: u32 = 16;
 
 fn schema(i: usize) -> String {
     format!("bench_tenant_{i}")
@@ -79,6 +85,7 @@ fn fleet(
     n: usize,
     publisher: Arc<CountingPublisher>,
     waking: Waking,
+    share: FairShare,
 ) -> TenantFleet<PgTenantRelays<CountingPublisher>> {
     let mut relay = RelayConfig {
         relay_id: RelayId::unique("tenants"),
@@ -95,7 +102,10 @@ fn fleet(
     TenantFleet::new(
         TenantList::new((0..n).map(tenant)),
         relays,
-        FleetConfig::default(),
+        FleetConfig {
+            share,
+            ..FleetConfig::default()
+        },
     )
 }
 
@@ -141,8 +151,23 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     progress(format!(
         "{most} tenant schemas migrated, {migrate_ms:.0} ms each"
     ));
-    let pool = env::pg_bench_pool(CONNECTIONS).await?;
+    let pool = warm_pool(CONNECTIONS).await?;
+    let producers = warm_pool(PRODUCER_CONNECTIONS).await?;
     let mut rounds = Rounds::default();
+    if scale.includes("quiet-alone") || scale.includes("quiet-beside-hot") {
+        // Unmeasured: every connection of the fleet's pool has run the
+        // relay's statements once (a connection's first call of a PL/pgSQL
+        // function compiles it: start-up, not a tenant's fairness).
+        let quiet = Quiet {
+            setup: &setup,
+            pool: &pool,
+            producers: &producers,
+        };
+        quiet
+            .p99(scale.rounds, total, 1, FairShare::default())
+            .await?;
+        progress("quiet tenant warmed up");
+    }
     for round in 0..scale.rounds {
         for (contender, waking) in [
             ("idle-poll", Waking::Poll),
@@ -180,7 +205,14 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             let shutdown = CancellationToken::new();
             let started = Instant::now();
             let running = tokio::spawn(
-                fleet(&pool, n, publisher.clone(), Waking::Listen).run(shutdown.clone()),
+                fleet(
+                    &pool,
+                    n,
+                    publisher.clone(),
+                    Waking::Listen,
+                    FairShare::default(),
+                )
+                .run(shutdown.clone()),
             );
             let expected = (total / n * n) as u64;
             tokio::time::timeout(Duration::from_secs(300), publisher.wait_for(expected))
@@ -200,11 +232,29 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                 rate(expected, elapsed)
             ));
         }
-        for (contender, hot) in [("quiet-alone", 0), ("quiet-beside-hot", total)] {
+        let unpaced = FairShare {
+            backlog_rest: 0.0,
+            ..FairShare::default()
+        };
+        for (contender, hot, share) in [
+            ("quiet-alone", 0, FairShare::default()),
+            ("quiet-beside-hot", total, FairShare::default()),
+            ("quiet-beside-hot-unpaced", total, unpaced),
+        ] {
             if !scale.includes(contender) {
                 continue;
             }
-            let p99 = quiet_p99(&setup, &pool, round, hot, scale.pick(3, 1) as u64).await?;
+            let quiet = Quiet {
+                setup: &setup,
+                pool: &pool,
+                producers: &producers,
+            };
+            let p99 = quiet
+                .p99(round, hot, scale.pick(3, 1) as u64, share)
+                .await?;
+            if hot > 0 {
+                rounds.add(contender, "hot events/s", p99.hot_rate, true);
+            }
             rounds.add(contender, "p99 ms", p99.after_commit, false);
             rounds.add(contender, "from-begin p99 ms", p99.from_begin, false);
             rounds.add(contender, "producer p99 ms", p99.producer, false);
@@ -231,6 +281,10 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         m("quiet-beside-hot", "p99 ms") / m("quiet-alone", "p99 ms"),
         1.5,
     ));
+    targets.push(TargetCheck::reported(
+        "tenants: the same without the fair share (backlog_rest 0)",
+        m("quiet-beside-hot-unpaced", "p99 ms") / m("quiet-alone", "p99 ms"),
+    ));
     for target in targets {
         report.target(target);
     }
@@ -251,7 +305,7 @@ async fn idle(
     let before = resident_kib();
     let publisher = Arc::new(CountingPublisher::noop(256));
     let shutdown = CancellationToken::new();
-    let fleet = fleet(pool, n, publisher, waking);
+    let fleet = fleet(pool, n, publisher, waking, FairShare::default());
     let status = fleet.status();
     let running = tokio::spawn(fleet.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_secs(warm_up)).await;
@@ -276,7 +330,38 @@ async fn idle(
     Ok((per_tenant, (after - before) / n as f64))
 }
 
-/// The quiet tenant's p99s, in milliseconds.
+/// A pool of `n` connections, every one of them opened: connecting is
+/// not part of a producer's commit.
+async fn warm_pool(n: u32) -> Result<PgPool, Error> {
+    let pool = env::pg_bench_pool(n).await?;
+    let mut held = Vec::new();
+    for _ in 0..n {
+        held.push(pool.acquire().await?);
+    }
+    drop(held);
+    Ok(pool)
+}
+
+/// Waits until tenant `i`'s relay has found nothing and asked for NOTIFY
+/// (its idle probe set `relay_waiting`).
+async fn wait_until_listening(setup: &PgPool, i: usize) -> Result<(), Error> {
+    let waiting = format!("SELECT relay_waiting FROM {}.outbox_control", schema(i));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // The row is written by the relay's first claim.
+    while sqlx::query_scalar::<_, bool>(&waiting)
+        .fetch_optional(setup)
+        .await?
+        != Some(true)
+    {
+        if Instant::now() > deadline {
+            return Err(format!("tenant {i}'s relay did not wait for NOTIFY within 30 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// The quiet tenant's p99s, in milliseconds, and the hot one's drain.
 struct QuietP99 {
     /// From the producer's commit acknowledgement to publication (0 when
     /// the relay, woken by the commit's NOTIFY, published first).
@@ -285,72 +370,108 @@ struct QuietP99 {
     from_begin: f64,
     /// The producer's transaction itself.
     producer: f64,
+    /// The hot tenant's events a second, from the fleet's start to its
+    /// last publication.
+    hot_rate: f64,
 }
 
-/// Tenant 0 receives `RATE` events a second for `seconds` while tenant 1
-/// drains `hot` events committed before: tenant 0's p99s, over its events
-/// committed before the last of tenant 1's was published.
-async fn quiet_p99(
-    setup: &PgPool,
-    pool: &PgPool,
-    round: usize,
-    hot: usize,
-    seconds: u64,
-) -> Result<QuietP99, Error> {
-    let hot_ids = fill(setup, 1, round, hot).await?;
-    let publisher = Arc::new(CountingPublisher::noop(256).recording_arrivals());
-    let shutdown = CancellationToken::new();
-    let running =
-        tokio::spawn(fleet(pool, 2, publisher.clone(), Waking::Listen).run(shutdown.clone()));
-    let quiet = Arc::new(store(setup, 0)?);
-    let commits: Arc<Mutex<HashMap<EventId, (Instant, Instant)>>> = Arc::default();
-    let total = RATE * seconds;
-    open_loop(RATE, total, |i| {
-        let (quiet, commits) = (quiet.clone(), commits.clone());
-        async move {
-            let event = env::event(round, i as usize);
-            let began = Instant::now();
-            OutboxWriter::enqueue(quiet.as_ref(), std::slice::from_ref(&event)).await?;
-            commits
-                .lock()
-                .expect("commits")
-                .insert(event.event_id, (began, Instant::now()));
-            Ok(())
+/// The pools of the quiet tenant's measurement.
+struct Quiet<'a> {
+    /// Fills and flags.
+    setup: &'a PgPool,
+    /// The fleet's.
+    pool: &'a PgPool,
+    /// The quiet tenant's producers'.
+    producers: &'a PgPool,
+}
+
+impl Quiet<'_> {
+    /// Tenant 0 receives `RATE` events a second for `seconds` while tenant
+    /// 1 drains `hot` events committed before, under `share`: tenant 0's
+    /// p99s, over its events committed before the last of tenant 1's was
+    /// published.
+    async fn p99(
+        &self,
+        round: usize,
+        hot: usize,
+        seconds: u64,
+        share: FairShare,
+    ) -> Result<QuietP99, Error> {
+        let Quiet {
+            setup,
+            pool,
+            producers,
+        } = *self;
+        let hot_ids = fill(setup, 1, round, hot).await?;
+        // A flag a former fleet left set would end the wait below at once.
+        sqlx::query(&format!(
+            "UPDATE {}.outbox_control SET relay_waiting = FALSE",
+            schema(0)
+        ))
+        .execute(setup)
+        .await?;
+        let publisher = Arc::new(CountingPublisher::noop(256).recording_arrivals());
+        let shutdown = CancellationToken::new();
+        let started = Instant::now();
+        let running = tokio::spawn(
+            fleet(pool, 2, publisher.clone(), Waking::Listen, share).run(shutdown.clone()),
+        );
+        // Measured from the quiet relay's first wait for NOTIFY: its start
+        // (the schema check, the first heartbeat and claim) is not latency.
+        wait_until_listening(setup, 0).await?;
+        let quiet = Arc::new(store(producers, 0)?);
+        let commits: Arc<Mutex<HashMap<EventId, (Instant, Instant)>>> = Arc::default();
+        let total = RATE * seconds;
+        open_loop(RATE, total, |i| {
+            let (quiet, commits) = (quiet.clone(), commits.clone());
+            async move {
+                let event = env::event(round, i as usize);
+                let began = Instant::now();
+                OutboxWriter::enqueue(quiet.as_ref(), std::slice::from_ref(&event)).await?;
+                commits
+                    .lock()
+                    .expect("commits")
+                    .insert(event.event_id, (began, Instant::now()));
+                Ok(())
+            }
+        })
+        .await?;
+        let everything = total + hot as u64;
+        tokio::time::timeout(Duration::from_secs(300), publisher.wait_for(everything))
+            .await
+            .map_err(|_| format!("{} of {everything} delivered", publisher.delivered()))?;
+        shutdown.cancel();
+        running.await?;
+        let arrivals = publisher.take_arrivals();
+        let hot_done = hot_ids
+            .iter()
+            .filter_map(|id| arrivals.get(id))
+            .max()
+            .copied();
+        let ms =
+            |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64() * 1_000.0;
+        let (mut after_commit, mut from_begin, mut producer) = (Vec::new(), Vec::new(), Vec::new());
+        for (id, (began, committed)) in commits.lock().expect("commits").iter() {
+            if hot_done.is_some_and(|done| *committed > done) {
+                continue;
+            }
+            let at = *arrivals
+                .get(id)
+                .ok_or_else(|| format!("event {id} never delivered"))?;
+            after_commit.push(ms(*committed, at));
+            from_begin.push(ms(*began, at));
+            producer.push(ms(*began, *committed));
         }
-    })
-    .await?;
-    let everything = total + hot as u64;
-    tokio::time::timeout(Duration::from_secs(300), publisher.wait_for(everything))
-        .await
-        .map_err(|_| format!("{} of {everything} delivered", publisher.delivered()))?;
-    shutdown.cancel();
-    running.await?;
-    let arrivals = publisher.take_arrivals();
-    let hot_done = hot_ids
-        .iter()
-        .filter_map(|id| arrivals.get(id))
-        .max()
-        .copied();
-    let ms =
-        |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64() * 1_000.0;
-    let (mut after_commit, mut from_begin, mut producer) = (Vec::new(), Vec::new(), Vec::new());
-    for (id, (began, committed)) in commits.lock().expect("commits").iter() {
-        if hot_done.is_some_and(|done| *committed > done) {
-            continue;
+        if after_commit.is_empty() {
+            return Err("no quiet event was committed while the other tenant drained".into());
         }
-        let at = *arrivals
-            .get(id)
-            .ok_or_else(|| format!("event {id} never delivered"))?;
-        after_commit.push(ms(*committed, at));
-        from_begin.push(ms(*began, at));
-        producer.push(ms(*began, *committed));
+        Ok(QuietP99 {
+            after_commit: percentiles(&mut after_commit, &[99.0])[0],
+            from_begin: percentiles(&mut from_begin, &[99.0])[0],
+            producer: percentiles(&mut producer, &[99.0])[0],
+            hot_rate: hot_done.map_or(f64::NAN, |done| {
+                rate(hot as u64, done.saturating_duration_since(started))
+            }),
+        })
     }
-    if after_commit.is_empty() {
-        return Err("no quiet event was committed while the other tenant drained".into());
-    }
-    Ok(QuietP99 {
-        after_commit: percentiles(&mut after_commit, &[99.0])[0],
-        from_begin: percentiles(&mut from_begin, &[99.0])[0],
-        producer: percentiles(&mut producer, &[99.0])[0],
-    })
 }

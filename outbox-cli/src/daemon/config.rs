@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use outbox_core::tenants::FairShare;
 use outbox_core::{Ordering, PoisonPolicy, RelayConfig, RetryPolicy};
 use serde::Deserialize;
 
@@ -63,10 +64,14 @@ pub struct TenantsSection {
     /// `connections` (default true; `relay.poll_interval` then defaults to
     /// 10 s, the backstop). False: every tenant polls.
     pub listen: Option<bool>,
+    /// While another tenant is served fresh events, a tenant draining a
+    /// backlog rests this many times its last batch's time between
+    /// batches (default 1.0; 0 turns it off).
+    pub backlog_rest: Option<f64>,
 }
 
 /// `[tenants]`, checked.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub struct TenantSettings {
     /// Where the tenants come from.
     pub from: TenantsFrom,
@@ -76,6 +81,8 @@ pub struct TenantSettings {
     pub connections: u32,
     /// Whether idle tenants wake on a shared LISTEN connection.
     pub listen: bool,
+    /// How backlogged tenants leave room for the others.
+    pub share: FairShare,
 }
 
 /// Where a fleet's tenants come from ([`TenantsSection`], checked).
@@ -125,11 +132,21 @@ impl TenantsSection {
                 "tenants.connections must be at least 2 with listen (one is the shared LISTEN connection), or set listen = false",
             ));
         }
+        let share = FairShare {
+            backlog_rest: self
+                .backlog_rest
+                .unwrap_or(FairShare::default().backlog_rest),
+            ..FairShare::default()
+        };
+        share
+            .validate()
+            .map_err(|e| CliError::usage(format!("tenants.{e}")))?;
         Ok(TenantSettings {
             from,
             refresh,
             connections,
             listen,
+            share,
         })
     }
 }

@@ -87,6 +87,7 @@ pub async fn run(
         |e: sqlx::Error| CliError::failure(format!("connecting to {}: {e}", super::redacted(url)));
     let fleet_config = FleetConfig {
         refresh: settings.refresh,
+        share: settings.share.clone(),
         ..FleetConfig::default()
     };
     let run = FleetRun {

@@ -199,6 +199,10 @@ dashboard = "/ui"
     .await;
     let after = exposition(&try_get(&listen, "/metrics").await.unwrap().1);
     for (name, bounds) in outbox_core::relay::metrics::HISTOGRAM_BUCKETS {
+        if name == outbox_core::relay::metrics::REST_SECONDS {
+            // Recorded only by a fleet's tenant resting beside another.
+            continue;
+        }
         let Some(Value::Histogram(buckets)) = sample(&after, name, &[("relay", "daemon-test")])
         else {
             panic!("{name} is a histogram: {:?}", sample(&after, name, &[]));

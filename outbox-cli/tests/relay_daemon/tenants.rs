@@ -258,6 +258,11 @@ async fn tenants_settings_that_cannot_work_are_refused_by_name() {
             "list = [\"two words\"]",
             "invalid tenant id",
         ),
+        (
+            postgres.as_str(),
+            "schemas = \"t_%\"\nbacklog_rest = -1.0",
+            "tenants.backlog_rest must be a finite number >= 0",
+        ),
     ] {
         let config = ConfigFile::with(&format!(
             "url = \"{url}\"\n[tenants]\n{settings}\n[broker]\nkind = \"redis\"\nurl = \"{redis}\"\n",

@@ -39,6 +39,9 @@ pub const PUBLISH_SECONDS: &str = "outbox_relay_publish_seconds";
 pub const CLAIM_SECONDS: &str = "outbox_relay_claim_seconds";
 /// Histogram: events per claimed batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
+/// Histogram: seconds rested after a batch to let other tenants of a
+/// fleet be served (see [`Pace`](super::Pace)).
+pub const REST_SECONDS: &str = "outbox_relay_rest_seconds";
 
 /// The `cause` labels of [`FAILED`]: a permanent publish error, retries
 /// used up, a crash loop (claimed too often without an outcome), a row the
@@ -64,9 +67,10 @@ pub const BATCH_SIZE_BUCKETS: &[f64] = &[
 
 /// Each relay histogram with its bucket bounds, for the exporter's
 /// configuration (e.g. `PrometheusBuilder::set_buckets_for_metric`).
-pub const HISTOGRAM_BUCKETS: [(&str, &[f64]); 3] = [
+pub const HISTOGRAM_BUCKETS: [(&str, &[f64]); 4] = [
     (PUBLISH_SECONDS, SECONDS_BUCKETS),
     (CLAIM_SECONDS, SECONDS_BUCKETS),
+    (REST_SECONDS, SECONDS_BUCKETS),
     (BATCH_SIZE, BATCH_SIZE_BUCKETS),
 ];
 
@@ -129,6 +133,11 @@ pub fn describe() {
         "Seconds per claim from the store."
     );
     describe_histogram!(BATCH_SIZE, Unit::Count, "Events per claimed batch.");
+    describe_histogram!(
+        REST_SECONDS,
+        Unit::Seconds,
+        "Seconds a tenant draining a backlog rested after a batch while other tenants were served."
+    );
 }
 
 /// A relay's labels: `relay`, and `tenant` when it serves one.
@@ -169,6 +178,10 @@ pub(super) fn count_failed(relay: &RelayConfig, cause: &'static str) {
 
 pub(super) fn seconds(name: &'static str, relay: &RelayConfig, elapsed: Duration) {
     metrics::histogram!(name, labels(relay)).record(elapsed.as_secs_f64());
+}
+
+pub(super) fn rested(relay: &RelayConfig, rest: Duration) {
+    seconds(REST_SECONDS, relay, rest);
 }
 
 pub(super) fn batch_size(relay: &RelayConfig, n: usize) {

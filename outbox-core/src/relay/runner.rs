@@ -13,6 +13,7 @@ use super::batch::{BatchEnd, BatchWork};
 use super::config::{ConfigError, RelayConfig};
 use super::health::RelayHealth;
 use super::metrics;
+use super::pace::{BatchDone, FullSpeed, Pace};
 use super::prefetch::PrefetchGate;
 use super::report::{RelayError, RelayReport};
 use super::wake_up::{PollOnly, WakeUp};
@@ -37,6 +38,7 @@ pub(super) struct RelayContext<S: ?Sized, P: ?Sized> {
 pub struct Relay<S: ?Sized, P: ?Sized> {
     ctx: RelayContext<S, P>,
     wake_up: Box<dyn WakeUp>,
+    pace: Box<dyn Pace>,
     health: RelayHealth,
 }
 
@@ -62,6 +64,7 @@ where
                 publisher,
             },
             wake_up: Box::new(PollOnly),
+            pace: Box::new(FullSpeed),
             health: RelayHealth::default(),
         })
     }
@@ -76,6 +79,13 @@ where
     /// Ends idle waits early on hints from `wake_up`.
     pub fn with_wake_up(mut self, wake_up: impl WakeUp + 'static) -> Self {
         self.wake_up = Box::new(wake_up);
+        self
+    }
+
+    /// Rests between batches as `pace` says (default: never; a
+    /// [`TenantFleet`](crate::tenants::TenantFleet) sets its fair share).
+    pub fn with_pace(mut self, pace: impl Pace + 'static) -> Self {
+        self.pace = Box::new(pace);
         self
     }
 
@@ -175,7 +185,9 @@ where
                     }
                     continue;
                 }
-                let full = claimed.batch.events.len() >= self.ctx.config.batch_size;
+                let claimed_events = claimed.batch.events.len();
+                let full = claimed_events >= self.ctx.config.batch_size;
+                let batch_started = Instant::now();
                 let prefetch = prefetch_gate.should_prefetch(full);
                 let mut work = BatchWork::new(claimed.batch.events, claimed.started, self.ctx.config.lease_duration);
                 let (end, prefetched, drained) = {
@@ -221,6 +233,15 @@ where
                             last_heartbeat = None;
                         }
                         consecutive_outages = 0;
+                        let rest = self.pace.rest_after(&BatchDone {
+                            events: claimed_events,
+                            full,
+                            busy: batch_started.elapsed(),
+                        });
+                        if !rest.is_zero() {
+                            metrics::rested(&self.ctx.config, rest);
+                            pause_or_shutdown(rest, &shutdown).await;
+                        }
                     }
                     Some(Ok(BatchEnd::Outage(message))) => {
                         consecutive_outages += 1;

@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::share::{FairShare, ShareBoard};
 use super::source::{TenantId, TenantSource};
 use super::status::{FleetStatus, TenantState};
 use crate::error::StoreError;
@@ -52,6 +53,8 @@ pub struct FleetConfig {
     /// `max_interval` and `jitter` (`max_attempts` is not used: a tenant is
     /// retried for as long as the source lists it).
     pub restart: RetryPolicy,
+    /// How tenants draining a backlog leave room for the others.
+    pub share: FairShare,
 }
 
 impl Default for FleetConfig {
@@ -63,6 +66,7 @@ impl Default for FleetConfig {
                 max_interval: Duration::from_secs(60),
                 ..RetryPolicy::default()
             },
+            share: FairShare::default(),
         }
     }
 }
@@ -131,12 +135,14 @@ pub struct TenantFleet<F> {
     config: FleetConfig,
     status: FleetStatus,
     random: Arc<dyn RandomSource>,
+    board: ShareBoard,
 }
 
 impl<F: TenantRelayFactory> TenantFleet<F> {
     /// A fleet over `source`'s tenants, each relay built by `factory`.
     pub fn new(source: impl TenantSource + 'static, factory: F, config: FleetConfig) -> Self {
         Self {
+            board: ShareBoard::new(config.share.clone()),
             factory: Arc::new(factory),
             source: Arc::new(source),
             config,
@@ -284,10 +290,11 @@ impl<F: TenantRelayFactory> FleetRun<'_, F> {
     fn start(&mut self, tenant: TenantId) {
         let stop = self.shutdown.child_token();
         self.fleet.status.starting(&tenant);
-        let (factory, status, token) = (
+        let (factory, status, token, pace) = (
             self.fleet.factory.clone(),
             self.fleet.status.clone(),
             stop.clone(),
+            self.fleet.board.seat(),
         );
         let name = tenant.clone();
         let work = async move {
@@ -296,7 +303,7 @@ impl<F: TenantRelayFactory> FleetRun<'_, F> {
                 () = token.cancelled() => return Ended::Cancelled,
             };
             let relay = match built {
-                Ok(relay) => relay,
+                Ok(relay) => relay.with_pace(pace),
                 Err(error) => return Ended::NotStarted(error),
             };
             status.set(&name, TenantState::Running);

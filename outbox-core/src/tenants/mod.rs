@@ -12,14 +12,18 @@
 //! removed tenant's relay finish its batch in flight and stop, and retries
 //! a tenant whose relay cannot start or stops on an error after a backoff
 //! of its own: one tenant's broken database, missing tables or wrong
-//! credentials never hold another's events.
+//! credentials never hold another's events. A tenant draining a backlog
+//! rests between batches while others are served ([`FairShare`]): one
+//! tenant's million events do not take the server from another's one.
 
 mod fleet;
+mod share;
 mod source;
 mod status;
 #[cfg(test)]
 mod tests;
 
 pub use fleet::{FleetConfig, FleetReport, TenantFleet, TenantRelayFactory};
+pub use share::FairShare;
 pub use source::{InvalidTenantId, MAX_TENANT_ID_LEN, TenantId, TenantList, TenantSource};
 pub use status::{FleetStatus, TenantState, TenantStatus};

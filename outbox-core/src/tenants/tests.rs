@@ -102,6 +102,7 @@ fn config() -> FleetConfig {
             max_interval: Duration::from_millis(40),
             ..RetryPolicy::default()
         },
+        ..FleetConfig::default()
     }
 }
 

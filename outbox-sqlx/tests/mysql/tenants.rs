@@ -60,6 +60,7 @@ fn fleet<S: TenantSource + 'static>(
             max_interval: Duration::from_millis(200),
             ..RetryPolicy::default()
         },
+        ..FleetConfig::default()
     };
     (
         TenantFleet::new(source, relays, config),
