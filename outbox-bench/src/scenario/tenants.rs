@@ -403,6 +403,9 @@ impl Quiet<'_> {
             producers,
         } = *self;
         let hot_ids = fill(setup, 1, round, hot).await?;
+        // The WAL of the fill (and of former rounds) is written out now, not
+        // by a checkpoint in the middle of the measurement.
+        sqlx::query("CHECKPOINT").execute(setup).await?;
         // A flag a former fleet left set would end the wait below at once.
         sqlx::query(&format!(
             "UPDATE {}.outbox_control SET relay_waiting = FALSE",

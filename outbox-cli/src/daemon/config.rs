@@ -66,7 +66,7 @@ pub struct TenantsSection {
     pub listen: Option<bool>,
     /// While another tenant is served fresh events, a tenant draining a
     /// backlog rests this many times its last batch's time between
-    /// batches (default 1.0; 0 turns it off).
+    /// batches (default 3.0; 0 turns it off).
     pub backlog_rest: Option<f64>,
 }
 
