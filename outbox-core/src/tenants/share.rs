@@ -13,7 +13,8 @@ use crate::relay::{BatchDone, Pace};
 /// A tenant whose claims come back full has a backlog: left alone, its
 /// relay claims again at once, and on a small server its drain takes the
 /// cores every other tenant's single event needs. While another tenant
-/// has served fresh events (a claim that was not full) within
+/// has served fresh events (a claim that was not full, after one that was
+/// not full either: the last batch of a backlog is not fresh) within
 /// `serving_window`, a backlogged tenant rests `backlog_rest` times its
 /// last batch's time before its next claim. With no one else served, it
 /// drains at full speed.
@@ -102,6 +103,7 @@ impl ShareBoard {
             id: self
                 .next_id
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            was_full: Default::default(),
         }
     }
 }
@@ -111,15 +113,21 @@ impl ShareBoard {
 pub(super) struct TenantPace {
     board: ShareBoard,
     id: u64,
+    /// Whether this tenant's last batch was full: the short batch that
+    /// ends a backlog is not yet fresh events being served.
+    was_full: std::sync::atomic::AtomicBool,
 }
 
 impl Pace for TenantPace {
     fn rest_after(&self, batch: &BatchDone) -> Duration {
         let policy = &self.board.policy;
         let now = Instant::now();
+        let was_full = self
+            .was_full
+            .swap(batch.full, std::sync::atomic::Ordering::Relaxed);
         let mut served = self.board.served.lock().expect("share board");
         if !batch.full {
-            if batch.events > 0 {
+            if batch.events > 0 && !was_full {
                 served.record(self.id, now);
             }
             return Duration::ZERO;
@@ -175,8 +183,8 @@ mod tests {
         );
         assert_eq!(
             quiet.rest_after(&batch(256, true)),
-            Duration::from_millis(8),
-            "the quiet one, backlogged in turn, rests for the hot one's short batch"
+            Duration::ZERO,
+            "the hot one's short batch came after a full one: not fresh events"
         );
         tokio::time::advance(Duration::from_millis(1_001)).await;
         assert_eq!(
@@ -216,6 +224,23 @@ mod tests {
             hot.rest_after(&batch(256, true)),
             Duration::from_millis(24),
             "three times the batch by default"
+        );
+    }
+
+    /// Many tenants draining at once: each one's last, short batch must
+    /// not slow the others as if it were a quiet tenant.
+    #[tokio::test(start_paused = true)]
+    async fn the_end_of_a_backlog_is_not_a_tenant_being_served() {
+        let board = ShareBoard::new(FairShare::default());
+        let (one, other) = (board.seat(), board.seat());
+        other.rest_after(&batch(256, true));
+        other.rest_after(&batch(17, false));
+        assert_eq!(one.rest_after(&batch(256, true)), Duration::ZERO);
+        other.rest_after(&batch(2, false));
+        assert_eq!(
+            one.rest_after(&batch(256, true)),
+            Duration::from_millis(24),
+            "a second short batch is fresh events"
         );
     }
 
