@@ -210,6 +210,69 @@ async fn tenant_databases_come_and_go_and_an_unmigrated_one_is_retried_alone() {
     drop_databases(&setup, &[&a, &b, &c, &format!("{prefix}_empty"), &registry]).await;
 }
 
+/// A tenant database whose tables an older build made is reported and
+/// retried on its own, never relayed on them; once upgraded it publishes.
+#[tokio::test]
+async fn a_tenant_database_at_an_older_schema_version_is_retried_alone() {
+    let setup = pool().await;
+    let prefix = support::unique_name("outbox_t_old");
+    let [current, old] = ["current", "old"].map(|t| format!("{prefix}_{t}"));
+    let (current_store, current_ids) = tenant(&setup, &current, true, 3).await;
+    let (old_store, _) = tenant(&setup, &old, true, 0).await;
+    let set_version = |delta: i32| {
+        format!("UPDATE {old}.outbox_schema_version SET version = version + ({delta})")
+    };
+    sqlx::query(&set_version(-1)).execute(&setup).await.unwrap();
+    let old_event = event("k", 0);
+    OutboxWriter::enqueue(&old_store, std::slice::from_ref(&old_event))
+        .await
+        .unwrap();
+    let publishers = Publishers::default();
+    let (fleet, shutdown) = fleet(
+        MySqlDatabaseTenants::new(setup.clone(), format!("{prefix}\\_%")),
+        publishers.relays(&setup),
+    );
+    let status = fleet.status();
+    let running = tokio::spawn(fleet.run(shutdown.clone()));
+
+    let old_id = TenantId::new(old.clone()).unwrap();
+    until("the older tenant is reported, retried", || {
+        matches!(
+            status.tenant(&old_id).map(|s| s.state),
+            Some(TenantState::Retrying { ref error, failures, .. })
+                if error.contains("schema version") && failures >= 2
+        )
+    })
+    .await;
+    until("the current tenant publishes meanwhile", || {
+        publishers.published(&current) == current_ids
+    })
+    .await;
+    assert!(
+        publishers.published(&old).is_empty(),
+        "nothing relayed on an older schema's tables"
+    );
+    sqlx::query(&set_version(1)).execute(&setup).await.unwrap();
+    until("the upgraded tenant publishes", || {
+        publishers.published(&old).contains(&old_event.event_id)
+    })
+    .await;
+    let more = event("k", 9);
+    OutboxWriter::enqueue(&current_store, std::slice::from_ref(&more))
+        .await
+        .unwrap();
+    until("the current tenant still publishes", || {
+        publishers.published(&current).contains(&more.event_id)
+    })
+    .await;
+
+    shutdown.cancel();
+    let report = running.await.unwrap();
+    assert!(report.failures >= 2, "{report:?}");
+    assert_eq!(report.total().published, 3 + 1 + 1, "{report:?}");
+    drop_databases(&setup, &[&current, &old]).await;
+}
+
 #[tokio::test]
 async fn ten_tenant_databases_share_a_pool_of_three_connections() {
     let setup = pool().await;
