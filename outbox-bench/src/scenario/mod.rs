@@ -15,6 +15,7 @@ pub mod latency;
 pub mod pgq;
 pub mod read_view;
 pub mod tenants;
+pub mod tenants_daemon;
 pub mod tenants_mariadb;
 pub mod week;
 

@@ -15,6 +15,9 @@
 //!   another tenant drains a backlog, with the fleet's default
 //!   `FairShare` (the backlog rests while the quiet one is served) or
 //!   without it; its commit→publish p99, and the hot one's drain rate.
+//! * `daemon` / `daemon-N`: the `outbox relay` binary's resident memory
+//!   with one idle tenant and with every tenant schema, measured once
+//!   after the rounds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -263,6 +266,26 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                 "round {round} {contender}: quiet tenant p99 {p99:.1} ms"
             ));
         }
+    }
+    if scale.includes("daemon") {
+        // Once, after every round: the daemon's idle tenants publish
+        // nothing (every event is published by now).
+        let settle = Duration::from_secs(if scale.quick { 2 } else { 10 });
+        let (alone, all) = super::tenants_daemon::resident(most, settle).await?;
+        let per_tenant = (all - alone) / (most - 1) as f64;
+        rounds.add("daemon", "MiB, one tenant", alone / 1024.0, false);
+        rounds.add(&format!("daemon-{most}"), "MiB", all / 1024.0, false);
+        rounds.add(
+            &format!("daemon-{most}"),
+            "KiB per added tenant",
+            per_tenant,
+            false,
+        );
+        progress(format!(
+            "daemon: {:.1} MiB with one tenant, {:.1} MiB with {most} ({per_tenant:.0} KiB per added tenant)",
+            alone / 1024.0,
+            all / 1024.0
+        ));
     }
     rounds.add("setup", "migrate ms per tenant", migrate_ms, false);
     rounds.finish(NAME, report);
