@@ -68,6 +68,20 @@ pub fn sns_config() -> aws_types::SdkConfig {
         .build()
 }
 
+/// The `outbox` binary built beside the bench (the dashboard and the
+/// tenants daemon rows run it).
+pub fn outbox_binary() -> Result<std::path::PathBuf, Error> {
+    let binary = std::env::current_exe()?.with_file_name("outbox");
+    if !binary.exists() {
+        return Err(format!(
+            "{} is missing: build it beside the bench (cargo build --release -p outbox-cli)",
+            binary.display()
+        )
+        .into());
+    }
+    Ok(binary)
+}
+
 /// A pool on the bench database, created if missing.
 pub async fn pg_pool(max_connections: u32) -> Result<PgPool, Error> {
     let admin = PgPoolOptions::new()

@@ -189,14 +189,7 @@ struct Dashboard {
 
 impl Dashboard {
     async fn start() -> Result<Self, Error> {
-        let binary = std::env::current_exe()?.with_file_name("outbox");
-        if !binary.exists() {
-            return Err(format!(
-                "{} is missing: build it beside the bench (cargo build --release -p outbox-cli)",
-                binary.display()
-            )
-            .into());
-        }
+        let binary = env::outbox_binary()?;
         let mut child = tokio::process::Command::new(&binary)
             .args(["--url", &format!("{}/{}", env::pg_server(), env::DATABASE)])
             .args(["--prefix", "bench", "dashboard", "--listen", "127.0.0.1:0"])

@@ -26,14 +26,7 @@ impl Daemon {
     /// Starts the daemon with `tenants` (a `[tenants]` body) and waits
     /// until `/health` says `expected` tenants run.
     pub async fn start(tenants: &str, expected: usize) -> Result<Self, Error> {
-        let binary = std::env::current_exe()?.with_file_name("outbox");
-        if !binary.exists() {
-            return Err(format!(
-                "{} is missing: build it beside the bench (cargo build --release -p outbox-cli)",
-                binary.display()
-            )
-            .into());
-        }
+        let binary = env::outbox_binary()?;
         let health = {
             let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
             probe.local_addr()?.to_string()

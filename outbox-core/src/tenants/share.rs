@@ -125,15 +125,19 @@ impl Pace for TenantPace {
         let was_full = self
             .was_full
             .swap(batch.full, std::sync::atomic::Ordering::Relaxed);
-        let mut served = self.board.served.lock().expect("share board");
         if !batch.full {
             if batch.events > 0 && !was_full {
+                let mut served = self.board.served.lock().expect("share board");
                 served.record(self.id, now);
             }
             return Duration::ZERO;
         }
         let since = now.checked_sub(policy.serving_window).unwrap_or(now);
-        if policy.backlog_rest > 0.0 && served.other_since(self.id, since) {
+        let others_served = || {
+            let served = self.board.served.lock().expect("share board");
+            served.other_since(self.id, since)
+        };
+        if policy.backlog_rest > 0.0 && others_served() {
             Duration::try_from_secs_f64(batch.busy.as_secs_f64() * policy.backlog_rest)
                 .unwrap_or(Duration::MAX)
                 .min(policy.serving_window)
