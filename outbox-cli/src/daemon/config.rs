@@ -40,8 +40,9 @@ pub struct DaemonConfig {
 }
 
 /// `[tenants]`: a PostgreSQL schema or a MySQL/MariaDB database per
-/// tenant, every one relayed by this process on one pool. Exactly one of `schemas`, `query`, `list` says
-/// which tenants there are; it is read again every `refresh`.
+/// tenant, every one relayed by this process on one pool per server.
+/// Exactly one of `schemas`, `query`, `urls`, `list` says which tenants
+/// there are; it is read again every `refresh`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantsSection {
@@ -50,11 +51,17 @@ pub struct TenantsSection {
     pub schemas: Option<String>,
     /// A query whose rows (one text column) are the tenants' schemas.
     pub query: Option<String>,
+    /// A query whose rows are `(tenant, url)` or `(tenant, url, schema)`:
+    /// each tenant's outbox in the database its URL names (of the same
+    /// kind as `url`), a pool of `connections` per server (PostgreSQL: per
+    /// database).
+    pub urls: Option<String>,
     /// The tenants' schemas, listed.
     pub list: Option<Vec<String>>,
     /// How often the tenants are read again (`30s`).
     pub refresh: Option<String>,
-    /// Connections every tenant's relay shares (default 8).
+    /// Connections every tenant's relay on one server shares (default 8;
+    /// with `urls`, each server's (PostgreSQL: database's) pool).
     pub connections: Option<u32>,
     /// Run `migrate()` on a tenant's schema before its relay starts
     /// (default false: a tenant without current tables is reported and
@@ -92,6 +99,8 @@ pub enum TenantsFrom {
     SchemasLike(String),
     /// `query`.
     Query(String),
+    /// `urls`.
+    Urls(String),
     /// `list`.
     List(Vec<String>),
 }
@@ -100,13 +109,14 @@ impl TenantsSection {
     /// The settings, checked; `has_listen`: the server has LISTEN/NOTIFY
     /// (PostgreSQL), so `listen` defaults to true.
     pub fn settings(&self, has_listen: bool) -> Result<TenantSettings, CliError> {
-        let from = match (&self.schemas, &self.query, &self.list) {
-            (Some(pattern), None, None) => TenantsFrom::SchemasLike(pattern.clone()),
-            (None, Some(query), None) => TenantsFrom::Query(query.clone()),
-            (None, None, Some(list)) => TenantsFrom::List(list.clone()),
+        let from = match (&self.schemas, &self.query, &self.urls, &self.list) {
+            (Some(pattern), None, None, None) => TenantsFrom::SchemasLike(pattern.clone()),
+            (None, Some(query), None, None) => TenantsFrom::Query(query.clone()),
+            (None, None, Some(query), None) => TenantsFrom::Urls(query.clone()),
+            (None, None, None, Some(list)) => TenantsFrom::List(list.clone()),
             _ => {
                 return Err(CliError::usage(
-                    "tenants: set exactly one of schemas, query or list",
+                    "tenants: set exactly one of schemas, query, urls or list",
                 ));
             }
         };

@@ -1,18 +1,19 @@
 //! `outbox relay` with `[tenants]`: a PostgreSQL schema or a MySQL/MariaDB
 //! database per tenant, every tenant relayed by this process on one pool
-//! (`outbox_core::tenants`).
+//! per server (`outbox_core::tenants`), the tenants found by a pattern, a
+//! query of schemas, a query of URLs, or a list.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::Duration;
 
-use outbox_core::tenants::{
-    FleetConfig, TenantFleet, TenantId, TenantList, TenantRelayFactory, TenantSource,
-};
+use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantList, TenantSource};
 use outbox_core::{CancellationToken, Publisher, RelayConfig};
-use outbox_sqlx::mysql::{MySqlDatabaseTenants, MySqlQueryTenants, MySqlTenantStores};
-use outbox_sqlx::postgres::{PgQueryTenants, PgSchemaTenants, PgTenantStores};
-use outbox_sqlx::tenants::{TenantRelays, TenantStores};
+use outbox_sqlx::mysql::{
+    MySqlDatabaseTenants, MySqlQueryTenants, MySqlTenantStores, MySqlUrlTenants,
+};
+use outbox_sqlx::postgres::{PgQueryTenants, PgSchemaTenants, PgTenantStores, PgUrlTenants};
+use outbox_sqlx::tenants::{TenantRelays, TenantStores, UrlTenantStores};
 use outbox_sqlx::{StoreConfig, TableNames, guard_cancelled_transactions, sqlx};
 
 use super::config::{DaemonConfig, TenantSettings, TenantsFrom, TenantsSection};
@@ -95,15 +96,30 @@ pub async fn run(
         settings: &settings,
         relay: &relay,
         url,
+        fleet: fleet_config,
+        publisher,
+        migrate: section.migrate.unwrap_or(false),
     };
+    let (connections, listen) = (settings.connections, settings.listen);
     match dialect {
         Dialect::Postgres => {
             let pool = guard_cancelled_transactions(sqlx::postgres::PgPoolOptions::new())
-                .max_connections(settings.connections)
+                .max_connections(connections)
                 .connect(url)
                 .await
                 .map_err(unreachable)?;
+            let polling = move |stores: PgTenantStores| match listen {
+                true => stores,
+                false => stores.polling_only(),
+            };
             let source: Box<dyn TenantSource> = match &settings.from {
+                TenantsFrom::Urls(query) => {
+                    let source = PgUrlTenants::new(pool, query.clone());
+                    let stores = UrlTenantStores::new(source.urls(), move |url| {
+                        PgTenantStores::lazy(url, connections, store_config.clone()).map(polling)
+                    });
+                    return run.serve(source, stores, Store::Postgres).await;
+                }
                 TenantsFrom::SchemasLike(pattern) => Box::new(
                     PgSchemaTenants::new(pool.clone(), pattern.clone()).with_tables(&tables),
                 ),
@@ -112,23 +128,24 @@ pub async fn run(
                 }
                 TenantsFrom::List(list) => Box::new(listed(list)?),
             };
-            let mut stores = PgTenantStores::new(pool, store_config);
-            if !settings.listen {
-                stores = stores.polling_only();
-            }
-            let store_of = store_of(stores.clone(), Store::Postgres);
-            let relays = relays(stores, &relay, publisher, section);
-            run.serve(TenantFleet::new(source, relays, fleet_config), store_of)
-                .await
+            let stores = polling(PgTenantStores::new(pool, store_config));
+            run.serve(source, stores, Store::Postgres).await
         }
         Dialect::MySql => {
             let url = format!("mysql:{}", url.split_once(':').map_or("", |(_, rest)| rest));
             let pool = guard_cancelled_transactions(sqlx::mysql::MySqlPoolOptions::new())
-                .max_connections(settings.connections)
+                .max_connections(connections)
                 .connect(&url)
                 .await
                 .map_err(unreachable)?;
             let source: Box<dyn TenantSource> = match &settings.from {
+                TenantsFrom::Urls(query) => {
+                    let source = MySqlUrlTenants::new(pool, query.clone());
+                    let stores = UrlTenantStores::new(source.urls(), move |url| {
+                        MySqlTenantStores::lazy(url, connections, store_config.clone())
+                    });
+                    return run.serve(source, stores, Store::MySql).await;
+                }
                 TenantsFrom::SchemasLike(pattern) => Box::new(
                     MySqlDatabaseTenants::new(pool.clone(), pattern.clone()).with_tables(&tables),
                 ),
@@ -138,50 +155,43 @@ pub async fn run(
                 TenantsFrom::List(list) => Box::new(listed(list)?),
             };
             let stores = MySqlTenantStores::new(pool, store_config);
-            let store_of = store_of(stores.clone(), Store::MySql);
-            let relays = relays(stores, &relay, publisher, section);
-            run.serve(TenantFleet::new(source, relays, fleet_config), store_of)
-                .await
+            run.serve(source, stores, Store::MySql).await
         }
     }
 }
 
-/// Each tenant's store as the daemon's other readers take it.
-fn store_of<T: TenantStores>(stores: T, wrap: fn(T::Store) -> Store) -> StoreOf {
-    Arc::new(move |tenant| Ok(wrap(stores.store(tenant)?)))
-}
-
-/// The relays over `stores`, migrating first if `[tenants]` says so.
-fn relays<T: TenantStores>(
-    stores: T,
-    relay: &RelayConfig,
-    publisher: Arc<dyn Publisher>,
-    section: &TenantsSection,
-) -> TenantRelays<T, dyn Publisher> {
-    let relays = TenantRelays::new(stores, relay.clone(), move |_| publisher.clone());
-    if section.migrate.unwrap_or(false) {
-        relays.migrating()
-    } else {
-        relays
-    }
-}
-
-/// What a fleet's run reads besides the fleet.
+/// What a fleet's run reads besides its tenants and their stores.
 struct FleetRun<'a> {
     config: &'a DaemonConfig,
     settings: &'a TenantSettings,
     relay: &'a RelayConfig,
     url: &'a str,
+    fleet: FleetConfig,
+    publisher: Arc<dyn Publisher>,
+    /// `[tenants] migrate`.
+    migrate: bool,
 }
 
 impl FleetRun<'_> {
-    /// Runs `fleet` (with its purge, `/metrics`, `/health` and dashboard)
-    /// until a signal.
-    async fn serve<F: TenantRelayFactory>(
+    /// Runs a relay per tenant of `source` over `stores` (with the purge,
+    /// `/metrics`, `/health` and dashboard over them) until a signal;
+    /// `wrap` makes a store the daemon's other readers take.
+    async fn serve<T: TenantStores + Clone>(
         self,
-        fleet: TenantFleet<F>,
-        store_of: StoreOf,
+        source: impl TenantSource + 'static,
+        stores: T,
+        wrap: fn(T::Store) -> Store,
     ) -> Result<(), CliError> {
+        let store_of: StoreOf = {
+            let stores = stores.clone();
+            Arc::new(move |tenant| Ok(wrap(stores.store(tenant)?)))
+        };
+        let publisher = self.publisher.clone();
+        let mut relays = TenantRelays::new(stores, self.relay.clone(), move |_| publisher.clone());
+        if self.migrate {
+            relays = relays.migrating();
+        }
+        let fleet = TenantFleet::new(source, relays, self.fleet.clone());
         let served = Served::Tenants {
             fleet: fleet.status(),
             store_of: store_of.clone(),

@@ -2,7 +2,8 @@
 //! by one process, a schema created while it runs picked up at the next
 //! refresh, `/health` per tenant, the relays' metrics and the backlog
 //! gauges per tenant, the scheduled purge over every tenant, SIGTERM
-//! drains them all.
+//! drains them all; tenants named by URL, one on a server that is down
+//! reported alone.
 
 use outbox_core::OutboxWriter;
 use outbox_core::testing::event;
@@ -217,15 +218,105 @@ listen = "{listen}"
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_named_by_url_are_relayed_and_one_whose_server_is_down_is_reported_alone() {
+    let pool = outbox_sqlx::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&pg_url())
+        .await
+        .unwrap();
+    let prefix = unique("urlt");
+    tenant(&pool, &format!("{prefix}_a"), 3).await;
+    tenant(&pool, &format!("{prefix}_b"), 2).await;
+    let down = "postgres://postgres:hidden-pw-6310@127.0.0.1:1/gone";
+    outbox_sqlx::sqlx::raw_sql(&format!(
+        "CREATE TABLE {prefix}_tenants (id text, url text, schema_name text);
+         INSERT INTO {prefix}_tenants VALUES
+           ('a', '{url}', '{prefix}_a'), ('b', '{url}', '{prefix}_b'), ('down', '{down}', NULL)",
+        url = pg_url(),
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let streams = format!("{}:", unique("tenants"));
+    let listen = free_address();
+    let config = ConfigFile::with(&format!(
+        r#"
+url = "{url}"
+
+[relay]
+id = "fleet-url"
+poll_interval = "100ms"
+
+[tenants]
+urls = "SELECT id, url, schema_name FROM {prefix}_tenants"
+refresh = "200ms"
+connections = 2
+
+[broker]
+kind = "redis"
+url = "{redis}"
+stream_prefix = "{streams}"
+
+[http]
+listen = "{listen}"
+"#,
+        url = pg_url(),
+        redis = redis_url(),
+    ));
+    let child = spawn_daemon(&config);
+    let published = |tenant: &str| {
+        format!(r#"outbox_relay_published_total{{relay="fleet-url/{tenant}",tenant="{tenant}"}}"#)
+    };
+    scrape_until(&listen, |m| {
+        gauge(m, &published("a")) == Some(3.0) && gauge(m, &published("b")) == Some(2.0)
+    })
+    .await;
+    // Its pool gives up connecting after TENANT_ACQUIRE_TIMEOUT (10 s).
+    let reported = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let (status, body) = get(&listen, "/health").await;
+            if body.contains("degraded: tenant down: failed") {
+                return (status, body);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    let (status, body) = reported.expect("the tenant whose server is down is reported");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert!(body.contains("ok: 2 of 3 tenants running"), "{body}");
+    assert!(!body.contains("hidden-pw"), "{body}");
+    stop_with_sigterm(child).await;
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{streams}invoice.paid"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    outbox_sqlx::sqlx::raw_sql(&format!(
+        "DROP SCHEMA {prefix}_a CASCADE; DROP SCHEMA {prefix}_b CASCADE; DROP TABLE {prefix}_tenants"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn tenants_settings_that_cannot_work_are_refused_by_name() {
     let postgres = pg_url();
-    let exactly_one = "set exactly one of schemas, query or list";
+    let exactly_one = "set exactly one of schemas, query, urls or list";
     for (url, settings, refused) in [
         (postgres.as_str(), "", exactly_one),
         (
             postgres.as_str(),
             "schemas = \"t_%\"\nlist = [\"a\"]",
+            exactly_one,
+        ),
+        (
+            postgres.as_str(),
+            "urls = \"SELECT 1\"\nquery = \"SELECT 1\"",
             exactly_one,
         ),
         (

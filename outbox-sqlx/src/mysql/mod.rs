@@ -12,4 +12,7 @@ pub use inbox::MySqlInbox;
 /// are refused by `migrate` (see the CHANGELOG's upgrade notes).
 pub use outbox_sql::mysql::SCHEMA_VERSION;
 pub use store::MySqlStore;
-pub use tenants::{MySqlDatabaseTenants, MySqlQueryTenants, MySqlTenantRelays, MySqlTenantStores};
+pub use tenants::{
+    MySqlDatabaseTenants, MySqlQueryTenants, MySqlTenantRelays, MySqlTenantStores,
+    MySqlUrlTenantStores, MySqlUrlTenants,
+};

@@ -17,7 +17,10 @@ pub use inbox::PgInbox;
 pub use listen::PgWakeUp;
 pub use listen_hub::PgListenHub;
 pub use store::PgStore;
-pub use tenants::{PgQueryTenants, PgSchemaTenants, PgTenantRelays, PgTenantStores};
+pub use tenants::{
+    PgQueryTenants, PgSchemaTenants, PgTenantRelays, PgTenantStores, PgUrlTenantStores,
+    PgUrlTenants,
+};
 #[cfg(feature = "testing")]
 #[cfg_attr(outbox_docsrs, doc(cfg(feature = "testing")))]
 pub use testing::{EffectLog, EndToEndDb, RecordEffect};

@@ -1,7 +1,9 @@
 //! A database per tenant on MariaDB, every tenant relayed by one fleet on
 //! one pool (issue 36): databases created and dropped while it runs, an
 //! unmigrated tenant from a tenants table reported and retried on its own
-//! while the others flow, and ten tenants on a pool of three connections.
+//! while the others flow, ten tenants on a pool of three connections, and
+//! tenants named by URL sharing their server's pool, one whose password is
+//! wrong failing alone.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -14,7 +16,9 @@ use outbox_core::testing::event;
 use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
 use outbox_sqlx::mysql::{
     MySqlDatabaseTenants, MySqlQueryTenants, MySqlStore, MySqlTenantRelays, MySqlTenantStores,
+    MySqlUrlTenants,
 };
+use outbox_sqlx::tenants::{TenantRelays, UrlTenantStores};
 use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 
@@ -304,4 +308,105 @@ async fn ten_tenant_databases_share_a_pool_of_three_connections() {
     assert_eq!(report.failures, 0);
     let names: Vec<&str> = databases.iter().map(String::as_str).collect();
     drop_databases(&setup, &names).await;
+}
+
+#[tokio::test]
+async fn tenants_by_url_share_their_servers_pool_and_a_wrong_password_fails_alone() {
+    const WRONG: &str = "wrong-pw-5517";
+    let setup = pool().await;
+    let prefix = support::unique_name("outbox_t_url");
+    let [a, b, c, registry] = ["a", "b", "c", "registry"].map(|t| format!("{prefix}_{t}"));
+    let (_, a_ids) = tenant(&setup, &a, true, 3).await;
+    let (_, b_ids) = tenant(&setup, &b, true, 2).await;
+    let (_, c_ids) = tenant(&setup, &c, true, 2).await;
+    let server = url();
+    let wrong_server = server.replacen("://root@", &format!("://root:{WRONG}@"), 1);
+    assert!(wrong_server.contains(WRONG), "{server} logs in as root");
+    sqlx::query(&format!("CREATE DATABASE {registry}"))
+        .execute(&setup)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "CREATE TABLE {registry}.tenants (id VARCHAR(64) PRIMARY KEY, url TEXT NOT NULL)"
+    ))
+    .execute(&setup)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {registry}.tenants VALUES ('a', ?), ('b', ?), ('c', ?)"
+    ))
+    .bind(format!("{server}/{a}"))
+    .bind(format!("{server}/{b}"))
+    .bind(format!("{wrong_server}/{c}"))
+    .execute(&setup)
+    .await
+    .unwrap();
+    let source = MySqlUrlTenants::new(
+        setup.clone(),
+        format!("SELECT id, url FROM {registry}.tenants"),
+    );
+    let stores = UrlTenantStores::new(source.urls(), |url| {
+        MySqlTenantStores::lazy(url, 2, StoreConfig::default())
+    });
+    let publishers = Publishers::default();
+    let relays = {
+        let publishers = publishers.clone();
+        let relay = RelayConfig {
+            relay_id: RelayId::new("fleet"),
+            poll_interval: Duration::from_millis(20),
+            ..RelayConfig::default()
+        };
+        TenantRelays::new(stores.clone(), relay, move |t| publishers.of(t.as_str()))
+    };
+    let config = FleetConfig {
+        refresh: Duration::from_millis(100),
+        restart: RetryPolicy {
+            initial_interval: Duration::from_millis(100),
+            max_interval: Duration::from_millis(300),
+            ..RetryPolicy::default()
+        },
+        ..FleetConfig::default()
+    };
+    let fleet = TenantFleet::new(source, relays, config);
+    let status = fleet.status();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(fleet.run(shutdown.clone()));
+
+    until("the tenants with good URLs publish", || {
+        publishers.published("a") == a_ids && publishers.published("b") == b_ids
+    })
+    .await;
+    let c_id = TenantId::new("c").unwrap();
+    until(
+        "the tenant with a wrong password is reported, retried",
+        || {
+            matches!(
+                status.tenant(&c_id).map(|s| s.state),
+                Some(TenantState::Retrying { ref error, failures, .. })
+                    if error.contains("Access denied") && !error.contains(WRONG) && failures >= 2
+            )
+        },
+    )
+    .await;
+    assert!(publishers.published("c").is_empty());
+    // a and b share their server's pool; c's login is another.
+    let servers = stores.servers();
+    assert_eq!(servers.len(), 2, "{servers:?}");
+    assert!(!servers.iter().any(|s| s.contains(WRONG)), "{servers:?}");
+
+    sqlx::query(&format!(
+        "UPDATE {registry}.tenants SET url = ? WHERE id = 'c'"
+    ))
+    .bind(format!("{server}/{c}"))
+    .execute(&setup)
+    .await
+    .unwrap();
+    until("c, its password corrected, publishes", || {
+        publishers.published("c") == c_ids
+    })
+    .await;
+    shutdown.cancel();
+    let report = running.await.unwrap();
+    assert_eq!(report.total().published, 7, "{report:?}");
+    drop_databases(&setup, &[&a, &b, &c, &registry]).await;
 }
