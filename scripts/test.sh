@@ -95,6 +95,15 @@ scripts/check-packages.sh
 step "soak (outbox-chaos soak: 2 minutes of traffic, private PostgreSQL and Redis)"
 target/debug/outbox-chaos soak
 
+# The tenants soak: one `outbox relay` daemon over 100 tenant schemas for
+# two minutes (Zipf traffic, a hot tenant's bursts, a tenant created and
+# one dropped every 7 s, a redeploy, purge on a short schedule), failing on
+# a loss, a new tenant that does not start, other tenants held back by the
+# hot one, a latency or memory that grows, connections above the bound, a
+# history that outgrows retention, or /health not counting every tenant.
+step "tenants soak (outbox-chaos tenants: 2 minutes, 100 tenant schemas, private PostgreSQL and Redis)"
+target/debug/outbox-chaos tenants
+
 # Doc tests before nextest: the run then closes on nextest's summary.
 step "doc tests"
 cargo test --workspace --all-features --doc

@@ -5,6 +5,8 @@
 //! outbox-chaos run [--full] [--kafka] [--events N] [--broker-outage-secs S]
 //!                                                    the orchestrator
 //! outbox-chaos soak [--full] [--minutes N]          the soak run (time)
+//! outbox-chaos tenants [--minutes N] [--tenants N] [--pg-setting S]
+//!                                                    the tenants soak
 //! outbox-chaos relay   PG_URL BROKER_URL NAME        one relay process
 //! outbox-chaos consume PG_URL BROKER_URL NAME        one consumer process
 //! ```
@@ -23,6 +25,7 @@ mod cluster;
 mod roles;
 mod run;
 mod soak;
+mod tenants;
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
@@ -41,13 +44,16 @@ fn main() -> std::process::ExitCode {
     let outcome = match args.first().map(String::as_str) {
         Some("run") => runtime.block_on(run::run(run::Settings::from_args(&args[1..]))),
         Some("soak") => runtime.block_on(soak::run(soak::Settings::from_args(&args[1..]))),
+        Some("tenants") => {
+            runtime.block_on(tenants::run(tenants::Settings::from_args(&args[1..])))
+        }
         Some("relay") if args.len() == 4 => {
             runtime.block_on(roles::relay(&args[1], &args[2], &args[3]))
         }
         Some("consume") if args.len() == 4 => {
             runtime.block_on(roles::consume(&args[1], &args[2], &args[3]))
         }
-        _ => Err("usage: outbox-chaos run [--full] [--kafka] [--events N] [--broker-outage-secs S] [--database-down-secs S] | soak [--full] [--minutes N] | relay PG BROKER NAME | consume PG BROKER NAME".into()),
+        _ => Err("usage: outbox-chaos run [--full] [--kafka] [--events N] [--broker-outage-secs S] [--database-down-secs S] | soak [--full] [--minutes N] | tenants [--minutes N] [--tenants N] [--pg-setting S] | relay PG BROKER NAME | consume PG BROKER NAME".into()),
     };
     match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -463,4 +463,6 @@ mod watch;
 
 use faults::*;
 use traffic::*;
+
+pub(crate) use traffic::Zipf;
 use watch::*;

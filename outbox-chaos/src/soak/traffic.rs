@@ -107,12 +107,12 @@ pub(super) async fn commit(
     Ok(())
 }
 /// Zipf over `n` keys with exponent `s`: key 0 the most frequent.
-pub(super) struct Zipf {
-    pub(super) cumulative: Vec<f64>,
+pub(crate) struct Zipf {
+    cumulative: Vec<f64>,
 }
 
 impl Zipf {
-    pub(super) fn new(n: usize, s: f64) -> Self {
+    pub(crate) fn new(n: usize, s: f64) -> Self {
         let weights: Vec<f64> = (1..=n).map(|k| 1.0 / (k as f64).powf(s)).collect();
         let total: f64 = weights.iter().sum();
         let mut running = 0.0;
@@ -126,7 +126,7 @@ impl Zipf {
         Self { cumulative }
     }
 
-    pub(super) fn sample(&self, unit: f64) -> usize {
+    pub(crate) fn sample(&self, unit: f64) -> usize {
         self.cumulative
             .partition_point(|c| *c < unit)
             .min(self.cumulative.len() - 1)

@@ -1,0 +1,304 @@
+//! The tenants soak's end: every event published, then what the run saw,
+//! as a table and as the checks that fail it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::daemon::Daemon;
+use super::traffic::Live;
+use super::{Observed, Settings};
+use crate::Error;
+
+/// Each event id's first publication on the stream (its entry's ms).
+async fn first_publications(redis: &str) -> Result<HashMap<String, u128>, Error> {
+    let mut first = HashMap::new();
+    crate::run::every_stream_entry(redis, |entry| {
+        let ms = entry
+            .id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(0);
+        if let Some(id) = entry.get::<String>("event_id") {
+            first.entry(id).or_insert(ms);
+        }
+    })
+    .await?;
+    Ok(first)
+}
+
+/// (p50, p99, count).
+fn percentiles(mut values: Vec<f64>) -> (f64, f64, usize) {
+    if values.is_empty() {
+        return (0.0, 0.0, 0);
+    }
+    values.sort_by(f64::total_cmp);
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99), values.len())
+}
+
+/// Commit→publish of the other tenants' events, outside redeploys and a
+/// new tenant's first seconds: quiet, while a hot burst drains, and in the
+/// run's first and last thirds; and the hot events' p99.
+struct Latency {
+    quiet: (f64, f64, usize),
+    bursting: (f64, f64, usize),
+    first_third_p50: f64,
+    last_third_p50: f64,
+    hot_p99: f64,
+}
+
+impl Latency {
+    fn of(observed: &Observed, published: &HashMap<String, u128>, joining: u128) -> Self {
+        let bursts: Vec<(u128, u128)> = observed
+            .bursts
+            .iter()
+            .map(|(from, until)| {
+                let drained = observed
+                    .sent
+                    .iter()
+                    .filter(|(_, s)| s.hot && s.committed_ms >= *from && s.committed_ms <= *until)
+                    .filter_map(|(id, _)| published.get(&id.to_string()))
+                    .copied()
+                    .max()
+                    .unwrap_or(*until);
+                (*from, drained)
+            })
+            .collect();
+        let redeploying = |at: u128| {
+            observed
+                .deploys
+                .iter()
+                .any(|(from, to)| at + 500 >= *from && at <= to + 5_000)
+        };
+        let (start, end) = observed.sent.values().fold((u128::MAX, 0), |(lo, hi), s| {
+            (lo.min(s.committed_ms), hi.max(s.committed_ms))
+        });
+        let third = (end.saturating_sub(start)) / 3;
+        let (mut quiet, mut bursting, mut hot) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut first, mut last) = (Vec::new(), Vec::new());
+        for (id, sent) in &observed.sent {
+            let Some(at) = published.get(&id.to_string()) else {
+                continue;
+            };
+            let latency = at.saturating_sub(sent.committed_ms) as f64;
+            if sent.hot {
+                hot.push(latency);
+                continue;
+            }
+            let new_tenant = observed
+                .joined
+                .get(&sent.tenant)
+                .is_some_and(|joined| sent.committed_ms < joined + joining);
+            if new_tenant || redeploying(sent.committed_ms) || redeploying(*at) {
+                continue;
+            }
+            if bursts
+                .iter()
+                .any(|(from, to)| sent.committed_ms >= *from && sent.committed_ms <= *to)
+            {
+                bursting.push(latency);
+                continue;
+            }
+            quiet.push(latency);
+            if sent.committed_ms < start + third {
+                first.push(latency);
+            } else if sent.committed_ms > end - third {
+                last.push(latency);
+            }
+        }
+        Self {
+            quiet: percentiles(quiet),
+            bursting: percentiles(bursting),
+            first_third_p50: percentiles(first).0,
+            last_third_p50: percentiles(last).0,
+            hot_p99: percentiles(hot).1,
+        }
+    }
+}
+
+/// Waits until every committed event is published (at most 2 minutes),
+/// prints the table and fails on any broken promise.
+pub(super) async fn settle_and_check(
+    settings: &Settings,
+    daemon: &Daemon,
+    redis: &str,
+    live: &tokio::sync::Mutex<Live>,
+    observed: &Mutex<Observed>,
+) -> Result<(), Error> {
+    let observed = std::mem::take(&mut *observed.lock().expect("observed"));
+    let drain_started = Instant::now();
+    let mut published = first_publications(redis).await?;
+    while drain_started.elapsed() < Duration::from_secs(120)
+        && observed
+            .sent
+            .keys()
+            .any(|id| !published.contains_key(&id.to_string()))
+    {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        published = first_publications(redis).await?;
+    }
+    let lost = observed
+        .sent
+        .keys()
+        .filter(|id| !published.contains_key(&id.to_string()))
+        .count();
+    let tenants_now = live.lock().await.tenants.len() + 1;
+    let all_running = daemon
+        .until_all_running(tenants_now, Duration::from_secs(30))
+        .await;
+
+    // A tenant made while running starts at the daemon's next refresh (1 s).
+    let joining = 3_000;
+    let latency = Latency::of(&observed, &published, joining);
+    let mut slowest_start = 0u128;
+    for tenant in observed.joined.keys() {
+        let of_tenant = observed.sent.iter().filter(|(_, s)| &s.tenant == tenant);
+        let first_commit = of_tenant.clone().map(|(_, s)| s.committed_ms).min();
+        let first_publish = of_tenant
+            .filter_map(|(id, _)| published.get(&id.to_string()))
+            .min();
+        if let (Some(c), Some(p)) = (first_commit, first_publish) {
+            slowest_start = slowest_start.max(p.saturating_sub(c));
+        }
+    }
+    let samples = &observed.samples;
+    let (start, end) = (
+        samples.first().map_or(0, |s| s.at_ms),
+        samples.last().map_or(0, |s| s.at_ms),
+    );
+    let third = end.saturating_sub(start) / 3;
+    let rss_max = |keep: &dyn Fn(u128) -> bool| {
+        samples
+            .iter()
+            .filter(|s| keep(s.at_ms))
+            .filter_map(|s| s.rss_mib)
+            .fold(0.0, f64::max)
+    };
+    let rss_early = rss_max(&|at| at < start + third);
+    let rss_late = rss_max(&|at| at > end - third);
+    let connections_max = samples.iter().map(|s| s.connections).max().unwrap_or(0);
+    // Rows beyond what the retention window (plus two purge rounds and a
+    // redeploy's pause) may keep: everything committed within it.
+    let window =
+        (settings.retention + settings.purge_every * 2 + Duration::from_secs(10)).as_millis();
+    let mut history_excess = 0i64;
+    for sample in samples {
+        let Some(rows) = sample.rows else { continue };
+        let kept = observed
+            .sent
+            .values()
+            .filter(|s| s.committed_ms + window > sample.at_ms)
+            .count() as i64;
+        history_excess = history_excess.max(rows - kept);
+    }
+
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!(
+        "| events committed (hot bursts among them) / lost | {} ({}) / {lost} |",
+        observed.sent.len(),
+        observed.sent.values().filter(|s| s.hot).count()
+    );
+    println!(
+        "| tenants created / dropped while running; redeploys | {} / {}; {} |",
+        observed.joined.len(),
+        observed.dropped,
+        observed.deploys.len()
+    );
+    println!(
+        "| a new tenant's first publication after its first commit, slowest | {slowest_start} ms |"
+    );
+    println!(
+        "| other tenants' commit→publish p50 / p99, quiet | {:.0} / {:.0} ms ({} events) |",
+        latency.quiet.0, latency.quiet.1, latency.quiet.2
+    );
+    println!(
+        "| other tenants' commit→publish p50 / p99, while the hot tenant drains | {:.0} / {:.0} ms ({} events) |",
+        latency.bursting.0, latency.bursting.1, latency.bursting.2
+    );
+    println!(
+        "| hot bursts' commit→publish p99 | {:.0} ms |",
+        latency.hot_p99
+    );
+    println!(
+        "| quiet p50, first third / last third of the run | {:.0} / {:.0} ms |",
+        latency.first_third_p50, latency.last_third_p50
+    );
+    println!(
+        "| daemon memory, most in the first third / last third | {rss_early:.1} / {rss_late:.1} MiB |"
+    );
+    println!(
+        "| daemon connections, most seen (bound {}) | {connections_max} |",
+        settings.connections
+    );
+    println!(
+        "| rows beyond the retention window, most seen | {} |",
+        history_excess.max(0)
+    );
+    println!("| every tenant running at the end (/health) | {all_running} |");
+
+    let mut broken = Vec::new();
+    if lost > 0 {
+        broken.push(format!("{lost} events never published"));
+    }
+    if !all_running {
+        broken.push(format!(
+            "/health did not count {tenants_now} tenants running: {}",
+            daemon.health().await.lines().last().unwrap_or_default()
+        ));
+    }
+    if observed.joined.is_empty() || observed.dropped == 0 || observed.deploys.is_empty() {
+        broken.push(
+            "no tenant was created, dropped or redeployed: the churn checks measured nothing"
+                .into(),
+        );
+    }
+    if slowest_start > 10_000 {
+        broken.push(format!(
+            "a new tenant waited {slowest_start} ms for its first publication"
+        ));
+    }
+    if latency.quiet.2 < 1_000 || latency.bursting.2 < 20 {
+        broken.push(format!(
+            "only {} quiet events and {} while a burst drained: the fairness check measured nothing",
+            latency.quiet.2, latency.bursting.2
+        ));
+    }
+    if latency.bursting.1 > 2.0 * latency.quiet.1 + 250.0 {
+        broken.push(format!(
+            "other tenants waited {:.0} ms (p99) while the hot tenant drained, {:.0} ms otherwise",
+            latency.bursting.1, latency.quiet.1
+        ));
+    }
+    if latency.last_third_p50 > 2.0 * latency.first_third_p50 + 25.0 {
+        broken.push(format!(
+            "quiet latency rose from {:.0} to {:.0} ms (p50) over the run",
+            latency.first_third_p50, latency.last_third_p50
+        ));
+    }
+    if rss_late > rss_early * 1.25 + 8.0 {
+        broken.push(format!(
+            "the daemon's memory grew from {rss_early:.1} to {rss_late:.1} MiB"
+        ));
+    }
+    if connections_max > i64::from(settings.connections) {
+        broken.push(format!(
+            "the daemon held {connections_max} connections (bound {})",
+            settings.connections
+        ));
+    }
+    if history_excess > 100 {
+        broken.push(format!(
+            "{history_excess} rows outlived the retention window"
+        ));
+    }
+    if broken.is_empty() {
+        println!("\ntenants soak: nothing lost, no tenant held another, nothing grew");
+        Ok(())
+    } else {
+        Err(format!("tenants soak: {}", broken.join("; ")).into())
+    }
+}

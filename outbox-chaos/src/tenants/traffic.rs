@@ -1,0 +1,204 @@
+//! The tenants soak's traffic: Zipf tenants at a steady rate, bursts on
+//! the hot tenant, and tenants created and dropped while it runs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_core::policy::{RandomSource, SplitMix64};
+use outbox_core::{CancellationToken, EventId, NewEvent, OutboxWriter};
+use outbox_sqlx::postgres::PgStore;
+use outbox_sqlx::{StoreConfig, TableNames};
+
+use super::{HOT, Observed, Sent, Settings, now_ms};
+use crate::Error;
+use crate::soak::Zipf;
+
+/// The tenants taking traffic now (the hot one aside), oldest first, and
+/// how many were made.
+#[derive(Default)]
+pub(super) struct Live {
+    pub(super) tenants: Vec<String>,
+    pub(super) made: usize,
+}
+
+/// A tenant schema with migrated outbox tables.
+pub(super) async fn make_tenant(pool: &sqlx::PgPool, tenant: &str) -> Result<(), Error> {
+    sqlx::query(&format!("CREATE SCHEMA {tenant}"))
+        .execute(pool)
+        .await?;
+    store(pool, tenant)?.migrate().await?;
+    Ok(())
+}
+
+fn store(pool: &sqlx::PgPool, tenant: &str) -> Result<PgStore, Error> {
+    let tables = TableNames::default().in_schema(tenant)?;
+    Ok(PgStore::new(pool.clone(), StoreConfig::with_tables(tables)))
+}
+
+pub(super) fn tenant_name(n: usize) -> String {
+    format!("t_{n:04}")
+}
+
+/// Zipf over the live tenants at `rate` in transactions of 5, and every
+/// `burst_every` a burst on the hot tenant (transactions of 500), each
+/// commit recorded; retried through outages (same ids).
+pub(super) async fn produce(
+    pool: sqlx::PgPool,
+    settings: Settings,
+    live: Arc<tokio::sync::Mutex<Live>>,
+    observed: Arc<Mutex<Observed>>,
+    done: CancellationToken,
+) -> Result<(), Error> {
+    let random = SplitMix64::from_entropy();
+    let zipf = Zipf::new(settings.tenants - 1, 1.0);
+    let mut stores: HashMap<String, PgStore> = HashMap::new();
+    let started = Instant::now();
+    let mut next_burst = started + settings.burst_every / 2;
+    let mut produced = 0usize;
+    let event = |tenant: &str, n: usize| {
+        NewEvent::builder("invoice.paid", "invoice", format!("inv-{tenant}-{n}"))
+            .event_id(EventId::random())
+            .partition_key(format!("k{}", n % 50))
+            .payload(&serde_json::json!({ "tenant": tenant }))
+            .build()
+            .expect("a valid event")
+    };
+    while !done.is_cancelled() {
+        if Instant::now() >= next_burst {
+            next_burst += settings.burst_every;
+            let hot = stores
+                .entry(HOT.into())
+                .or_insert(store(&pool, HOT)?)
+                .clone();
+            let from = now_ms();
+            for chunk in 0..settings.burst_events.div_ceil(500) {
+                let size = 500.min(settings.burst_events - chunk * 500);
+                let batch: Vec<NewEvent> = (0..size).map(|n| event(HOT, n)).collect();
+                commit(&hot, HOT, &batch, true, &observed).await?;
+            }
+            observed
+                .lock()
+                .expect("observed")
+                .bursts
+                .push((from, now_ms()));
+            continue;
+        }
+        // Held over the commit: a tenant leaves only between commits.
+        let live = live.lock().await;
+        let tenant = live.tenants[zipf.sample(random.next_unit())].clone();
+        let target = match stores.get(&tenant) {
+            Some(store) => store.clone(),
+            None => {
+                let made = store(&pool, &tenant)?;
+                stores.insert(tenant.clone(), made.clone());
+                made
+            }
+        };
+        let batch: Vec<NewEvent> = (0..5).map(|n| event(&tenant, produced + n)).collect();
+        commit(&target, &tenant, &batch, false, &observed).await?;
+        drop(live);
+        produced += batch.len();
+        let due = started + Duration::from_secs_f64(produced as f64 / settings.rate);
+        tokio::select! {
+            _ = tokio::time::sleep_until(due.into()) => {}
+            _ = done.cancelled() => {}
+        }
+    }
+    Ok(())
+}
+
+async fn commit(
+    store: &PgStore,
+    tenant: &str,
+    batch: &[NewEvent],
+    hot: bool,
+    observed: &Mutex<Observed>,
+) -> Result<(), Error> {
+    loop {
+        match OutboxWriter::enqueue(store, batch).await {
+            Ok(_) => break,
+            Err(error) if error.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return Err(format!("enqueue into {tenant}: {error}").into()),
+        }
+    }
+    let at = now_ms();
+    let mut observed = observed.lock().expect("observed");
+    for event in batch {
+        observed.sent.insert(
+            event.event_id,
+            Sent {
+                tenant: tenant.to_owned(),
+                committed_ms: at,
+                hot,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// Every `churn_every`: a new tenant schema (taking traffic at once, its
+/// relay started by the daemon's next refresh) and the oldest tenant
+/// dropped once its last event is published (it stops taking traffic
+/// first; the daemon's next refresh stops its relay).
+pub(super) async fn churn(
+    pool: sqlx::PgPool,
+    settings: Settings,
+    live: Arc<tokio::sync::Mutex<Live>>,
+    observed: Arc<Mutex<Observed>>,
+    done: CancellationToken,
+) -> Result<(), Error> {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(settings.churn_every) => {}
+            _ = done.cancelled() => return Ok(()),
+        }
+        let tenant = {
+            let mut live = live.lock().await;
+            live.made += 1;
+            tenant_name(live.made - 1)
+        };
+        make_tenant(&pool, &tenant).await?;
+        observed
+            .lock()
+            .expect("observed")
+            .joined
+            .insert(tenant.clone(), now_ms());
+        // The producer commits holding the list: once it is ours, the
+        // leaving tenant's last commit is over. It goes once everything it
+        // committed is published.
+        let leaving = {
+            let mut live = live.lock().await;
+            live.tenants.push(tenant);
+            live.tenants.remove(0)
+        };
+        let leaving_store = store(&pool, &leaving)?;
+        let published = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let stats = outbox_core::store::OutboxAdmin::stats(&leaving_store).await?;
+                if stats
+                    .iter()
+                    .all(|s| s.claimable + s.parked + s.in_flight == 0)
+                {
+                    return Ok::<_, Error>(());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        match published {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(
+                    format!("tenant {leaving}'s events were not published within 30 s").into(),
+                );
+            }
+        }
+        sqlx::query(&format!("DROP SCHEMA {leaving} CASCADE"))
+            .execute(&pool)
+            .await?;
+        observed.lock().expect("observed").dropped += 1;
+    }
+}
