@@ -13,6 +13,7 @@ mod error;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod inbox;
 mod pool;
+mod redact;
 #[cfg(any(feature = "mysql", feature = "sqlite"))]
 mod scalars;
 pub mod tenants;
@@ -31,6 +32,7 @@ pub use config::{DEFAULT_PREFIX, Migrated, StoreConfig, TableNames};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use inbox::{InboxDialect, SqlxInbox};
 pub use pool::guard_cancelled_transactions;
+pub use redact::without_password;
 /// The `sqlx` these stores were built against: build pools and open
 /// transactions with it, and one dependency line is enough.
 pub use sqlx;

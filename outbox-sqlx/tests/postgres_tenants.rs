@@ -13,10 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_core::memory::RecordingPublisher;
-use outbox_core::policy::RetryPolicy;
 use outbox_core::tenants::{
-    FleetConfig, FleetReport, FleetStatus, TenantFleet, TenantId, TenantRelayFactory, TenantSource,
-    TenantState,
+    FleetReport, FleetStatus, TenantFleet, TenantId, TenantRelayFactory, TenantSource, TenantState,
 };
 use outbox_core::testing::event;
 use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
@@ -27,6 +25,7 @@ use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use support::pg::{connect, shared_url};
+use support::tenants::{quick_fleet, until};
 
 /// Each tenant's recording publisher, made on first use.
 #[derive(Clone, Default)]
@@ -65,18 +64,6 @@ impl Publishers {
     }
 }
 
-fn fleet_config() -> FleetConfig {
-    FleetConfig {
-        refresh: Duration::from_millis(100),
-        restart: RetryPolicy {
-            initial_interval: Duration::from_millis(50),
-            max_interval: Duration::from_millis(200),
-            ..RetryPolicy::default()
-        },
-        ..FleetConfig::default()
-    }
-}
-
 /// The store of tables in `schema`, migrated if asked.
 async fn store_in(pool: &PgPool, schema: &str, migrate: bool) -> PgStore {
     sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
@@ -98,17 +85,6 @@ async fn enqueue(store: &PgStore) -> EventId {
     id
 }
 
-/// Waits (up to 20 s) until `done` holds.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let waited = tokio::time::timeout(Duration::from_secs(20), async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "timed out waiting until {what}");
-}
-
 fn running<F: TenantRelayFactory>(
     source: impl TenantSource + 'static,
     factory: F,
@@ -117,7 +93,7 @@ fn running<F: TenantRelayFactory>(
     CancellationToken,
     tokio::task::JoinHandle<FleetReport>,
 ) {
-    let fleet = TenantFleet::new(source, factory, fleet_config());
+    let fleet = TenantFleet::new(source, factory, quick_fleet());
     let status = fleet.status();
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(fleet.run(shutdown.clone()));

@@ -12,8 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_core::memory::RecordingPublisher;
-use outbox_core::policy::RetryPolicy;
-use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantState};
+use outbox_core::tenants::{TenantFleet, TenantId, TenantState};
 use outbox_core::testing::event;
 use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
 use outbox_sql::testing::PrivatePg;
@@ -22,6 +21,7 @@ use outbox_sqlx::tenants::{TenantRelays, UrlTenantStores};
 use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::PgPool;
 use support::pg::{connect, shared_url};
+use support::tenants::{quick_fleet, until};
 
 /// The private server's password, and the wrong one a tenant's row gives.
 const RIGHT: &str = "right-pw-4821";
@@ -82,17 +82,6 @@ async fn enqueue(store: &PgStore) -> EventId {
     id
 }
 
-/// Waits (up to 30 s) until `done` holds.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let waited = tokio::time::timeout(Duration::from_secs(30), async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "timed out waiting until {what}");
-}
-
 #[tokio::test]
 async fn tenants_by_url_share_a_pool_per_database_and_wrong_credentials_fail_alone() {
     let (server, hba) = server_with_passwords();
@@ -145,16 +134,7 @@ async fn tenants_by_url_share_a_pool_per_database_and_wrong_credentials_fail_alo
                 .clone()
         })
     };
-    let config = FleetConfig {
-        refresh: Duration::from_millis(100),
-        restart: RetryPolicy {
-            initial_interval: Duration::from_millis(50),
-            max_interval: Duration::from_millis(200),
-            ..RetryPolicy::default()
-        },
-        ..FleetConfig::default()
-    };
-    let fleet = TenantFleet::new(source, relays, config);
+    let fleet = TenantFleet::new(source, relays, quick_fleet());
     let status = fleet.status();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(fleet.run(shutdown.clone()));

@@ -464,5 +464,6 @@ mod watch;
 use faults::*;
 use traffic::*;
 
-pub(crate) use traffic::Zipf;
+pub(crate) use traffic::{Zipf, enqueue_retrying};
 use watch::*;
+pub(crate) use watch::{first_publications, percentiles};

@@ -76,15 +76,7 @@ pub(super) async fn commit(
     committed: &Mutex<Committed>,
     observed: &Mutex<Observed>,
 ) -> Result<(), Error> {
-    loop {
-        match OutboxWriter::enqueue(store, batch).await {
-            Ok(_) => break,
-            Err(error) if error.is_retryable() => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => return Err(error.into()),
-        }
-    }
+    enqueue_retrying(store, batch).await?;
     let at = now_ms();
     let mut committed = committed.lock().expect("committed");
     let mut observed = observed.lock().expect("observed");
@@ -106,6 +98,23 @@ pub(super) async fn commit(
     committed.total += batch.len();
     Ok(())
 }
+/// Enqueues `batch` in one transaction, again (same ids) while the
+/// database is unavailable.
+pub(crate) async fn enqueue_retrying(
+    store: &PgStore,
+    batch: &[NewEvent],
+) -> Result<(), outbox_core::StoreError> {
+    loop {
+        match OutboxWriter::enqueue(store, batch).await {
+            Ok(_) => return Ok(()),
+            Err(error) if error.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 /// Zipf over `n` keys with exponent `s`: key 0 the most frequent.
 pub(crate) struct Zipf {
     cumulative: Vec<f64>,

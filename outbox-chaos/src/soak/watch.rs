@@ -124,7 +124,7 @@ pub(super) async fn drain_progress(store: &PgStore, broker_url: &str) -> String 
     .unwrap_or_else(|e| format!("stream: {e}"));
     format!("{store_side}; {broker_side}")
 }
-pub(super) async fn first_publications(url: &str) -> Result<HashMap<String, u128>, Error> {
+pub(crate) async fn first_publications(url: &str) -> Result<HashMap<String, u128>, Error> {
     let mut first = HashMap::new();
     crate::run::every_stream_entry(url, |entry| {
         let ms: u128 = entry
@@ -207,7 +207,7 @@ impl Latency {
         }
     }
 }
-pub(super) fn percentiles(values: &mut [f64]) -> (f64, f64, usize) {
+pub(crate) fn percentiles(values: &mut [f64]) -> (f64, f64, usize) {
     if values.is_empty() {
         return (0.0, 0.0, 0);
     }

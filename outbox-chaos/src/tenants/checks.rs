@@ -9,34 +9,7 @@ use super::daemon::Daemon;
 use super::traffic::Live;
 use super::{Observed, Settings};
 use crate::Error;
-
-/// Each event id's first publication on the stream (its entry's ms).
-async fn first_publications(redis: &str) -> Result<HashMap<String, u128>, Error> {
-    let mut first = HashMap::new();
-    crate::run::every_stream_entry(redis, |entry| {
-        let ms = entry
-            .id
-            .split('-')
-            .next()
-            .and_then(|ms| ms.parse().ok())
-            .unwrap_or(0);
-        if let Some(id) = entry.get::<String>("event_id") {
-            first.entry(id).or_insert(ms);
-        }
-    })
-    .await?;
-    Ok(first)
-}
-
-/// (p50, p99, count).
-fn percentiles(mut values: Vec<f64>) -> (f64, f64, usize) {
-    if values.is_empty() {
-        return (0.0, 0.0, 0);
-    }
-    values.sort_by(f64::total_cmp);
-    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
-    (at(0.5), at(0.99), values.len())
-}
+use crate::soak::{first_publications, percentiles};
 
 /// Commit→publish of the other tenants' events, outside redeploys and a
 /// new tenant's first seconds: quiet, while a hot burst drains, and in the
@@ -109,11 +82,11 @@ impl Latency {
             }
         }
         Self {
-            quiet: percentiles(quiet),
-            bursting: percentiles(bursting),
-            first_third_p50: percentiles(first).0,
-            last_third_p50: percentiles(last).0,
-            hot_p99: percentiles(hot).1,
+            quiet: percentiles(&mut quiet),
+            bursting: percentiles(&mut bursting),
+            first_third_p50: percentiles(&mut first).0,
+            last_third_p50: percentiles(&mut last).0,
+            hot_p99: percentiles(&mut hot).1,
         }
     }
 }

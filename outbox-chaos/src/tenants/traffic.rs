@@ -6,13 +6,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox_core::policy::{RandomSource, SplitMix64};
-use outbox_core::{CancellationToken, EventId, NewEvent, OutboxWriter};
+use outbox_core::{CancellationToken, EventId, NewEvent};
 use outbox_sqlx::postgres::PgStore;
 use outbox_sqlx::{StoreConfig, TableNames};
 
 use super::{HOT, Observed, Sent, Settings, now_ms};
 use crate::Error;
-use crate::soak::Zipf;
+use crate::soak::{Zipf, enqueue_retrying};
 
 /// The tenants taking traffic now (the hot one aside), oldest first, and
 /// how many were made.
@@ -115,15 +115,9 @@ async fn commit(
     hot: bool,
     observed: &Mutex<Observed>,
 ) -> Result<(), Error> {
-    loop {
-        match OutboxWriter::enqueue(store, batch).await {
-            Ok(_) => break,
-            Err(error) if error.is_retryable() => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => return Err(format!("enqueue into {tenant}: {error}").into()),
-        }
-    }
+    enqueue_retrying(store, batch)
+        .await
+        .map_err(|error| format!("enqueue into {tenant}: {error}"))?;
     let at = now_ms();
     let mut observed = observed.lock().expect("observed");
     for event in batch {

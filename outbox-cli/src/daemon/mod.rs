@@ -153,20 +153,7 @@ fn log_stopped(report: &outbox_core::RelayReport, message: &'static str) {
 }
 
 /// `url` with any password replaced by `***` (start-up logs and pages).
-pub(crate) fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
+pub(crate) use outbox_sqlx::without_password as redacted;
 
 fn publisher(broker: &BrokerSection) -> Result<Arc<dyn Publisher>, CliError> {
     match broker {
@@ -332,27 +319,5 @@ async fn purge_store(store: &Store, older_than: Duration, tenant: Option<&str>) 
                 return purged;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redacted;
-
-    #[test]
-    fn passwords_never_reach_the_log() {
-        assert_eq!(
-            redacted("postgres://app:s3cret@db.internal:5432/billing?sslmode=require"),
-            "postgres://app:***@db.internal:5432/billing?sslmode=require"
-        );
-        assert_eq!(
-            redacted("redis://:p%40ss@cache:6379/0"),
-            "redis://:***@cache:6379/0"
-        );
-        assert_eq!(redacted("postgres://app@db/x"), "postgres://app@db/x");
-        assert_eq!(
-            redacted("sqlite:/var/lib/outbox.db"),
-            "sqlite:/var/lib/outbox.db"
-        );
     }
 }

@@ -10,8 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_core::memory::RecordingPublisher;
-use outbox_core::policy::RetryPolicy;
-use outbox_core::tenants::{FleetConfig, TenantFleet, TenantId, TenantSource, TenantState};
+use outbox_core::tenants::{TenantFleet, TenantId, TenantSource, TenantState};
 use outbox_core::testing::event;
 use outbox_core::{CancellationToken, EventId, OutboxWriter, RelayConfig, RelayId};
 use outbox_sqlx::mysql::{
@@ -22,6 +21,7 @@ use outbox_sqlx::tenants::{TenantRelays, UrlTenantStores};
 use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 
+use super::support::tenants::{quick_fleet, until};
 use super::{pool, support, url};
 
 /// Each tenant's recording publisher, made on first use.
@@ -57,17 +57,8 @@ fn fleet<S: TenantSource + 'static>(
     TenantFleet<MySqlTenantRelays<RecordingPublisher>>,
     CancellationToken,
 ) {
-    let config = FleetConfig {
-        refresh: Duration::from_millis(100),
-        restart: RetryPolicy {
-            initial_interval: Duration::from_millis(50),
-            max_interval: Duration::from_millis(200),
-            ..RetryPolicy::default()
-        },
-        ..FleetConfig::default()
-    };
     (
-        TenantFleet::new(source, relays, config),
+        TenantFleet::new(source, relays, quick_fleet()),
         CancellationToken::new(),
     )
 }
@@ -101,17 +92,6 @@ async fn drop_databases(pool: &MySqlPool, databases: &[&str]) {
             .await
             .unwrap();
     }
-}
-
-/// Waits (up to 30 s) until `done` holds.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let waited = tokio::time::timeout(Duration::from_secs(30), async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "timed out waiting until {what}");
 }
 
 #[tokio::test]
@@ -358,16 +338,7 @@ async fn tenants_by_url_share_their_servers_pool_and_a_wrong_password_fails_alon
         };
         TenantRelays::new(stores.clone(), relay, move |t| publishers.of(t.as_str()))
     };
-    let config = FleetConfig {
-        refresh: Duration::from_millis(100),
-        restart: RetryPolicy {
-            initial_interval: Duration::from_millis(100),
-            max_interval: Duration::from_millis(300),
-            ..RetryPolicy::default()
-        },
-        ..FleetConfig::default()
-    };
-    let fleet = TenantFleet::new(source, relays, config);
+    let fleet = TenantFleet::new(source, relays, quick_fleet());
     let status = fleet.status();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(fleet.run(shutdown.clone()));

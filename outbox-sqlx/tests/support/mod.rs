@@ -23,6 +23,7 @@ pub fn unreachable(service: &str, url: &str, error: impl std::fmt::Display) -> !
 }
 #[cfg(feature = "postgres")]
 pub mod pg;
+pub mod tenants;
 
 /// On a store whose pool was closed: `stats` and the inbox's `begin` fail
 /// as unavailable, and each error names its operation and table once.
