@@ -46,8 +46,13 @@ pub enum Command {
     Status {
         /// PostgreSQL, a schema per tenant: one line per schema `LIKE` this
         /// pattern holding an outbox (`tenant_%`), and their sum.
-        #[arg(long, value_name = "SCHEMA_PATTERN")]
+        #[arg(long, value_name = "SCHEMA_PATTERN", conflicts_with = "tenant_urls")]
         all_tenants: Option<String>,
+        /// Tenants named by URL: one line per row of this query's
+        /// `(tenant, url[, schema])` (as `[tenants] urls` reads them), and
+        /// their sum.
+        #[arg(long, value_name = "QUERY")]
+        tenant_urls: Option<String>,
     },
     /// Failed events.
     Failed {

@@ -42,8 +42,19 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Migrate => migrate(&store, cli.output).await,
         Command::Status {
             all_tenants: Some(pattern),
-        } => crate::tenants::status(&store, &tables, &pattern, cli.output).await,
-        Command::Status { all_tenants: None } => status(&store, cli.output).await,
+            ..
+        } => {
+            let which = crate::tenants::Which::SchemasLike(pattern);
+            crate::tenants::status(&store, &tables, which, cli.output).await
+        }
+        Command::Status {
+            tenant_urls: Some(query),
+            ..
+        } => {
+            let which = crate::tenants::Which::Urls(query);
+            crate::tenants::status(&store, &tables, which, cli.output).await
+        }
+        Command::Status { .. } => status(&store, cli.output).await,
         Command::Failed { action } => failed(&store, action, cli.output).await,
         Command::Requeue(repair) => {
             let action = operator_action(&repair)?;

@@ -1,7 +1,8 @@
-//! `outbox status --all-tenants PATTERN`: one line per tenant (a
-//! PostgreSQL schema or a MySQL/MariaDB database `LIKE` the pattern that
-//! holds an outbox), and their sum. A tenant whose read fails gets its error on its line; the others
-//! are still read.
+//! `outbox status --all-tenants PATTERN` / `--tenant-urls QUERY`: one
+//! line per tenant (a PostgreSQL schema or a MySQL/MariaDB database `LIKE`
+//! the pattern that holds an outbox, or a row of the query naming its URL),
+//! and their sum. A tenant whose read fails gets its error on its line;
+//! the others are still read.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,9 +10,9 @@ use std::time::Duration;
 use outbox_core::store::EventTypeStats;
 use outbox_core::tenants::TenantSource;
 use outbox_sqlx::StoreConfig;
-use outbox_sqlx::mysql::{MySqlDatabaseTenants, MySqlTenantStores};
-use outbox_sqlx::postgres::{PgSchemaTenants, PgTenantStores};
-use outbox_sqlx::tenants::TenantStores;
+use outbox_sqlx::mysql::{MySqlDatabaseTenants, MySqlTenantStores, MySqlUrlTenants};
+use outbox_sqlx::postgres::{PgSchemaTenants, PgTenantStores, PgUrlTenants};
+use outbox_sqlx::tenants::{TenantStores, UrlTenantStores};
 use serde_json::{Value, json};
 
 use crate::args::Output;
@@ -68,40 +69,66 @@ impl Totals {
     }
 }
 
+/// Which tenants `status` reads.
+pub enum Which {
+    /// `--all-tenants PATTERN`.
+    SchemasLike(String),
+    /// `--tenant-urls QUERY`.
+    Urls(String),
+}
+
+/// Connections of each tenant server's pool when tenants are named by URL.
+const URL_CONNECTIONS: u32 = 2;
+
+/// A tenant's store as `status` reads it.
+fn store_of<T: TenantStores>(stores: T, wrap: fn(T::Store) -> Store) -> StoreOf {
+    Arc::new(move |t| Ok(wrap(stores.store(t)?)))
+}
+
 /// Prints every tenant's line and the sum.
 pub async fn status(
     store: &Store,
     tables: &Tables,
-    pattern: &str,
+    which: Which,
     output: Output,
 ) -> Result<(), CliError> {
     if tables.schema.is_some() {
         return Err(CliError::usage(
-            "--all-tenants reads every tenant's schema: remove --schema",
+            "--all-tenants and --tenant-urls read every tenant's schema: remove --schema",
         ));
     }
-    let (tenants, stores): (_, StoreOf) = match store {
-        Store::Postgres(pg) => {
+    let (tenants, stores): (_, StoreOf) = match (store, which) {
+        (Store::Postgres(pg), Which::SchemasLike(pattern)) => {
             let names = pg.config().tables.clone();
             let tenants = PgSchemaTenants::new(pg.pool().clone(), pattern).with_tables(&names);
             let stores = PgTenantStores::new(pg.pool().clone(), StoreConfig::with_tables(names));
-            (
-                tenants.tenants().await?,
-                Arc::new(move |t| Ok(Store::Postgres(stores.store(t)?))),
-            )
+            (tenants.tenants().await?, store_of(stores, Store::Postgres))
         }
-        Store::MySql(my) => {
+        (Store::Postgres(pg), Which::Urls(query)) => {
+            let config = StoreConfig::with_tables(pg.config().tables.clone());
+            let tenants = PgUrlTenants::new(pg.pool().clone(), query);
+            let stores = UrlTenantStores::new(tenants.urls(), move |url| {
+                PgTenantStores::lazy(url, URL_CONNECTIONS, config.clone())
+            });
+            (tenants.tenants().await?, store_of(stores, Store::Postgres))
+        }
+        (Store::MySql(my), Which::SchemasLike(pattern)) => {
             let names = my.config().tables.clone();
             let tenants = MySqlDatabaseTenants::new(my.pool().clone(), pattern).with_tables(&names);
             let stores = MySqlTenantStores::new(my.pool().clone(), StoreConfig::with_tables(names));
-            (
-                tenants.tenants().await?,
-                Arc::new(move |t| Ok(Store::MySql(stores.store(t)?))),
-            )
+            (tenants.tenants().await?, store_of(stores, Store::MySql))
         }
-        Store::Sqlite(_) => {
+        (Store::MySql(my), Which::Urls(query)) => {
+            let config = StoreConfig::with_tables(my.config().tables.clone());
+            let tenants = MySqlUrlTenants::new(my.pool().clone(), query);
+            let stores = UrlTenantStores::new(tenants.urls(), move |url| {
+                MySqlTenantStores::lazy(url, URL_CONNECTIONS, config.clone())
+            });
+            (tenants.tenants().await?, store_of(stores, Store::MySql))
+        }
+        (Store::Sqlite(_), _) => {
             return Err(CliError::usage(
-                "--all-tenants: PostgreSQL (a schema per tenant) or MySQL/MariaDB (a database per tenant) only",
+                "--all-tenants, --tenant-urls: PostgreSQL (a schema per tenant) or MySQL/MariaDB (a database per tenant) only",
             ));
         }
     };

@@ -1,5 +1,5 @@
-//! `outbox status --all-tenants`: a schema per tenant on the shared
-//! PostgreSQL, a database per tenant on the shared MariaDB.
+//! `outbox status --all-tenants` and `--tenant-urls`: a schema per tenant
+//! on the shared PostgreSQL, a database per tenant on the shared MariaDB.
 
 use super::*;
 
@@ -58,6 +58,24 @@ async fn status_over_every_tenant_schema() {
     assert_eq!(report["all"]["claimable"], 5);
     let text = outbox(&url, &["status", "--all-tenants", &pattern]).await;
     assert!(stdout(&text).contains("all 2 tenants"), "{}", stdout(&text));
+    // Named by URL, a tenant whose database does not exist on its line.
+    let rows = format!(
+        "SELECT 'acme', '{url}', '{prefix}_a' UNION ALL SELECT 'gone', '{gone}', NULL",
+        gone = url.rsplit_once('/').unwrap().0.to_owned() + "/no_such_database_st",
+    );
+    let report = outbox(
+        &url,
+        &["--output", "json", "status", "--tenant-urls", &rows],
+    )
+    .await;
+    assert!(report.status.success(), "{}", stderr(&report));
+    let report = json(&report);
+    assert_eq!(report["tenants"][0]["tenant"], "acme");
+    assert_eq!(report["tenants"][0]["totals"]["claimable"], 3);
+    assert_eq!(report["tenants"][1]["tenant"], "gone");
+    let error = report["tenants"][1]["error"].as_str().unwrap();
+    assert!(error.contains("no_such_database_st"), "{error}");
+    assert_eq!(report["all"]["claimable"], 3);
     let refused = outbox(
         &url,
         &["--schema", "x", "status", "--all-tenants", &pattern],
@@ -121,6 +139,15 @@ async fn status_over_every_tenant_database() {
         .collect();
     assert_eq!(tenants, [format!("{prefix}_a"), format!("{prefix}_b")]);
     assert_eq!(report["all"]["claimable"], 5);
+    // Named by URL: the database in each one's URL, one pool per server.
+    let rows = format!("SELECT 'b', '{url}/{prefix}_b'");
+    let report = outbox(
+        &url,
+        &["--output", "json", "status", "--tenant-urls", &rows],
+    )
+    .await;
+    assert!(report.status.success(), "{}", stderr(&report));
+    assert_eq!(json(&report)["all"]["claimable"], 4);
     for tenant in ["a", "b"] {
         sqlx::query(&format!("DROP DATABASE {prefix}_{tenant}"))
             .execute(&pool)
