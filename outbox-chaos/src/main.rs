@@ -5,7 +5,7 @@
 //! outbox-chaos run [--full] [--kafka] [--events N] [--broker-outage-secs S]
 //!                                                    the orchestrator
 //! outbox-chaos soak [--full] [--minutes N]          the soak run (time)
-//! outbox-chaos tenants [--minutes N] [--tenants N] [--pg-setting S]
+//! outbox-chaos tenants [--minutes N] [--tenants N] [--connections N] [--pg-setting S]
 //!                                                    the tenants soak
 //! outbox-chaos relay   PG_URL BROKER_URL NAME        one relay process
 //! outbox-chaos consume PG_URL BROKER_URL NAME        one consumer process
@@ -53,7 +53,7 @@ fn main() -> std::process::ExitCode {
         Some("consume") if args.len() == 4 => {
             runtime.block_on(roles::consume(&args[1], &args[2], &args[3]))
         }
-        _ => Err("usage: outbox-chaos run [--full] [--kafka] [--events N] [--broker-outage-secs S] [--database-down-secs S] | soak [--full] [--minutes N] | tenants [--minutes N] [--tenants N] [--pg-setting S] | relay PG BROKER NAME | consume PG BROKER NAME".into()),
+        _ => Err("usage: outbox-chaos run [--full] [--kafka] [--events N] [--broker-outage-secs S] [--database-down-secs S] | soak [--full] [--minutes N] | tenants [--minutes N] [--tenants N] [--connections N] [--pg-setting S] | relay PG BROKER NAME | consume PG BROKER NAME".into()),
     };
     match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -15,6 +15,10 @@
 //!   another tenant drains a backlog, with the fleet's default
 //!   `FairShare` (the backlog rests while the quiet one is served) or
 //!   without it; its commit→publish p99, and the hot one's drain rate.
+//!   `quiet-beside-hot-one-shard`: the same with both tenants on one shard
+//!   of three connections (`PgTenantStores::sharded`, as the daemon splits
+//!   its connections from eight on): a quiet tenant sharing the hot one's
+//!   shard, the worst case of the daemon's default.
 //! * `daemon` / `daemon-N`: the `outbox relay` binary's resident memory
 //!   with one idle tenant and with every tenant schema, measured once
 //!   after the rounds.
@@ -42,6 +46,8 @@ pub const NAME: &str = "tenants-postgres";
 const CONNECTIONS: u32 = 8;
 /// The quiet tenant's producer rate.
 const RATE: u64 = 1_000;
+/// A shard's connections, as the daemon makes them.
+const SHARD_CONNECTIONS: u32 = 3;
 /// The quiet tenant's producers' own pool: commits slowed by the hot
 /// tenant's drain must not queue for a connection (the open loop's
 /// lateness would count as the relay's).
@@ -89,6 +95,7 @@ fn fleet(
     publisher: Arc<CountingPublisher>,
     waking: Waking,
     share: FairShare,
+    shard: Option<&PgPool>,
 ) -> TenantFleet<PgTenantRelays<CountingPublisher>> {
     let mut relay = RelayConfig {
         relay_id: RelayId::unique("tenants"),
@@ -100,6 +107,9 @@ fn fleet(
     let mut stores = PgTenantStores::new(pool.clone(), StoreConfig::default());
     if waking == Waking::Poll {
         stores = stores.polling_only();
+    }
+    if let Some(shard) = shard {
+        stores = stores.sharded(vec![shard.clone()]);
     }
     let relays = PgTenantRelays::new(stores, relay, move |_| publisher.clone());
     TenantFleet::new(
@@ -156,19 +166,24 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     ));
     let pool = warm_pool(CONNECTIONS).await?;
     let producers = warm_pool(PRODUCER_CONNECTIONS).await?;
+    let shard = warm_pool(SHARD_CONNECTIONS).await?;
     let mut rounds = Rounds::default();
     if scale.includes("quiet-alone") || scale.includes("quiet-beside-hot") {
         // Unmeasured: every connection of the fleet's pool has run the
         // relay's statements once (a connection's first call of a PL/pgSQL
         // function compiles it: start-up, not a tenant's fairness).
+        // The shard's connections too.
         let quiet = Quiet {
             setup: &setup,
             pool: &pool,
+            shard: &shard,
             producers: &producers,
         };
-        quiet
-            .p99(scale.rounds, total, 1, FairShare::default())
-            .await?;
+        for one_shard in [false, true] {
+            quiet
+                .p99(scale.rounds, total, 1, FairShare::default(), one_shard)
+                .await?;
+        }
         progress("quiet tenant warmed up");
     }
     for round in 0..scale.rounds {
@@ -214,6 +229,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     publisher.clone(),
                     Waking::Listen,
                     FairShare::default(),
+                    None,
                 )
                 .run(shutdown.clone()),
             );
@@ -239,10 +255,16 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             backlog_rest: 0.0,
             ..FairShare::default()
         };
-        for (contender, hot, share) in [
-            ("quiet-alone", 0, FairShare::default()),
-            ("quiet-beside-hot", total, FairShare::default()),
-            ("quiet-beside-hot-unpaced", total, unpaced),
+        for (contender, hot, share, one_shard) in [
+            ("quiet-alone", 0, FairShare::default(), false),
+            ("quiet-beside-hot", total, FairShare::default(), false),
+            ("quiet-beside-hot-unpaced", total, unpaced, false),
+            (
+                "quiet-beside-hot-one-shard",
+                total,
+                FairShare::default(),
+                true,
+            ),
         ] {
             if !scale.includes(contender) {
                 continue;
@@ -250,10 +272,11 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             let quiet = Quiet {
                 setup: &setup,
                 pool: &pool,
+                shard: &shard,
                 producers: &producers,
             };
             let p99 = quiet
-                .p99(round, hot, scale.pick(3, 1) as u64, share)
+                .p99(round, hot, scale.pick(3, 1) as u64, share, one_shard)
                 .await?;
             if hot > 0 {
                 rounds.add(contender, "hot events/s", p99.hot_rate, true);
@@ -308,6 +331,11 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         "tenants: the same without the fair share (backlog_rest 0)",
         m("quiet-beside-hot-unpaced", "p99 ms") / m("quiet-alone", "p99 ms"),
     ));
+    targets.push(TargetCheck::at_most(
+        "tenants: the same, both on one shard of three connections",
+        m("quiet-beside-hot-one-shard", "p99 ms") / m("quiet-alone", "p99 ms"),
+        1.5,
+    ));
     for target in targets {
         report.target(target);
     }
@@ -328,7 +356,7 @@ async fn idle(
     let before = resident_kib();
     let publisher = Arc::new(CountingPublisher::noop(256));
     let shutdown = CancellationToken::new();
-    let fleet = fleet(pool, n, publisher, waking, FairShare::default());
+    let fleet = fleet(pool, n, publisher, waking, FairShare::default(), None);
     let status = fleet.status();
     let running = tokio::spawn(fleet.run(shutdown.clone()));
     tokio::time::sleep(Duration::from_secs(warm_up)).await;
@@ -404,6 +432,8 @@ struct Quiet<'a> {
     setup: &'a PgPool,
     /// The fleet's.
     pool: &'a PgPool,
+    /// One shard of the fleet's tenants.
+    shard: &'a PgPool,
     /// The quiet tenant's producers'.
     producers: &'a PgPool,
 }
@@ -419,12 +449,15 @@ impl Quiet<'_> {
         hot: usize,
         seconds: u64,
         share: FairShare,
+        one_shard: bool,
     ) -> Result<QuietP99, Error> {
         let Quiet {
             setup,
             pool,
+            shard,
             producers,
         } = *self;
+        let shard = one_shard.then_some(shard);
         let hot_ids = fill(setup, 1, round, hot).await?;
         // The WAL of the fill (and of former rounds) is written out now, not
         // by a checkpoint in the middle of the measurement.
@@ -440,7 +473,7 @@ impl Quiet<'_> {
         let shutdown = CancellationToken::new();
         let started = Instant::now();
         let running = tokio::spawn(
-            fleet(pool, 2, publisher.clone(), Waking::Listen, share).run(shutdown.clone()),
+            fleet(pool, 2, publisher.clone(), Waking::Listen, share, shard).run(shutdown.clone()),
         );
         // Measured from the quiet relay's first wait for NOTIFY: its start
         // (the schema check, the first heartbeat and claim) is not latency.

@@ -48,7 +48,9 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// Two minutes over 100 tenants unless `--minutes N` / `--tenants N`;
+    /// Two minutes over 100 tenants on 8 connections (the daemon's
+    /// default) unless `--minutes N`
+    /// / `--tenants N` / `--connections N`;
     /// `--pg-setting S` (repeatable) configures the private server.
     pub(crate) fn from_args(args: &[String]) -> Self {
         let mut settings = Self {
@@ -59,7 +61,7 @@ impl Settings {
             burst_events: 5_000,
             churn_every: Duration::from_secs(7),
             deploy_every: Duration::from_secs(80),
-            connections: 6,
+            connections: 8,
             retention: Duration::from_secs(10),
             purge_every: Duration::from_secs(5),
             pg_settings: Vec::new(),
@@ -74,6 +76,7 @@ impl Settings {
             match arg.as_str() {
                 "--minutes" => settings.duration = Duration::from_secs(number("--minutes") * 60),
                 "--tenants" => settings.tenants = number("--tenants").max(3) as usize,
+                "--connections" => settings.connections = number("--connections").max(2) as u32,
                 "--pg-setting" => settings
                     .pg_settings
                     .push(args.next().expect("--pg-setting needs a setting").clone()),

@@ -61,7 +61,11 @@ pub struct TenantsSection {
     /// How often the tenants are read again (`30s`).
     pub refresh: Option<String>,
     /// Connections every tenant's relay on one server shares (default 8;
-    /// with `urls`, each server's (PostgreSQL: database's) pool).
+    /// with `urls`, each server's (PostgreSQL: database's) pool). On
+    /// PostgreSQL from 8 on, two keep the shared LISTEN and read the
+    /// tenants and the others serve the tenants in shards of three: a
+    /// tenant's statements are cached, and rebuilt after autovacuum, on its
+    /// shard's connections only.
     pub connections: Option<u32>,
     /// Run `migrate()` on a tenant's schema before its relay starts
     /// (default false: a tenant without current tables is reported and

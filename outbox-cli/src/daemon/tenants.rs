@@ -52,6 +52,33 @@ fn dialect(url: &str, schema: Option<&str>) -> Result<Dialect, CliError> {
     }
 }
 
+/// The pool that keeps the shared LISTEN and reads the tenants, when the
+/// tenants' claims go through shards of their own.
+const MAIN_CONNECTIONS: u32 = 2;
+
+/// Connections of each shard of the tenants (PostgreSQL, a schema per
+/// tenant): each tenant's statements are cached, and rebuilt after
+/// autovacuum, on its shard's connections only (`PgTenantStores::sharded`).
+const SHARD_CONNECTIONS: u32 = 3;
+
+/// The shards' sizes for `connections` in all (none below two shards: one
+/// pool, as before); the main pool takes [`MAIN_CONNECTIONS`], the last
+/// shard any odd one left.
+fn shard_sizes(connections: u32) -> Vec<u32> {
+    let Some(rest) = connections.checked_sub(MAIN_CONNECTIONS) else {
+        return Vec::new();
+    };
+    let count = rest / SHARD_CONNECTIONS;
+    if count < 2 {
+        return Vec::new();
+    }
+    let mut sizes = vec![SHARD_CONNECTIONS; count as usize];
+    if let Some(last) = sizes.last_mut() {
+        *last += rest % SHARD_CONNECTIONS;
+    }
+    sizes
+}
+
 /// `tenants.list`, checked.
 fn listed(list: &[String]) -> Result<TenantList, CliError> {
     let ids = list
@@ -103,8 +130,13 @@ pub async fn run(
     let (connections, listen) = (settings.connections, settings.listen);
     match dialect {
         Dialect::Postgres => {
+            let shards = shard_sizes(connections);
+            let main = match shards.is_empty() {
+                true => connections,
+                false => MAIN_CONNECTIONS,
+            };
             let pool = guard_cancelled_transactions(sqlx::postgres::PgPoolOptions::new())
-                .max_connections(connections)
+                .max_connections(main)
                 .connect(url)
                 .await
                 .map_err(unreachable)?;
@@ -128,7 +160,16 @@ pub async fn run(
                 }
                 TenantsFrom::List(list) => Box::new(listed(list)?),
             };
-            let stores = polling(PgTenantStores::new(pool, store_config));
+            let shards = shards
+                .into_iter()
+                .map(|size| {
+                    guard_cancelled_transactions(sqlx::postgres::PgPoolOptions::new())
+                        .max_connections(size)
+                        .connect_lazy(url)
+                        .map_err(unreachable)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let stores = polling(PgTenantStores::new(pool, store_config)).sharded(shards);
             run.serve(source, stores, Store::Postgres).await
         }
         Dialect::MySql => {
@@ -253,5 +294,24 @@ impl FleetRun<'_> {
         );
         super::log_stopped(&report.total(), "relay stopped (every tenant)");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shard_sizes;
+
+    #[test]
+    fn connections_are_split_into_shards_of_three_beside_the_main_pool() {
+        assert!(shard_sizes(2).is_empty());
+        assert!(shard_sizes(7).is_empty());
+        assert_eq!(shard_sizes(8), [3, 3]);
+        assert_eq!(shard_sizes(10), [3, 4]);
+        assert_eq!(shard_sizes(11), [3, 3, 3]);
+        for connections in 0..64 {
+            let shards: u32 = shard_sizes(connections).iter().sum();
+            let main = if shards == 0 { connections } else { 2 };
+            assert_eq!(shards + main, connections.max(main), "{connections}");
+        }
     }
 }
