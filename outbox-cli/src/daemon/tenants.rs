@@ -306,7 +306,8 @@ mod tests {
         assert!(shard_sizes(2).is_empty());
         assert!(shard_sizes(7).is_empty());
         assert_eq!(shard_sizes(8), [3, 3]);
-        assert_eq!(shard_sizes(10), [3, 4]);
+        assert_eq!(shard_sizes(9), [3, 4]);
+        assert_eq!(shard_sizes(10), [3, 5]);
         assert_eq!(shard_sizes(11), [3, 3, 3]);
         for connections in 0..64 {
             let shards: u32 = shard_sizes(connections).iter().sum();
