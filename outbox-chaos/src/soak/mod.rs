@@ -466,4 +466,4 @@ use traffic::*;
 
 pub(crate) use traffic::{Zipf, enqueue_retrying};
 use watch::*;
-pub(crate) use watch::{first_publications, percentiles};
+pub(crate) use watch::{drained_bursts, first_publications, percentiles};

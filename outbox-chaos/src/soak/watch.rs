@@ -151,24 +151,13 @@ pub(super) struct Latency {
 
 impl Latency {
     pub(super) fn of(observed: &Observed, published: &HashMap<String, u128>) -> Self {
-        // A burst drains until its last event was published.
-        let bursts: Vec<(u128, u128)> = observed
-            .bursts
+        let hot_published: Vec<(u128, u128)> = observed
+            .sent
             .iter()
-            .map(|(from, committed_until)| {
-                let drained = observed
-                    .sent
-                    .iter()
-                    .filter(|(_, s)| {
-                        s.hot && s.committed_ms >= *from && s.committed_ms <= *committed_until
-                    })
-                    .filter_map(|(id, _)| published.get(&id.to_string()))
-                    .copied()
-                    .max()
-                    .unwrap_or(*committed_until);
-                (*from, drained)
-            })
+            .filter(|(_, s)| s.hot)
+            .filter_map(|(id, s)| Some((s.committed_ms, *published.get(&id.to_string())?)))
             .collect();
+        let bursts = drained_bursts(&observed.bursts, &hot_published);
         // Faults, and what each leaves behind.
         let faulty = |at: u128| {
             observed
@@ -207,6 +196,24 @@ impl Latency {
         }
     }
 }
+/// Each burst, `(first commit, last commit)`, as `(first commit, last
+/// publication of its events)`: a burst drains until its last event is
+/// published. `hot`: the hot events' (commit, publication) times.
+pub(crate) fn drained_bursts(bursts: &[(u128, u128)], hot: &[(u128, u128)]) -> Vec<(u128, u128)> {
+    bursts
+        .iter()
+        .map(|&(from, until)| {
+            let drained = hot
+                .iter()
+                .filter(|(committed, _)| (from..=until).contains(committed))
+                .map(|(_, published)| *published)
+                .max()
+                .unwrap_or(until);
+            (from, drained)
+        })
+        .collect()
+}
+
 pub(crate) fn percentiles(values: &mut [f64]) -> (f64, f64, usize) {
     if values.is_empty() {
         return (0.0, 0.0, 0);

@@ -9,7 +9,7 @@ use super::daemon::Daemon;
 use super::traffic::Live;
 use super::{Observed, Settings};
 use crate::Error;
-use crate::soak::{first_publications, percentiles};
+use crate::soak::{drained_bursts, first_publications, percentiles};
 
 /// Commit→publish of the other tenants' events, outside redeploys and a
 /// new tenant's first seconds: quiet, while a hot burst drains, and in the
@@ -24,21 +24,13 @@ struct Latency {
 
 impl Latency {
     fn of(observed: &Observed, published: &HashMap<String, u128>, joining: u128) -> Self {
-        let bursts: Vec<(u128, u128)> = observed
-            .bursts
+        let hot_published: Vec<(u128, u128)> = observed
+            .sent
             .iter()
-            .map(|(from, until)| {
-                let drained = observed
-                    .sent
-                    .iter()
-                    .filter(|(_, s)| s.hot && s.committed_ms >= *from && s.committed_ms <= *until)
-                    .filter_map(|(id, _)| published.get(&id.to_string()))
-                    .copied()
-                    .max()
-                    .unwrap_or(*until);
-                (*from, drained)
-            })
+            .filter(|(_, s)| s.hot)
+            .filter_map(|(id, s)| Some((s.committed_ms, *published.get(&id.to_string())?)))
             .collect();
+        let bursts = drained_bursts(&observed.bursts, &hot_published);
         let redeploying = |at: u128| {
             observed
                 .deploys

@@ -234,7 +234,8 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         if Instant::now() >= next_deploy {
             next_deploy += settings.deploy_every;
             let from = now_ms();
-            daemon.redeploy()?;
+            // It waits for the old process's drain: off the async workers.
+            tokio::task::block_in_place(|| daemon.redeploy())?;
             let tenants = live.lock().await.tenants.len() + 1;
             if !daemon
                 .until_all_running(tenants, Duration::from_secs(60))

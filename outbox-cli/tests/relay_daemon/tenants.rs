@@ -25,6 +25,44 @@ async fn tenant(pool: &outbox_sqlx::sqlx::PgPool, schema: &str, events: usize) -
     store
 }
 
+/// A daemon over `url`'s tenants (`[tenants]` holding `tenants`, every
+/// 200 ms), polling every 100 ms as `relay_id`, relaying to Redis streams
+/// under `streams`, serving `/metrics` and `/health` on `listen`; `more`:
+/// further sections.
+fn fleet_config(
+    url: &str,
+    relay_id: &str,
+    tenants: &str,
+    more: &str,
+    streams: &str,
+    listen: &str,
+) -> ConfigFile {
+    ConfigFile::with(&format!(
+        r#"
+url = "{url}"
+
+[relay]
+id = "{relay_id}"
+poll_interval = "100ms"
+
+[tenants]
+{tenants}
+refresh = "200ms"
+
+{more}
+
+[broker]
+kind = "redis"
+url = "{redis}"
+stream_prefix = "{streams}"
+
+[http]
+listen = "{listen}"
+"#,
+        redis = redis_url(),
+    ))
+}
+
 async fn stream_len(redis: &mut redis::aio::MultiplexedConnection, stream: &str) -> usize {
     redis::cmd("XLEN")
         .arg(stream)
@@ -50,34 +88,14 @@ async fn one_daemon_relays_every_tenant_schema_and_picks_up_new_ones() {
     let streams = format!("{}:", unique("tenants"));
     let stream = format!("{streams}invoice.paid");
     let listen = free_address();
-    let config = ConfigFile::with(&format!(
-        r#"
-url = "{url}"
-
-[relay]
-id = "fleet-test"
-poll_interval = "100ms"
-
-[tenants]
-schemas = "{prefix}_%"
-refresh = "200ms"
-connections = 3
-
-[purge]
-published_older_than = "0s"
-every = "200ms"
-
-[broker]
-kind = "redis"
-url = "{redis}"
-stream_prefix = "{streams}"
-
-[http]
-listen = "{listen}"
-"#,
-        url = pg_url(),
-        redis = redis_url(),
-    ));
+    let config = fleet_config(
+        &pg_url(),
+        "fleet-test",
+        &format!("schemas = \"{prefix}_%\"\nconnections = 3"),
+        "[purge]\npublished_older_than = \"0s\"\nevery = \"200ms\"",
+        &streams,
+        &listen,
+    );
     let child = spawn_daemon(&config);
     let client = redis::Client::open(redis_url()).unwrap();
     let mut redis = client.get_multiplexed_async_connection().await.unwrap();
@@ -165,29 +183,14 @@ async fn one_daemon_relays_every_tenant_database_on_mariadb() {
     }
     let streams = format!("{}:", unique("tenants"));
     let listen = free_address();
-    let config = ConfigFile::with(&format!(
-        r#"
-url = "{mysql}"
-
-[relay]
-id = "fleet-my"
-poll_interval = "100ms"
-
-[tenants]
-schemas = "{prefix}\\_%"
-refresh = "200ms"
-connections = 2
-
-[broker]
-kind = "redis"
-url = "{redis}"
-stream_prefix = "{streams}"
-
-[http]
-listen = "{listen}"
-"#,
-        redis = redis_url(),
-    ));
+    let config = fleet_config(
+        &mysql,
+        "fleet-my",
+        &format!("schemas = \"{prefix}\\\\_%\"\nconnections = 2"),
+        "",
+        &streams,
+        &listen,
+    );
     let child = spawn_daemon(&config);
     let published = |tenant: &str| {
         format!(
@@ -240,30 +243,14 @@ async fn tenants_named_by_url_are_relayed_and_one_whose_server_is_down_is_report
     .unwrap();
     let streams = format!("{}:", unique("tenants"));
     let listen = free_address();
-    let config = ConfigFile::with(&format!(
-        r#"
-url = "{url}"
-
-[relay]
-id = "fleet-url"
-poll_interval = "100ms"
-
-[tenants]
-urls = "SELECT id, url, schema_name FROM {prefix}_tenants"
-refresh = "200ms"
-connections = 2
-
-[broker]
-kind = "redis"
-url = "{redis}"
-stream_prefix = "{streams}"
-
-[http]
-listen = "{listen}"
-"#,
-        url = pg_url(),
-        redis = redis_url(),
-    ));
+    let config = fleet_config(
+        &pg_url(),
+        "fleet-url",
+        &format!("urls = \"SELECT id, url, schema_name FROM {prefix}_tenants\"\nconnections = 2"),
+        "",
+        &streams,
+        &listen,
+    );
     let child = spawn_daemon(&config);
     let published = |tenant: &str| {
         format!(r#"outbox_relay_published_total{{relay="fleet-url/{tenant}",tenant="{tenant}"}}"#)
