@@ -142,8 +142,11 @@ macro_rules! admin_on_protocol {
                 older_than: Duration,
                 batch_size: usize,
             ) -> Result<u64, StoreError> {
-                let purging = self.purge_now(older_than, batch_size);
-                during("purge_published", || self.events(), purging).await
+                during("purge_published", || self.events(), async move {
+                    self.sync_clock().await?;
+                    self.purge_now(older_than, batch_size).await
+                })
+                .await
             }
 
             async fn relays(&self) -> Result<Vec<RelayStatus>, StoreError> {

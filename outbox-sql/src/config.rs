@@ -84,6 +84,11 @@ impl TableNames {
         format!("{}{}_relays", self.qualifier(), self.prefix)
     }
 
+    /// The four tables every dialect has: events, attempts, inbox, relays.
+    pub fn main_four(&self) -> [String; 4] {
+        [self.events(), self.attempts(), self.inbox(), self.relays()]
+    }
+
     /// Another table of this outbox (`<prefix>_<suffix>`), qualified.
     pub fn table(&self, suffix: &str) -> String {
         format!("{}{}_{suffix}", self.qualifier(), self.prefix)

@@ -30,6 +30,23 @@ macro_rules! store_traits_on_protocol {
             }
         }
 
+        impl<D: crate::$dialect::Driver> crate::$dialect::Protocol<D> {
+            /// Deletes up to `batch_size` inbox claims older than
+            /// `older_than` of store time; how many.
+            pub async fn inbox_purge(
+                &self,
+                older_than: std::time::Duration,
+                batch_size: usize,
+            ) -> Result<u64, StoreError> {
+                let tables = || self.config.tables.inbox();
+                crate::error::during("inbox purge_older_than", tables, async move {
+                    self.sync_clock().await?;
+                    self.inbox_gc(older_than, batch_size).await
+                })
+                .await
+            }
+        }
+
         #[async_trait]
         impl<D: crate::$dialect::Driver> OutboxStore for crate::$dialect::Protocol<D> {
             async fn claim_batch(

@@ -432,23 +432,15 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     // the burst takes to drain (the bug this guards against made other
     // keys wait the whole drain). Slower than quiet alone is the two
     // cores' noise under a burst (a p99 of a few hundred samples), so both
-    // must hold to fail.
-    // Kills, pauses, deploys and broker restarts each leave their window
-    // out; a check left with almost nothing on either side measured nothing.
-    if latency.quiet.2 < 1_000 || latency.bursting.2 < 20 {
-        broken.push(format!(
-            "only {} quiet events and {} while a burst drained outside fault windows: the hot-key check measured nothing",
-            latency.quiet.2, latency.bursting.2
-        ));
-    }
-    let held_back = latency.bursting.1 > 2.0 * latency.quiet.1 + 250.0
-        && latency.bursting.1 > latency.hot_p99 / 2.0;
-    if held_back {
-        broken.push(format!(
-            "other keys waited {:.0} ms (p99) while a hot key drained ({:.0} ms for the hot key's own events), {:.0} ms otherwise",
-            latency.bursting.1, latency.hot_p99, latency.quiet.1
-        ));
-    }
+    // must hold to fail. Kills, pauses, deploys and broker restarts each
+    // leave their window out.
+    broken.extend(watch::held_back(
+        latency.quiet,
+        latency.bursting,
+        latency.hot_p99 / 2.0,
+        "other keys, outside fault windows,",
+        "a hot key",
+    ));
     if broken.is_empty() {
         println!("\nsoak: nothing lost or applied twice, nothing grew, nothing slowed");
         Ok(())
@@ -464,6 +456,6 @@ mod watch;
 use faults::*;
 use traffic::*;
 
-pub(crate) use traffic::{Zipf, enqueue_retrying};
+pub(crate) use traffic::{Zipf, burst_transactions, enqueue_retrying, pace};
 use watch::*;
-pub(crate) use watch::{drained_bursts, first_publications, percentiles};
+pub(crate) use watch::{drained_bursts, first_publications, held_back, percentiles, within};

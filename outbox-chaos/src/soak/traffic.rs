@@ -40,16 +40,12 @@ pub(super) async fn produce(
         let (batch, hot): (Vec<NewEvent>, bool) = if burst {
             next_burst += settings.burst_every;
             let from = now_ms();
-            for chunk in 0..settings.burst_events.div_ceil(500) {
-                let size = 500.min(settings.burst_events - chunk * 500);
+            for size in burst_transactions(settings.burst_events) {
                 let batch: Vec<NewEvent> = (0..size).map(|_| event(HOT_KEY.into())).collect();
                 commit(&store, &batch, true, &committed, &observed).await?;
             }
-            observed
-                .lock()
-                .expect("observed")
-                .bursts
-                .push((from, now_ms()));
+            let burst = (from, now_ms());
+            observed.lock().expect("observed").bursts.push(burst);
             continue;
         } else {
             (
@@ -61,14 +57,28 @@ pub(super) async fn produce(
         };
         commit(&store, &batch, hot, &committed, &observed).await?;
         produced += batch.len();
-        let due = started + Duration::from_secs_f64(produced as f64 / settings.rate);
-        tokio::select! {
-            _ = tokio::time::sleep_until(due.into()) => {}
-            _ = done.cancelled() => {}
-        }
+        pace(started, produced, settings.rate, &done).await;
     }
     Ok(())
 }
+/// A burst of `events` as the sizes of its transactions (500 each, the
+/// last what is left).
+pub(crate) fn burst_transactions(events: usize) -> impl Iterator<Item = usize> {
+    (0..events)
+        .step_by(500)
+        .map(move |from| 500.min(events - from))
+}
+
+/// Waits until `produced` events at `rate` a second from `started` are
+/// due (open loop: a slow commit is caught up, not skipped), or `done`.
+pub(crate) async fn pace(started: Instant, produced: usize, rate: f64, done: &CancellationToken) {
+    let due = started + Duration::from_secs_f64(produced as f64 / rate);
+    tokio::select! {
+        _ = tokio::time::sleep_until(due.into()) => {}
+        _ = done.cancelled() => {}
+    }
+}
+
 pub(super) async fn commit(
     store: &PgStore,
     batch: &[NewEvent],

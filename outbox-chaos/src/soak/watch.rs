@@ -151,20 +151,14 @@ pub(super) struct Latency {
 
 impl Latency {
     pub(super) fn of(observed: &Observed, published: &HashMap<String, u128>) -> Self {
-        let hot_published: Vec<(u128, u128)> = observed
-            .sent
-            .iter()
-            .filter(|(_, s)| s.hot)
-            .filter_map(|(id, s)| Some((s.committed_ms, *published.get(&id.to_string())?)))
-            .collect();
-        let bursts = drained_bursts(&observed.bursts, &hot_published);
+        let hot = observed.sent.iter().filter(|(_, s)| s.hot);
+        let bursts = drained_bursts(
+            &observed.bursts,
+            hot.map(|(id, s)| (id, s.committed_ms)),
+            published,
+        );
         // Faults, and what each leaves behind.
-        let faulty = |at: u128| {
-            observed
-                .faults
-                .iter()
-                .any(|(from, to)| at >= *from && at <= *to)
-        };
+        let faulty = |at: u128| within(&observed.faults, at, 0, 0);
         let mut quiet = Vec::new();
         let mut bursting = Vec::new();
         let mut hot = Vec::new();
@@ -180,10 +174,7 @@ impl Latency {
             if sent.key == HOT_KEY || faulty(sent.committed_ms) || faulty(*at) {
                 continue;
             }
-            if bursts
-                .iter()
-                .any(|(from, to)| sent.committed_ms >= *from && sent.committed_ms <= *to)
-            {
+            if within(&bursts, sent.committed_ms, 0, 0) {
                 bursting.push(latency);
             } else {
                 quiet.push(latency);
@@ -196,10 +187,25 @@ impl Latency {
         }
     }
 }
+/// Whether `at` falls in one of `spans`, `(from, to)`, widened by
+/// `before` and `after`.
+pub(crate) fn within(spans: &[(u128, u128)], at: u128, before: u128, after: u128) -> bool {
+    spans
+        .iter()
+        .any(|(from, to)| at + before >= *from && at <= to + after)
+}
+
 /// Each burst, `(first commit, last commit)`, as `(first commit, last
 /// publication of its events)`: a burst drains until its last event is
-/// published. `hot`: the hot events' (commit, publication) times.
-pub(crate) fn drained_bursts(bursts: &[(u128, u128)], hot: &[(u128, u128)]) -> Vec<(u128, u128)> {
+/// published. `hot`: the hot events and their commit times.
+pub(crate) fn drained_bursts<'a>(
+    bursts: &[(u128, u128)],
+    hot: impl Iterator<Item = (&'a EventId, u128)>,
+    published: &HashMap<String, u128>,
+) -> Vec<(u128, u128)> {
+    let hot: Vec<(u128, u128)> = hot
+        .filter_map(|(id, committed)| Some((committed, *published.get(&id.to_string())?)))
+        .collect();
     bursts
         .iter()
         .map(|&(from, until)| {
@@ -212,6 +218,33 @@ pub(crate) fn drained_bursts(bursts: &[(u128, u128)], hot: &[(u128, u128)]) -> V
             (from, drained)
         })
         .collect()
+}
+
+/// The fairness check of both soaks, on `(p50, p99, samples)` of the
+/// others' commit→publish latency while a burst drains and otherwise:
+/// what it finds broken. A side with almost no samples measured nothing;
+/// the others are held back when their p99 during bursts is well above
+/// their p99 otherwise and above `beyond` too.
+pub(crate) fn held_back(
+    quiet: (f64, f64, usize),
+    bursting: (f64, f64, usize),
+    beyond: f64,
+    others: &str,
+    hot: &str,
+) -> Vec<String> {
+    if quiet.2 < 1_000 || bursting.2 < 20 {
+        return vec![format!(
+            "only {} quiet samples of {others} and {} while {hot} drained: the fairness check measured nothing",
+            quiet.2, bursting.2
+        )];
+    }
+    if bursting.1 > 2.0 * quiet.1 + 250.0 && bursting.1 > beyond {
+        return vec![format!(
+            "{others} waited {:.0} ms (p99) while {hot} drained, {:.0} ms otherwise",
+            bursting.1, quiet.1
+        )];
+    }
+    Vec::new()
 }
 
 pub(crate) fn percentiles(values: &mut [f64]) -> (f64, f64, usize) {

@@ -24,7 +24,7 @@ mod daemon;
 mod traffic;
 
 use daemon::{Daemon, OWN_APPLICATION, daemon_connections};
-use traffic::{Live, churn, make_tenant, produce, tenant_name};
+use traffic::{Live, Traffic, churn, make_tenant, produce, tenant_name};
 
 /// The tenant whose bursts the others must not wait for.
 const HOT: &str = "t_hot";
@@ -201,20 +201,15 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     let live = Arc::new(tokio::sync::Mutex::new(live));
     let observed = Arc::new(Mutex::new(Observed::default()));
     let done = CancellationToken::new();
-    let producer = tokio::spawn(produce(
-        pool.clone(),
-        settings.clone(),
-        live.clone(),
-        observed.clone(),
-        done.clone(),
-    ));
-    let churner = tokio::spawn(churn(
-        pool.clone(),
-        settings.clone(),
-        live.clone(),
-        observed.clone(),
-        done.clone(),
-    ));
+    let traffic = Traffic {
+        pool: pool.clone(),
+        settings: settings.clone(),
+        live: live.clone(),
+        observed: observed.clone(),
+        done: done.clone(),
+    };
+    let producer = tokio::spawn(produce(traffic.clone()));
+    let churner = tokio::spawn(churn(traffic));
     let traffic_started = Instant::now();
     let mut next_deploy = traffic_started + settings.deploy_every / 2;
     let mut tick = 0u64;

@@ -12,7 +12,7 @@ use outbox_sqlx::{StoreConfig, TableNames};
 
 use super::{HOT, Observed, Sent, Settings, now_ms};
 use crate::Error;
-use crate::soak::{Zipf, enqueue_retrying};
+use crate::soak::{Zipf, burst_transactions, enqueue_retrying, pace};
 
 /// The tenants taking traffic now (the hot one aside), oldest first, and
 /// how many were made.
@@ -40,16 +40,27 @@ pub(super) fn tenant_name(n: usize) -> String {
     format!("t_{n:04}")
 }
 
+/// What the producer and the churner share.
+#[derive(Clone)]
+pub(super) struct Traffic {
+    pub pool: sqlx::PgPool,
+    pub settings: Settings,
+    pub live: Arc<tokio::sync::Mutex<Live>>,
+    pub observed: Arc<Mutex<Observed>>,
+    pub done: CancellationToken,
+}
+
 /// Zipf over the live tenants at `rate` in transactions of 5, and every
 /// `burst_every` a burst on the hot tenant (transactions of 500), each
 /// commit recorded; retried through outages (same ids).
-pub(super) async fn produce(
-    pool: sqlx::PgPool,
-    settings: Settings,
-    live: Arc<tokio::sync::Mutex<Live>>,
-    observed: Arc<Mutex<Observed>>,
-    done: CancellationToken,
-) -> Result<(), Error> {
+pub(super) async fn produce(traffic: Traffic) -> Result<(), Error> {
+    let Traffic {
+        pool,
+        settings,
+        live,
+        observed,
+        done,
+    } = traffic;
     let random = SplitMix64::from_entropy();
     let zipf = Zipf::new(settings.tenants - 1, 1.0);
     let mut stores: HashMap<String, PgStore> = HashMap::new();
@@ -72,16 +83,12 @@ pub(super) async fn produce(
                 .or_insert(store(&pool, HOT)?)
                 .clone();
             let from = now_ms();
-            for chunk in 0..settings.burst_events.div_ceil(500) {
-                let size = 500.min(settings.burst_events - chunk * 500);
+            for size in burst_transactions(settings.burst_events) {
                 let batch: Vec<NewEvent> = (0..size).map(|n| event(HOT, n)).collect();
                 commit(&hot, HOT, &batch, true, &observed).await?;
             }
-            observed
-                .lock()
-                .expect("observed")
-                .bursts
-                .push((from, now_ms()));
+            let burst = (from, now_ms());
+            observed.lock().expect("observed").bursts.push(burst);
             continue;
         }
         // Held over the commit: a tenant leaves only between commits.
@@ -99,11 +106,7 @@ pub(super) async fn produce(
         commit(&target, &tenant, &batch, false, &observed).await?;
         drop(live);
         produced += batch.len();
-        let due = started + Duration::from_secs_f64(produced as f64 / settings.rate);
-        tokio::select! {
-            _ = tokio::time::sleep_until(due.into()) => {}
-            _ = done.cancelled() => {}
-        }
+        pace(started, produced, settings.rate, &done).await;
     }
     Ok(())
 }
@@ -137,13 +140,9 @@ async fn commit(
 /// relay started by the daemon's next refresh) and the oldest tenant
 /// dropped once its last event is published (it stops taking traffic
 /// first; the daemon's next refresh stops its relay).
-pub(super) async fn churn(
-    pool: sqlx::PgPool,
-    settings: Settings,
-    live: Arc<tokio::sync::Mutex<Live>>,
-    observed: Arc<Mutex<Observed>>,
-    done: CancellationToken,
-) -> Result<(), Error> {
+pub(super) async fn churn(traffic: Traffic) -> Result<(), Error> {
+    let Traffic { pool, live, .. } = &traffic;
+    let (settings, observed, done) = (&traffic.settings, &traffic.observed, &traffic.done);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(settings.churn_every) => {}
@@ -154,7 +153,7 @@ pub(super) async fn churn(
             live.made += 1;
             tenant_name(live.made - 1)
         };
-        make_tenant(&pool, &tenant).await?;
+        make_tenant(pool, &tenant).await?;
         observed
             .lock()
             .expect("observed")
@@ -168,7 +167,7 @@ pub(super) async fn churn(
             live.tenants.push(tenant);
             live.tenants.remove(0)
         };
-        let leaving_store = store(&pool, &leaving)?;
+        let leaving_store = store(pool, &leaving)?;
         let published = tokio::time::timeout(Duration::from_secs(30), async {
             loop {
                 let stats = outbox_core::store::OutboxAdmin::stats(&leaving_store).await?;
@@ -191,7 +190,7 @@ pub(super) async fn churn(
             }
         }
         sqlx::query(&format!("DROP SCHEMA {leaving} CASCADE"))
-            .execute(&pool)
+            .execute(pool)
             .await?;
         observed.lock().expect("observed").dropped += 1;
     }

@@ -11,7 +11,7 @@ use futures::FutureExt;
 
 use super::fixtures::{event, events_over_keys};
 use super::relay_suite::{Alerts, DEADLINE, config, start};
-use super::store_suite::{LEASE, request};
+use super::store_suite::{LEASE, assert_published, ids, request, state};
 use super::{BeginWrite, FaultSeams, StoreFactory, enqueue_all};
 use crate::clock::{Clock, ManualClock, SkewedClock, add_duration};
 use crate::event::EventId;
@@ -34,16 +34,19 @@ async fn claim(store: &(impl OutboxStore + ?Sized), owner: &str) -> Vec<ClaimedE
         .events
 }
 
-fn ids(claimed: &[ClaimedEvent]) -> Vec<EventId> {
-    claimed.iter().map(|c| c.event.event_id).collect()
-}
-
-async fn state(store: &(impl OutboxAdmin + ?Sized), id: EventId) -> EventState {
-    store
-        .event_state(id)
-        .await
-        .expect("event_state")
-        .expect("event exists")
+/// A store of `factory` if it lets two write transactions overlap; else
+/// says the test is skipped.
+async fn with_overlapping_writers<F>(factory: &F) -> Option<Arc<F::Store>>
+where
+    F: StoreFactory,
+    F::Store: FaultSeams,
+{
+    let store = factory.create(ManualClock::at_epoch()).await;
+    if store.overlapping_writers() {
+        return Some(store);
+    }
+    eprintln!("skipped: this store has one writer at a time");
+    None
 }
 
 /// Leases, delays and backoff are measured on store time, never on a host's
@@ -372,16 +375,7 @@ pub async fn crashes_are_blamed_on_the_event_that_caused_them<F: StoreFactory>(f
             .kind,
         AttemptKind::CrashLoop
     );
-    for e in &others {
-        assert!(
-            matches!(
-                state(&*store, e.event_id).await,
-                EventState::Published { .. }
-            ),
-            "{} not published",
-            e.event_id
-        );
-    }
+    assert_published(&*store, &others).await;
 }
 
 /// Two transactions enqueue the same event id at once, the second having
@@ -393,11 +387,9 @@ where
     F: StoreFactory,
     F::Store: FaultSeams,
 {
-    let store = factory.create(ManualClock::at_epoch()).await;
-    if !store.overlapping_writers() {
-        eprintln!("skipped: this store has one writer at a time");
+    let Some(store) = with_overlapping_writers(factory).await else {
         return;
-    }
+    };
     let original = event("a", 1);
     let mut replay = event("a", 2);
     replay.event_id = original.event_id;
@@ -439,11 +431,9 @@ where
     F: StoreFactory,
     F::Store: FaultSeams,
 {
-    let store = factory.create(ManualClock::at_epoch()).await;
-    if !store.overlapping_writers() {
-        eprintln!("skipped: this store has one writer at a time");
+    let Some(store) = with_overlapping_writers(factory).await else {
         return;
-    }
+    };
     let (a1, b1) = (event("a", 1), event("b", 1));
     enqueue_all(&*store, &[a1.clone(), b1.clone()]).await;
     let claimed = claim(&*store, "relay-1").await;

@@ -86,21 +86,13 @@ impl<D: Driver> Protocol<D> {
         Ok(outcome)
     }
 
-    /// Deletes up to `batch_size` published events older than
-    /// `older_than`, and their history, locked by primary key.
-    pub(crate) async fn purge_now(
-        &self,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        self.sync_clock().await?;
+    /// Deletes up to `most` published events older than `age`, and their
+    /// history, locked by primary key.
+    pub(crate) async fn purge_now(&self, age: Duration, most: usize) -> Result<u64, StoreError> {
         let mut tx = self.begin_relay().await?;
-        let cutoff = self.now(&mut tx).await?.saturating_sub(micros(older_than));
+        let cutoff = self.now(&mut tx).await?.saturating_sub(micros(age));
         let doomed = tx
-            .fetch(
-                &self.queries.purge_select,
-                vec![cutoff.into(), limit(batch_size)],
-            )
+            .fetch(&self.queries.purge_select, vec![cutoff.into(), limit(most)])
             .await?;
         let mut sequences = Vec::with_capacity(doomed.len());
         let mut ids = Vec::with_capacity(doomed.len());

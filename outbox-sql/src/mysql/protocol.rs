@@ -10,6 +10,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use outbox_core::store::{
     ClaimRequest, ClaimedBatch, CrashVerdict, Heartbeat, Lease, Nack, Release, SettleReport,
@@ -404,29 +405,12 @@ impl<D: Driver> Protocol<D> {
         .await
     }
 
-    /// Deletes up to `batch_size` inbox claims older than `older_than`.
-    pub async fn inbox_purge(
-        &self,
-        older_than: std::time::Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        during(
-            "inbox purge_older_than",
-            || self.config.tables.inbox(),
-            async move {
-                self.sync_clock().await?;
-                let mut conn = self.driver.connect().await?;
-                let cutoff = self
-                    .now(&mut conn)
-                    .await?
-                    .saturating_sub(micros(older_than));
-                conn.execute(
-                    &self.queries.inbox_purge,
-                    vec![cutoff.into(), limit(batch_size)],
-                )
-                .await
-            },
-        )
-        .await
+    /// The inbox purge's own work (`inbox_purge` wraps it): up to `most`
+    /// claims older than `age`.
+    pub(crate) async fn inbox_gc(&self, age: Duration, most: usize) -> Result<u64, StoreError> {
+        let mut conn = self.driver.connect().await?;
+        let cutoff = self.now(&mut conn).await?.saturating_sub(micros(age));
+        let params = vec![cutoff.into(), limit(most)];
+        conn.execute(&self.queries.inbox_purge, params).await
     }
 }

@@ -86,10 +86,7 @@ pub fn with_keys_in_flight(query: &str, keys: usize) -> String {
 impl Queries {
     /// The statements for these table names.
     pub fn new(names: &TableNames) -> Self {
-        let events = names.events();
-        let attempts = names.attempts();
-        let inbox = names.inbox();
-        let relays = names.relays();
+        let [events, attempts, inbox, relays] = names.main_four();
         let keys = format!("{}{}_keys", names.qualifier(), names.prefix());
         let claim_lock = format!("{}{}_claim_lock", names.qualifier(), names.prefix());
         let clock = format!("{}{}_clock", names.qualifier(), names.prefix());

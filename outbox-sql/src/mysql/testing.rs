@@ -1,12 +1,11 @@
 //! MySQL's fault seams over any driver (feature `testing`).
 
 use async_trait::async_trait;
-use outbox_core::store::{Lease, SettleReport};
 use outbox_core::testing::OpenWrite;
 use outbox_core::{EventId, StoreError};
 
 use super::{Driver, Exec, Protocol};
-use crate::testing::{Release, SeamsProtocol, SqlOpenWrite};
+use crate::testing::SeamsProtocol;
 
 dialect_write!();
 dialect_slow_ack!(|protocol| protocol.begin_relay());
@@ -28,16 +27,8 @@ impl<D: Driver> SeamsProtocol for Protocol<D> {
             .execute(&create, Vec::new())
             .await?;
         let tx = self.driver.begin(false).await?;
-        let events = self.config.tables.events();
-        let write = Write {
-            protocol: self.clone(),
-            tx,
-        };
-        Ok(SqlOpenWrite::boxed(
-            write,
-            &format!("INSERT INTO {business} (note) VALUES ('paid')"),
-            &events,
-        ))
+        let business_write = format!("INSERT INTO {business} (note) VALUES ('paid')");
+        Ok(open_write(self, tx, &business_write))
     }
 
     async fn write_unreadable_row(&self, partition_key: &str) -> EventId {
@@ -63,14 +54,5 @@ impl<D: Driver> SeamsProtocol for Protocol<D> {
             .await
             .expect("insert an unreadable row");
         id
-    }
-
-    async fn slow_ack(
-        &self,
-        leases: &[Lease],
-        ready: tokio::sync::oneshot::Sender<()>,
-        release: Release,
-    ) -> Result<SettleReport, StoreError> {
-        slow_ack_on(self, leases, ready, release).await
     }
 }

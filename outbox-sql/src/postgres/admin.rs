@@ -14,7 +14,7 @@ use outbox_core::{EventId, NewEvent, StoreError};
 
 use super::driver::{Driver, Exec, Param, Row};
 use super::protocol::Protocol;
-use super::statements::raw_event;
+use super::statements::{limit, millis, raw_event};
 use crate::admin_common::{held_back, type_stats};
 use crate::codes;
 use crate::validate::{check_event, headers_json};
@@ -286,17 +286,9 @@ impl<D: Driver> Protocol<D> {
         Ok(EnqueueOutcome::Inserted { sequence })
     }
 
-    pub(crate) async fn purge_now(
-        &self,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        self.sync_clock().await?;
+    pub(crate) async fn purge_now(&self, age: Duration, most: usize) -> Result<u64, StoreError> {
         let mut conn = self.driver.connect().await?;
-        let params = vec![
-            Param::BigInt(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX)),
-            Param::BigInt(batch_size.min(i64::MAX as usize) as i64),
-        ];
+        let params = vec![Param::BigInt(millis(age)), limit(most)];
         let purged = conn
             .fetch(&self.queries.purge, params)
             .await?
@@ -304,7 +296,7 @@ impl<D: Driver> Protocol<D> {
             .map(|r| r.count("count"))
             .transpose()?
             .unwrap_or(0);
-        if purged < batch_size as u64 {
+        if purged < most as u64 {
             // Nothing the cutoff allows is left: older cursor-log entries
             // describe no row any more.
             conn.execute(&self.queries.prune_cursor_log, vec![]).await?;

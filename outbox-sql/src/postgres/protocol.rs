@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
+use std::time::Duration;
 
 use outbox_core::store::{
     ClaimRequest, ClaimedBatch, FencingToken, Heartbeat, Lease, Nack, Release, SettleReport,
@@ -448,25 +449,11 @@ impl<D: Driver> Protocol<D> {
         Ok(())
     }
 
-    /// Deletes inbox claims older than `older_than`, at most `batch_size`.
-    pub async fn inbox_purge(
-        &self,
-        older_than: std::time::Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        during(
-            "inbox purge_older_than",
-            || self.config.tables.inbox(),
-            async move {
-                self.sync_clock().await?;
-                let mut conn = self.driver.connect().await?;
-                conn.execute(
-                    &self.queries.inbox_purge,
-                    vec![Param::BigInt(millis(older_than)), limit(batch_size)],
-                )
-                .await
-            },
-        )
-        .await
+    /// The inbox purge's own work (`inbox_purge` wraps it): up to `most`
+    /// claims older than `age`.
+    pub(crate) async fn inbox_gc(&self, age: Duration, most: usize) -> Result<u64, StoreError> {
+        let mut conn = self.driver.connect().await?;
+        let params = vec![Param::BigInt(millis(age)), limit(most)];
+        conn.execute(&self.queries.inbox_purge, params).await
     }
 }

@@ -69,10 +69,7 @@ pub struct Queries {
 impl Queries {
     /// The statements for these table names.
     pub fn new(names: &TableNames) -> Self {
-        let events = names.events();
-        let attempts = names.attempts();
-        let inbox = names.inbox();
-        let relays = names.relays();
+        let [events, attempts, inbox, relays] = names.main_four();
         let cursor = names.table("cursor_now");
         let cursor_states = names.table("cursor_states");
         let cursor_log = names.table("cursor_log");

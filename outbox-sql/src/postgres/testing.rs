@@ -1,12 +1,11 @@
 //! PostgreSQL's fault seams over any driver (feature `testing`).
 
 use async_trait::async_trait;
-use outbox_core::store::{Lease, SettleReport};
 use outbox_core::testing::OpenWrite;
 use outbox_core::{EventId, StoreError};
 
 use super::{Driver, Exec, Param, Protocol};
-use crate::testing::{Release, SeamsProtocol, SqlOpenWrite};
+use crate::testing::SeamsProtocol;
 
 dialect_write!();
 dialect_slow_ack!(|protocol| protocol.driver.begin());
@@ -15,17 +14,9 @@ dialect_slow_ack!(|protocol| protocol.driver.begin());
 impl<D: Driver> SeamsProtocol for Protocol<D> {
     async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError> {
         let tx = self.driver.begin().await?;
-        let events = self.config.tables.events();
         // What a business UPDATE does to the transaction: it gets its id.
-        let write = Write {
-            protocol: self.clone(),
-            tx,
-        };
-        Ok(SqlOpenWrite::boxed(
-            write,
-            "SELECT pg_current_xact_id()::text AS xid",
-            &events,
-        ))
+        let business_write = "SELECT pg_current_xact_id()::text AS xid";
+        Ok(open_write(self, tx, business_write))
     }
 
     async fn write_unreadable_row(&self, partition_key: &str) -> EventId {
@@ -42,14 +33,5 @@ impl<D: Driver> SeamsProtocol for Protocol<D> {
             .await
             .expect("insert an unreadable row");
         id
-    }
-
-    async fn slow_ack(
-        &self,
-        leases: &[Lease],
-        ready: tokio::sync::oneshot::Sender<()>,
-        release: Release,
-    ) -> Result<SettleReport, StoreError> {
-        slow_ack_on(self, leases, ready, release).await
     }
 }

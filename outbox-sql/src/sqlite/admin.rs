@@ -89,17 +89,11 @@ impl<D: Driver> Protocol<D> {
         Ok(EnqueueOutcome::Inserted { sequence })
     }
 
-    /// Deletes up to `batch_size` published events older than
-    /// `older_than`, and their history.
-    pub(crate) async fn purge_now(
-        &self,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        self.sync_clock().await?;
+    /// Deletes up to `most` published events older than `age`, and their history.
+    pub(crate) async fn purge_now(&self, age: Duration, most: usize) -> Result<u64, StoreError> {
         let mut tx = self.driver.begin().await?;
-        let cutoff = self.now(&mut tx).await?.saturating_sub(micros(older_than));
-        let params = || vec![cutoff.into(), limit(batch_size)];
+        let cutoff = self.now(&mut tx).await?.saturating_sub(micros(age));
+        let params = || vec![cutoff.into(), limit(most)];
         tx.execute(&self.queries.purge_history, params()).await?;
         let done = tx.execute(&self.queries.purge, params()).await?;
         D::commit(tx).await?;

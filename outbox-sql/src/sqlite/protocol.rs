@@ -271,30 +271,14 @@ impl<D: Driver> Protocol<D> {
         })
     }
 
-    /// Deletes inbox claims older than `older_than` of store time, at most
-    /// `batch_size`; how many.
-    pub async fn inbox_purge(
-        &self,
-        older_than: Duration,
-        batch_size: usize,
-    ) -> Result<u64, StoreError> {
-        during(
-            "inbox purge_older_than",
-            || self.config.tables.inbox(),
-            async move {
-                self.sync_clock().await?;
-                let mut tx = self.driver.begin().await?;
-                let cutoff = self.now(&mut tx).await?.saturating_sub(micros(older_than));
-                let done = tx
-                    .execute(
-                        &self.queries.inbox_purge,
-                        vec![cutoff.into(), limit(batch_size)],
-                    )
-                    .await?;
-                D::commit(tx).await?;
-                Ok(done)
-            },
-        )
-        .await
+    /// The inbox purge's own work (`inbox_purge` wraps it): up to `most`
+    /// claims older than `age`.
+    pub(crate) async fn inbox_gc(&self, age: Duration, most: usize) -> Result<u64, StoreError> {
+        let mut tx = self.driver.begin().await?;
+        let cutoff = self.now(&mut tx).await?.saturating_sub(micros(age));
+        let params = vec![cutoff.into(), limit(most)];
+        let done = tx.execute(&self.queries.inbox_purge, params).await?;
+        D::commit(tx).await?;
+        Ok(done)
     }
 }

@@ -47,10 +47,7 @@ pub struct Queries {
 impl Queries {
     /// The statements for these table names.
     pub fn new(names: &TableNames) -> Self {
-        let events = names.events();
-        let attempts = names.attempts();
-        let inbox = names.inbox();
-        let relays = names.relays();
+        let [events, attempts, inbox, relays] = names.main_four();
         let control = names.table("control");
         let earlier =
             "(COALESCE(p.ord, p.sequence), p.sequence) < (COALESCE(c.ord, c.sequence), c.sequence)";

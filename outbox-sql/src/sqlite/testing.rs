@@ -6,7 +6,7 @@ use outbox_core::testing::OpenWrite;
 use outbox_core::{EventId, StoreError};
 
 use super::{Driver, Exec, Protocol};
-use crate::testing::{Release, SeamsProtocol, SqlOpenWrite};
+use crate::testing::{Release, SeamsProtocol, SlowAck};
 
 dialect_write!();
 
@@ -17,12 +17,7 @@ impl<D: Driver> SeamsProtocol for Protocol<D> {
     /// the write lock from its start: a business write changes nothing).
     async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError> {
         let tx = self.driver.begin().await?;
-        let events = self.config.tables.events();
-        let write = Write {
-            protocol: self.clone(),
-            tx,
-        };
-        Ok(SqlOpenWrite::boxed(write, "SELECT 1 AS n", &events))
+        Ok(open_write(self, tx, "SELECT 1 AS n"))
     }
 
     async fn write_unreadable_row(&self, partition_key: &str) -> EventId {
@@ -44,6 +39,13 @@ impl<D: Driver> SeamsProtocol for Protocol<D> {
         id
     }
 
+    fn overlapping_writers(&self) -> bool {
+        false
+    }
+}
+
+#[async_trait]
+impl<D: Driver> SlowAck for Protocol<D> {
     async fn slow_ack(
         &self,
         leases: &[Lease],
@@ -55,9 +57,5 @@ impl<D: Driver> SeamsProtocol for Protocol<D> {
         let _ = ready.send(());
         release.await;
         self.ack(leases).await
-    }
-
-    fn overlapping_writers(&self) -> bool {
-        false
     }
 }

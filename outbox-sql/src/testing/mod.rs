@@ -24,13 +24,23 @@ pub type Release = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A dialect's protocol as the fault seams use it.
 #[async_trait]
-pub trait SeamsProtocol: Send + Sync {
+pub trait SeamsProtocol: SlowAck {
     /// Opens a write transaction as business code opens one.
     async fn begin_write(&self) -> Result<Box<dyn OpenWrite>, StoreError>;
     /// Writes, as another tool could, a committed row of key
     /// `partition_key` that decodes into no event (a header that is not a
     /// string); its id.
     async fn write_unreadable_row(&self, partition_key: &str) -> EventId;
+    /// Whether two write transactions can be open at once (SQLite: no).
+    fn overlapping_writers(&self) -> bool {
+        true
+    }
+}
+
+/// A dialect's settlement held open, as the fault seams use it
+/// ([`dialect_slow_ack!`] writes it for a dialect with overlapping writers).
+#[async_trait]
+pub trait SlowAck: Send + Sync {
     /// Acks `leases` in a transaction kept open until `release` resolves
     /// (`ready` is sent once the ack's statements ran).
     async fn slow_ack(
@@ -39,10 +49,6 @@ pub trait SeamsProtocol: Send + Sync {
         ready: tokio::sync::oneshot::Sender<()>,
         release: Release,
     ) -> Result<SettleReport, StoreError>;
-    /// Whether two write transactions can be open at once (SQLite: no).
-    fn overlapping_writers(&self) -> bool {
-        true
-    }
 }
 
 /// An open transaction of a dialect's driver, as [`SqlOpenWrite`] drives it.
@@ -104,6 +110,18 @@ macro_rules! dialect_write {
             tx: D::Tx,
         }
 
+        /// `tx` left open for a test, with `business_write` as its
+        /// business write.
+        fn open_write<D: Driver>(
+            protocol: &Protocol<D>,
+            tx: D::Tx,
+            business_write: &str,
+        ) -> Box<dyn outbox_core::testing::OpenWrite> {
+            let events = protocol.config.tables.events();
+            let protocol = protocol.clone();
+            $crate::testing::SqlOpenWrite::boxed(Write { protocol, tx }, business_write, &events)
+        }
+
         #[async_trait::async_trait]
         impl<D: Driver> $crate::testing::WriteTx for Write<D> {
             async fn run(&mut self, sql: &str) -> Result<(), outbox_core::StoreError> {
@@ -122,23 +140,27 @@ macro_rules! dialect_write {
     };
 }
 
-/// Beside [`dialect_write!`]: `slow_ack_on`, an ack whose transaction
-/// stays open until released; `$begin` opens the relay's transaction on
-/// `$protocol`.
+/// Beside [`dialect_write!`]: [`SlowAck`] on `Protocol<D>`, an ack whose
+/// transaction stays open until released; `$begin` opens the relay's
+/// transaction on `$protocol`.
 macro_rules! dialect_slow_ack {
     (|$protocol:ident| $begin:expr) => {
-        async fn slow_ack_on<D: Driver>(
-            $protocol: &Protocol<D>,
-            leases: &[outbox_core::store::Lease],
-            ready: tokio::sync::oneshot::Sender<()>,
-            release: $crate::testing::Release,
-        ) -> Result<outbox_core::store::SettleReport, outbox_core::StoreError> {
-            let mut tx = $begin.await?;
-            let report = $protocol.ack_in(&mut tx, leases).await?;
-            let _ = ready.send(());
-            release.await;
-            D::commit(tx).await?;
-            Ok(report)
+        #[async_trait::async_trait]
+        impl<D: Driver> $crate::testing::SlowAck for Protocol<D> {
+            async fn slow_ack(
+                &self,
+                leases: &[outbox_core::store::Lease],
+                ready: tokio::sync::oneshot::Sender<()>,
+                release: $crate::testing::Release,
+            ) -> Result<outbox_core::store::SettleReport, outbox_core::StoreError> {
+                let $protocol = self;
+                let mut tx = $begin.await?;
+                let report = $protocol.ack_in(&mut tx, leases).await?;
+                let _ = ready.send(());
+                release.await;
+                D::commit(tx).await?;
+                Ok(report)
+            }
         }
     };
 }
@@ -181,7 +203,7 @@ macro_rules! sql_fault_seams {
                 ready: $crate::__private::oneshot::Sender<()>,
                 release: $crate::testing::Release,
             ) -> Result<$crate::__private::store::SettleReport, $crate::__private::StoreError> {
-                $crate::testing::SeamsProtocol::slow_ack(&self.$field, leases, ready, release).await
+                $crate::testing::SlowAck::slow_ack(&self.$field, leases, ready, release).await
             }
             fn overlapping_writers(&self) -> bool {
                 $crate::testing::SeamsProtocol::overlapping_writers(&self.$field)

@@ -179,16 +179,7 @@ pub async fn a_dead_relays_keys_come_back_in_one_claim<F: StoreFactory>(factory:
         .collect();
     assert_eq!(store.ack(&leases).await.unwrap().applied, 40);
     assert!(store.failed_events(10).await.unwrap().is_empty());
-    for e in &events {
-        assert!(
-            matches!(
-                state(&*store, e.event_id).await,
-                EventState::Published { .. }
-            ),
-            "{} not published",
-            e.event_id
-        );
-    }
+    assert_published(&*store, &events).await;
 }
 
 /// A hot key's backlog costs only that key: while one relay holds the head

@@ -294,16 +294,7 @@ pub async fn supersede_takes_the_place_of_the_failed_event<F: StoreFactory>(fact
     assert!(matches!(outcome, EnqueueOutcome::Inserted { .. }));
     // Drain the key, acknowledging as we go: a store may lease the
     // replacement alone and release the backlog only once it is published.
-    let mut order = Vec::new();
-    loop {
-        let claimed = claim(&*store, &request("r1", 10)).await;
-        if claimed.is_empty() {
-            break;
-        }
-        order.extend(ids(&claimed));
-        let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();
-        store.ack(&leases).await.unwrap();
-    }
+    let order = drain(&*store).await;
     assert_eq!(
         order,
         vec![fixed.event_id, a2.event_id],
@@ -368,16 +359,7 @@ pub async fn operators_act_on_many_failed_events_at_once<F: StoreFactory>(factor
             (AttemptKind::Requeued, "erin", "consumer fixed")
         );
     }
-    let mut published = Vec::new();
-    loop {
-        let claimed = claim(&*store, &request("r1", 10)).await;
-        if claimed.is_empty() {
-            break;
-        }
-        published.extend(ids(&claimed));
-        let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();
-        store.ack(&leases).await.unwrap();
-    }
+    let published = drain(&*store).await;
     assert_eq!(
         sorted(published.clone()),
         sorted(vec![

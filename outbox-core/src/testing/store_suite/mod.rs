@@ -7,7 +7,7 @@ use super::fixtures::{event, event_with_payload, events_over_keys};
 use super::{BeginWrite, StoreFactory, enqueue_all};
 use crate::clock::ManualClock;
 use crate::error::StoreError;
-use crate::event::{EventId, InvalidEvent};
+use crate::event::{EventId, InvalidEvent, NewEvent};
 use crate::policy::{Ordering, PoisonPolicy};
 use crate::publisher::ErrorClass;
 use crate::store::{
@@ -39,7 +39,7 @@ async fn claim(store: &(impl OutboxStore + ?Sized), request: &ClaimRequest) -> V
     store.claim_batch(request).await.expect("claim").events
 }
 
-fn ids(claimed: &[ClaimedEvent]) -> Vec<EventId> {
+pub(crate) fn ids(claimed: &[ClaimedEvent]) -> Vec<EventId> {
     claimed.iter().map(|c| c.event.event_id).collect()
 }
 
@@ -64,12 +64,24 @@ fn fail(claimed: &ClaimedEvent, block_key: bool) -> Nack {
     }
 }
 
-async fn state(store: &(impl OutboxAdmin + ?Sized), id: EventId) -> EventState {
+pub(crate) async fn state(store: &(impl OutboxAdmin + ?Sized), id: EventId) -> EventState {
     store
         .event_state(id)
         .await
         .expect("event_state")
         .expect("event exists")
+}
+
+/// Asserts that every one of `events` is published.
+pub(crate) async fn assert_published(store: &(impl OutboxAdmin + ?Sized), events: &[NewEvent]) {
+    for e in events {
+        let state = state(store, e.event_id).await;
+        assert!(
+            matches!(state, EventState::Published { .. }),
+            "{} not published: {state:?}",
+            e.event_id
+        );
+    }
 }
 
 mod admin;
@@ -81,6 +93,20 @@ pub use admin::*;
 pub use claims::*;
 pub use failures::*;
 pub use order::*;
+
+/// Claims batches of ten as `r1` and acknowledges each until nothing is
+/// left; the events in the order they were claimed.
+async fn drain(store: &(impl OutboxStore + ?Sized)) -> Vec<EventId> {
+    let mut order = Vec::new();
+    loop {
+        let claimed = claim(store, &request("r1", 10)).await;
+        if claimed.is_empty() {
+            return order;
+        }
+        order.extend(ids(&claimed));
+        ack_all(store, &claimed).await;
+    }
+}
 
 async fn ack_all(store: &(impl OutboxStore + ?Sized), claimed: &[ClaimedEvent]) {
     let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();

@@ -31,14 +31,7 @@ where
     published.extend(ids(&claimed));
     ack_all(&*store, &claimed).await;
     early.commit().await.unwrap();
-    loop {
-        let claimed = claim(&*store, &request("r1", 10)).await;
-        if claimed.is_empty() {
-            break;
-        }
-        published.extend(ids(&claimed));
-        ack_all(&*store, &claimed).await;
-    }
+    published.extend(drain(&*store).await);
     published.sort();
     let mut expected = vec![first.event_id, second.event_id];
     expected.sort();
@@ -62,15 +55,7 @@ where
     fast.commit().await.unwrap();
     slow.enqueue(business_first.clone()).await.unwrap();
     slow.commit().await.unwrap();
-    let mut order = Vec::new();
-    loop {
-        let claimed = claim(&*store, &request("r1", 10)).await;
-        if claimed.is_empty() {
-            break;
-        }
-        order.extend(ids(&claimed));
-        ack_all(&*store, &claimed).await;
-    }
+    let order = drain(&*store).await;
     assert_eq!(
         order,
         vec![quick.event_id, business_first.event_id],
