@@ -1,7 +1,7 @@
 //! `OutboxAdmin` on each dialect's `Protocol`, written once: every call
 //! runs its dialect's work inside [`during`] (which names the operation
-//! and table in an error). The reads every dialect does alike are here;
-//! each dialect's `admin.rs` holds the rest as inherent methods
+//! and table in an error), and writes sync store time first (tests shift
+//! it). The reads every dialect does alike are here; each dialect's `admin.rs` holds the rest as inherent methods
 //! (`stats_now`, `held_back_now`, `failed_now`, `operator_update`,
 //! `supersede_now`, `purge_now`, `fetch_alone`) and maps an event's state.
 
@@ -99,14 +99,22 @@ macro_rules! admin_on_protocol {
                 action: &OperatorAction,
             ) -> Result<(), StoreError> {
                 let query = &self.queries.admin.requeue;
-                let update = self.operator_update(query, id, AttemptKind::Requeued, action);
-                during("requeue", || self.events(), update).await
+                during("requeue", || self.events(), async move {
+                    self.sync_clock().await?;
+                    self.operator_update(query, id, AttemptKind::Requeued, action)
+                        .await
+                })
+                .await
             }
 
             async fn skip(&self, id: EventId, action: &OperatorAction) -> Result<(), StoreError> {
                 let query = &self.queries.admin.skip;
-                let update = self.operator_update(query, id, AttemptKind::Skipped, action);
-                during("skip", || self.events(), update).await
+                during("skip", || self.events(), async move {
+                    self.sync_clock().await?;
+                    self.operator_update(query, id, AttemptKind::Skipped, action)
+                        .await
+                })
+                .await
             }
 
             async fn requeue_each(
@@ -133,8 +141,11 @@ macro_rules! admin_on_protocol {
                 replacement: NewEvent,
                 action: &OperatorAction,
             ) -> Result<EnqueueOutcome, StoreError> {
-                let superseding = self.supersede_now(id, replacement, action);
-                during("supersede", || self.events(), superseding).await
+                during("supersede", || self.events(), async move {
+                    self.sync_clock().await?;
+                    self.supersede_now(id, replacement, action).await
+                })
+                .await
             }
 
             async fn purge_published(

@@ -49,31 +49,31 @@ macro_rules! delegate_sql_store {
                 &self,
                 request: &$crate::__private::store::ClaimRequest,
             ) -> Result<$crate::__private::store::ClaimedBatch, $crate::__private::StoreError> {
-                self.$field.claim_batch(request).await
+                $crate::__private::store::OutboxStore::claim_batch(&self.$field, request).await
             }
             async fn ack(
                 &self,
                 leases: &[$crate::__private::store::Lease],
             ) -> Result<$crate::__private::store::SettleReport, $crate::__private::StoreError> {
-                self.$field.ack(leases).await
+                $crate::__private::store::OutboxStore::ack(&self.$field, leases).await
             }
             async fn nack(
                 &self,
                 nacks: &[$crate::__private::store::Nack],
             ) -> Result<$crate::__private::store::SettleReport, $crate::__private::StoreError> {
-                self.$field.nack(nacks).await
+                $crate::__private::store::OutboxStore::nack(&self.$field, nacks).await
             }
             async fn release(
                 &self,
                 releases: &[$crate::__private::store::Release],
             ) -> Result<$crate::__private::store::SettleReport, $crate::__private::StoreError> {
-                self.$field.release(releases).await
+                $crate::__private::store::OutboxStore::release(&self.$field, releases).await
             }
             async fn heartbeat(
                 &self,
                 beat: &$crate::__private::store::Heartbeat,
             ) -> Result<(), $crate::__private::StoreError> {
-                self.$field.heartbeat(beat).await
+                $crate::__private::store::OutboxStore::heartbeat(&self.$field, beat).await
             }
         }
 

@@ -29,3 +29,25 @@ macro_rules! dialect_protocol {
         }
     };
 }
+
+/// In a dialect's `impl Statements` (with its `Exec` in scope, its
+/// `record_many` taking store time then the entries' JSON): `record`.
+macro_rules! record_history {
+    () => {
+        /// Appends history rows in one statement.
+        pub async fn record(
+            &self,
+            conn: &mut (impl Exec + ?Sized),
+            entries: &[$crate::history::HistoryEntry<'_>],
+        ) -> Result<(), outbox_core::StoreError> {
+            if entries.is_empty() {
+                return Ok(());
+            }
+            let now = self.now(&mut *conn).await?;
+            let json = $crate::history::HistoryEntry::batch_json(entries);
+            conn.execute(&self.queries.record_many, vec![now.into(), json.into()])
+                .await?;
+            Ok(())
+        }
+    };
+}

@@ -1,5 +1,9 @@
 //! The core's store traits on each dialect's `Protocol`, written once: an
 //! adapter's store type takes them with [`crate::delegate_sql_store!`].
+//! Each call is named in its errors ([`during`]), syncs store time for
+//! tests, and skips empty settlements here; a dialect writes only the
+//! work (`claim_batch_now`, `ack_now`, `nack_now`, `release_now`,
+//! `heartbeat_now`, `inbox_gc`).
 
 use async_trait::async_trait;
 use outbox_core::store::{
@@ -7,6 +11,8 @@ use outbox_core::store::{
     Release, SettleReport,
 };
 use outbox_core::{NewEvent, StoreError};
+
+use crate::error::during;
 
 /// `OutboxWriter` and `OutboxStore` for `$dialect::Protocol<D>`, each call
 /// handed to the protocol's method of the same name; an enqueue of its own
@@ -19,7 +25,7 @@ macro_rules! store_traits_on_protocol {
                 &self,
                 events: &[NewEvent],
             ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-                crate::error::during("enqueue", || self.events(), async move {
+                during("enqueue", || self.events(), async move {
                     self.sync_clock().await?;
                     let mut tx = self.begin_producer().await?;
                     let outcomes = self.statements.enqueue(&mut tx, events).await?;
@@ -39,7 +45,7 @@ macro_rules! store_traits_on_protocol {
                 batch_size: usize,
             ) -> Result<u64, StoreError> {
                 let tables = || self.config.tables.inbox();
-                crate::error::during("inbox purge_older_than", tables, async move {
+                during("inbox purge_older_than", tables, async move {
                     self.sync_clock().await?;
                     self.inbox_gc(older_than, batch_size).await
                 })
@@ -53,19 +59,48 @@ macro_rules! store_traits_on_protocol {
                 &self,
                 request: &ClaimRequest,
             ) -> Result<ClaimedBatch, StoreError> {
-                Self::claim_batch(self, request).await
+                during("claim_batch", || self.events(), async move {
+                    self.sync_clock().await?;
+                    self.claim_batch_now(request).await
+                })
+                .await
             }
             async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-                Self::ack(self, leases).await
+                during("ack", || self.events(), async move {
+                    if leases.is_empty() {
+                        return Ok(SettleReport::default());
+                    }
+                    self.sync_clock().await?;
+                    self.ack_now(leases).await
+                })
+                .await
             }
             async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-                Self::nack(self, nacks).await
+                during("nack", || self.events(), async move {
+                    if nacks.is_empty() {
+                        return Ok(SettleReport::default());
+                    }
+                    self.sync_clock().await?;
+                    self.nack_now(nacks).await
+                })
+                .await
             }
             async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-                Self::release(self, releases).await
+                // No store time: a release moves no lease forward.
+                during("release", || self.events(), async move {
+                    if releases.is_empty() {
+                        return Ok(SettleReport::default());
+                    }
+                    self.release_now(releases).await
+                })
+                .await
             }
             async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
-                Self::heartbeat(self, beat).await
+                during("heartbeat", || self.events(), async move {
+                    self.sync_clock().await?;
+                    self.heartbeat_now(beat).await
+                })
+                .await
             }
         }
     };

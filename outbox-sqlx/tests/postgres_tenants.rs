@@ -381,7 +381,19 @@ async fn a_tenant_whose_database_stops_holds_no_one_and_resumes() {
     .await;
 
     server.resume();
-    let d2 = enqueue(&down_store).await;
+    // The first statements after a restart may meet a connection the
+    // restart closed, or wait past the pool's timeout for one: a producer
+    // retries those (they are retryable), so the test does too.
+    let d2 = event("k", 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while let Err(error) = OutboxWriter::enqueue(&down_store, std::slice::from_ref(&d2)).await {
+        assert!(
+            error.is_retryable() && std::time::Instant::now() < deadline,
+            "enqueue after the restart: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let d2 = d2.event_id;
     until("the tenant resumes once its server is back", || {
         publishers.published(&down, d2)
     })

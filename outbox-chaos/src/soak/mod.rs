@@ -383,17 +383,12 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     println!(
         "| probe claim, median first third / last third of the run | {claim_early:.1} ms / {claim_late:.1} ms |"
     );
-    println!(
-        "| other keys' commit→publish p50 / p99, quiet | {:.0} / {:.0} ms ({} events) |",
-        latency.quiet.0, latency.quiet.1, latency.quiet.2
-    );
-    println!(
-        "| other keys' commit→publish p50 / p99, while a hot key drains | {:.0} / {:.0} ms ({} events) |",
-        latency.bursting.0, latency.bursting.1, latency.bursting.2
-    );
-    println!(
-        "| hot bursts' commit→publish p99 | {:.0} ms |",
-        latency.hot_p99
+    print_fairness(
+        "other keys",
+        "a hot key",
+        latency.quiet,
+        latency.bursting,
+        latency.hot_p99,
     );
     println!(
         "| drain after the last commit | {:.1} s{} |",
@@ -458,4 +453,6 @@ use traffic::*;
 
 pub(crate) use traffic::{Zipf, burst_transactions, enqueue_retrying, pace};
 use watch::*;
-pub(crate) use watch::{drained_bursts, first_publications, held_back, percentiles, within};
+pub(crate) use watch::{
+    SentEvent, drained_bursts, first_publications, held_back, percentiles, print_fairness, within,
+};

@@ -151,12 +151,7 @@ pub(super) struct Latency {
 
 impl Latency {
     pub(super) fn of(observed: &Observed, published: &HashMap<String, u128>) -> Self {
-        let hot = observed.sent.iter().filter(|(_, s)| s.hot);
-        let bursts = drained_bursts(
-            &observed.bursts,
-            hot.map(|(id, s)| (id, s.committed_ms)),
-            published,
-        );
+        let bursts = drained_bursts(&observed.bursts, &observed.sent, published);
         // Faults, and what each leaves behind.
         let faulty = |at: u128| within(&observed.faults, at, 0, 0);
         let mut quiet = Vec::new();
@@ -187,6 +182,40 @@ impl Latency {
         }
     }
 }
+/// An event a soak committed, as the latency checks read it.
+pub(crate) trait SentEvent {
+    /// When its transaction committed (ms since the epoch).
+    fn committed_ms(&self) -> u128;
+    /// Whether it was part of a hot burst.
+    fn hot(&self) -> bool;
+}
+
+impl SentEvent for super::Sent {
+    fn committed_ms(&self) -> u128 {
+        self.committed_ms
+    }
+    fn hot(&self) -> bool {
+        self.hot
+    }
+}
+
+/// Prints the fairness rows of a soak's table: `others`' latency quiet
+/// and while `hot` drains, and the hot bursts' own.
+pub(crate) fn print_fairness(
+    others: &str,
+    hot: &str,
+    quiet: (f64, f64, usize),
+    bursting: (f64, f64, usize),
+    hot_p99: f64,
+) {
+    for (when, (p50, p99, n)) in [("quiet", quiet), (&format!("while {hot} drains"), bursting)] {
+        println!(
+            "| {others}' commit→publish p50 / p99, {when} | {p50:.0} / {p99:.0} ms ({n} events) |"
+        );
+    }
+    println!("| hot bursts' commit→publish p99 | {hot_p99:.0} ms |");
+}
+
 /// Whether `at` falls in one of `spans`, `(from, to)`, widened by
 /// `before` and `after`.
 pub(crate) fn within(spans: &[(u128, u128)], at: u128, before: u128, after: u128) -> bool {
@@ -197,14 +226,16 @@ pub(crate) fn within(spans: &[(u128, u128)], at: u128, before: u128, after: u128
 
 /// Each burst, `(first commit, last commit)`, as `(first commit, last
 /// publication of its events)`: a burst drains until its last event is
-/// published. `hot`: the hot events and their commit times.
-pub(crate) fn drained_bursts<'a>(
+/// published. `sent`: every event committed.
+pub(crate) fn drained_bursts(
     bursts: &[(u128, u128)],
-    hot: impl Iterator<Item = (&'a EventId, u128)>,
+    sent: &HashMap<EventId, impl SentEvent>,
     published: &HashMap<String, u128>,
 ) -> Vec<(u128, u128)> {
-    let hot: Vec<(u128, u128)> = hot
-        .filter_map(|(id, committed)| Some((committed, *published.get(&id.to_string())?)))
+    let hot: Vec<(u128, u128)> = sent
+        .iter()
+        .filter(|(_, s)| s.hot())
+        .filter_map(|(id, s)| Some((s.committed_ms(), *published.get(&id.to_string())?)))
         .collect();
     bursts
         .iter()

@@ -9,7 +9,9 @@ use super::daemon::Daemon;
 use super::traffic::Live;
 use super::{Observed, Settings};
 use crate::Error;
-use crate::soak::{drained_bursts, first_publications, held_back, percentiles, within};
+use crate::soak::{
+    SentEvent, drained_bursts, first_publications, held_back, percentiles, print_fairness, within,
+};
 
 /// Commit→publish of the other tenants' events, outside redeploys and a
 /// new tenant's first seconds: quiet, while a hot burst drains, and in the
@@ -22,14 +24,18 @@ struct Latency {
     hot_p99: f64,
 }
 
+impl SentEvent for super::Sent {
+    fn committed_ms(&self) -> u128 {
+        self.committed_ms
+    }
+    fn hot(&self) -> bool {
+        self.hot
+    }
+}
+
 impl Latency {
     fn of(observed: &Observed, published: &HashMap<String, u128>, joining: u128) -> Self {
-        let hot = observed.sent.iter().filter(|(_, s)| s.hot);
-        let bursts = drained_bursts(
-            &observed.bursts,
-            hot.map(|(id, s)| (id, s.committed_ms)),
-            published,
-        );
+        let bursts = drained_bursts(&observed.bursts, &observed.sent, published);
         let redeploying = |at: u128| within(&observed.deploys, at, 500, 5_000);
         let (start, end) = observed.sent.values().fold((u128::MAX, 0), |(lo, hi), s| {
             (lo.min(s.committed_ms), hi.max(s.committed_ms))
@@ -167,17 +173,12 @@ pub(super) async fn settle_and_check(
     println!(
         "| a new tenant's first publication after its first commit, slowest | {slowest_start} ms |"
     );
-    println!(
-        "| other tenants' commit→publish p50 / p99, quiet | {:.0} / {:.0} ms ({} events) |",
-        latency.quiet.0, latency.quiet.1, latency.quiet.2
-    );
-    println!(
-        "| other tenants' commit→publish p50 / p99, while the hot tenant drains | {:.0} / {:.0} ms ({} events) |",
-        latency.bursting.0, latency.bursting.1, latency.bursting.2
-    );
-    println!(
-        "| hot bursts' commit→publish p99 | {:.0} ms |",
-        latency.hot_p99
+    print_fairness(
+        "other tenants",
+        "the hot tenant",
+        latency.quiet,
+        latency.bursting,
+        latency.hot_p99,
     );
     println!(
         "| quiet p50, first third / last third of the run | {:.0} / {:.0} ms |",

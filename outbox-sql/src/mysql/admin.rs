@@ -37,7 +37,6 @@ impl<D: Driver> Protocol<D> {
         kind: AttemptKind,
         action: &OperatorAction,
     ) -> Result<(), StoreError> {
-        self.sync_clock().await?;
         let mut tx = self.driver.begin(false).await?;
         let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
             drop(tx);

@@ -25,7 +25,6 @@ use crate::blame::{blame, new_lease_id, suspect_span};
 use crate::choose::{choose, leased, nack_state};
 use crate::codes;
 use crate::config::{Migrated, StoreConfig};
-pub(super) use crate::error::during;
 use crate::history::HistoryEntry;
 
 dialect_protocol!();
@@ -130,120 +129,111 @@ impl<D: Driver> Protocol<D> {
     }
 
     /// Leases the next batch (see [`outbox_core::OutboxStore::claim_batch`]).
-    pub async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        during("claim_batch", || self.events(), async move {
-            self.sync_clock().await?;
-            let mut tx = self.begin_relay().await?;
-            // One claimer at a time: concurrent claims could split a key's prefix.
-            let turn = tx.fetch(&self.queries.claim_lock, Vec::new()).await?;
-            let flight_from = match turn.first() {
-                Some(row) => row.int("flight_from")?,
-                None => 0,
-            };
-            let now = self.now(&mut tx).await?;
-            let expires = now.saturating_add(micros(request.lease_duration));
-            let keys_in_flight = self.reap(&mut tx, now, flight_from).await?;
-            let block = request.poison == PoisonPolicy::Block;
-            let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
+    pub(crate) async fn claim_batch_now(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<ClaimedBatch, StoreError> {
+        let mut tx = self.begin_relay().await?;
+        // One claimer at a time: concurrent claims could split a key's prefix.
+        let turn = tx.fetch(&self.queries.claim_lock, Vec::new()).await?;
+        let flight_from = match turn.first() {
+            Some(row) => row.int("flight_from")?,
+            None => 0,
+        };
+        let now = self.now(&mut tx).await?;
+        let expires = now.saturating_add(micros(request.lease_duration));
+        let keys_in_flight = self.reap(&mut tx, now, flight_from).await?;
+        let block = request.poison == PoisonPolicy::Block;
+        let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
 
-            let ordered = request.ordering == Ordering::PerKey;
-            // Keys in flight beyond the statement's list are left out below.
-            let listed = keys_in_flight.len().min(MAX_LISTED_KEYS);
-            let query = if ordered {
-                Cow::Owned(with_keys_in_flight(
-                    &self.queries.claim_candidates_per_key,
-                    listed,
+        let ordered = request.ordering == Ordering::PerKey;
+        // Keys in flight beyond the statement's list are left out below.
+        let listed = keys_in_flight.len().min(MAX_LISTED_KEYS);
+        let query = if ordered {
+            Cow::Owned(with_keys_in_flight(
+                &self.queries.claim_candidates_per_key,
+                listed,
+            ))
+        } else {
+            Cow::Borrowed(self.queries.claim_candidates_unordered.as_str())
+        };
+        let mut bound = vec![now.into()];
+        if ordered {
+            bound.extend(
+                keys_in_flight
+                    .iter()
+                    .take(listed)
+                    .map(|k| Param::from(k.as_str())),
+            );
+            bound.extend([now.into(), now.into()]);
+        }
+        bound.push(limit(request.limit));
+        let candidates: Vec<(i64, String, Option<u32>)> = tx
+            .fetch(&query, bound)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.int("sequence")?,
+                    r.text("partition_key")?,
+                    suspect_span(r.bool("suspect")?, r.int("suspect_span")?),
                 ))
-            } else {
-                Cow::Borrowed(self.queries.claim_candidates_unordered.as_str())
-            };
-            let mut bound = vec![now.into()];
-            if ordered {
-                bound.extend(
-                    keys_in_flight
-                        .iter()
-                        .take(listed)
-                        .map(|k| Param::from(k.as_str())),
-                );
-                bound.extend([now.into(), now.into()]);
-            }
-            bound.push(limit(request.limit));
-            let candidates: Vec<(i64, String, Option<u32>)> = tx
-                .fetch(&query, bound)
-                .await?
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.int("sequence")?,
-                        r.text("partition_key")?,
-                        suspect_span(r.bool("suspect")?, r.int("suspect_span")?),
-                    ))
-                })
-                .collect::<Result<_, StoreError>>()?;
-            let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
-            let locked = self.lock_claimable(&mut tx, &sequences, now).await?;
-            // A row skipped as locked (a settlement in progress), a crash
-            // suspect beyond the lease's allowance, or a row that does not
-            // decode under Block ends its key's prefix: nothing after it may
-            // be leased in this batch.
-            let rows = self.read_rows(&mut tx, &locked).await?;
-            let stopped = keys_in_flight.iter().skip(listed).map(String::as_str);
-            let (chosen, unreadable) =
-                choose(&candidates, &rows, (ordered, block), stopped.collect());
-            self.fail_unreadable(&mut tx, &unreadable, block, request.owner.as_str())
-                .await?;
-            let mut events = Vec::new();
-            if !chosen.is_empty() {
-                let lease = with_in_list(&self.queries.lease_rows, chosen.len());
-                let head = [
-                    new_lease_id().into(),
-                    request.owner.as_str().into(),
-                    expires.into(),
-                ];
-                tx.execute(&lease, with(head, &chosen)).await?;
-                events = leased(&chosen, &rows, from_micros(expires)?);
-            }
-            // The next claim's reaping read starts at the first row still
-            // in flight (this claim's leases included).
-            let leased_from = chosen.iter().copied().min().unwrap_or(i64::MAX);
-            let floor = tx
-                .fetch(
-                    &self.queries.flight_floor,
-                    vec![flight_from.min(leased_from).into()],
-                )
-                .await?
-                .first()
-                .map(|row| row.opt_int("floor"))
-                .transpose()?
-                .flatten()
-                .unwrap_or(flight_from);
-            if floor != flight_from {
-                tx.execute(&self.queries.move_flight_floor, vec![floor.into()])
-                    .await?;
-            }
-            D::commit(tx).await?;
-            Ok(ClaimedBatch {
-                events,
-                crash_looped,
-                unreadable,
             })
+            .collect::<Result<_, StoreError>>()?;
+        let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
+        let locked = self.lock_claimable(&mut tx, &sequences, now).await?;
+        // A row skipped as locked (a settlement in progress), a crash
+        // suspect beyond the lease's allowance, or a row that does not
+        // decode under Block ends its key's prefix: nothing after it may
+        // be leased in this batch.
+        let rows = self.read_rows(&mut tx, &locked).await?;
+        let stopped = keys_in_flight.iter().skip(listed).map(String::as_str);
+        let (chosen, unreadable) = choose(&candidates, &rows, (ordered, block), stopped.collect());
+        self.fail_unreadable(&mut tx, &unreadable, block, request.owner.as_str())
+            .await?;
+        let mut events = Vec::new();
+        if !chosen.is_empty() {
+            let lease = with_in_list(&self.queries.lease_rows, chosen.len());
+            let head = [
+                new_lease_id().into(),
+                request.owner.as_str().into(),
+                expires.into(),
+            ];
+            tx.execute(&lease, with(head, &chosen)).await?;
+            events = leased(&chosen, &rows, from_micros(expires)?);
+        }
+        // The next claim's reaping read starts at the first row still
+        // in flight (this claim's leases included).
+        let leased_from = chosen.iter().copied().min().unwrap_or(i64::MAX);
+        let floor = tx
+            .fetch(
+                &self.queries.flight_floor,
+                vec![flight_from.min(leased_from).into()],
+            )
+            .await?
+            .first()
+            .map(|row| row.opt_int("floor"))
+            .transpose()?
+            .flatten()
+            .unwrap_or(flight_from);
+        if floor != flight_from {
+            tx.execute(&self.queries.move_flight_floor, vec![floor.into()])
+                .await?;
+        }
+        D::commit(tx).await?;
+        Ok(ClaimedBatch {
+            events,
+            crash_looped,
+            unreadable,
         })
-        .await
     }
 
     /// Marks `leases` published where they still hold.
-    pub async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        during("ack", || self.events(), async move {
-            if leases.is_empty() {
-                return Ok(SettleReport::default());
-            }
-            self.sync_clock().await?;
-            let mut tx = self.begin_relay().await?;
-            let report = self.ack_in(&mut tx, leases).await?;
-            D::commit(tx).await?;
-            Ok(report)
-        })
-        .await
+    pub(crate) async fn ack_now(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
+        let mut tx = self.begin_relay().await?;
+        let report = self.ack_in(&mut tx, leases).await?;
+        D::commit(tx).await?;
+        Ok(report)
     }
 
     /// Acks `leases` in `tx` (a relay transaction; tests hold one open).
@@ -276,133 +266,117 @@ impl<D: Driver> Protocol<D> {
     }
 
     /// Settles failed attempts where the leases still hold.
-    pub async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        during("nack", || self.events(), async move {
-            if nacks.is_empty() {
-                return Ok(SettleReport::default());
-            }
-            self.sync_clock().await?;
-            let mut tx = self.begin_relay().await?;
-            let held = self
-                .lock_leased(&mut tx, &nacks.iter().map(|n| &n.lease).collect::<Vec<_>>())
-                .await?;
-            let by_id: HashMap<EventId, &Nack> =
-                nacks.iter().map(|n| (n.lease.event_id, n)).collect();
-            if !held.is_empty() {
-                let now = self.now(&mut tx).await?;
-                let batch: Vec<_> = held
-                    .iter()
-                    .map(|h| {
-                        let (status, blocks, available) =
-                            nack_state(&by_id[&h.event_id].action, now);
-                        json!({"s": h.sequence, "st": status, "b": blocks, "a": available})
-                    })
-                    .collect();
-                let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
-                let nack = with_in_list(&self.queries.nack, sequences.len());
-                let batch = Json::Array(batch).to_string();
-                tx.execute(&nack, with([batch.into()], &sequences)).await?;
-                let entries: Vec<_> = held
-                    .iter()
-                    .map(|h| {
-                        let nack = by_id[&h.event_id];
-                        HistoryEntry {
-                            event_id: h.event_id,
-                            kind: codes::nack_kind(&nack.action),
-                            actor: h.owner.as_str(),
-                            error_class: Some(nack.error_class.as_str()),
-                            detail: nack.error.as_str(),
-                            attempts: h.attempts + 1,
-                        }
-                    })
-                    .collect();
-                self.record(&mut tx, &entries).await?;
-            }
-            D::commit(tx).await?;
-            let settled = held.into_iter().map(|h| h.event_id).collect();
-            Ok(report(nacks.iter().map(|n| n.lease.event_id), &settled))
-        })
-        .await
+    pub(crate) async fn nack_now(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
+        let mut tx = self.begin_relay().await?;
+        let held = self
+            .lock_leased(&mut tx, &nacks.iter().map(|n| &n.lease).collect::<Vec<_>>())
+            .await?;
+        let by_id: HashMap<EventId, &Nack> = nacks.iter().map(|n| (n.lease.event_id, n)).collect();
+        if !held.is_empty() {
+            let now = self.now(&mut tx).await?;
+            let batch: Vec<_> = held
+                .iter()
+                .map(|h| {
+                    let (status, blocks, available) = nack_state(&by_id[&h.event_id].action, now);
+                    json!({"s": h.sequence, "st": status, "b": blocks, "a": available})
+                })
+                .collect();
+            let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
+            let nack = with_in_list(&self.queries.nack, sequences.len());
+            let batch = Json::Array(batch).to_string();
+            tx.execute(&nack, with([batch.into()], &sequences)).await?;
+            let entries: Vec<_> = held
+                .iter()
+                .map(|h| {
+                    let nack = by_id[&h.event_id];
+                    HistoryEntry {
+                        event_id: h.event_id,
+                        kind: codes::nack_kind(&nack.action),
+                        actor: h.owner.as_str(),
+                        error_class: Some(nack.error_class.as_str()),
+                        detail: nack.error.as_str(),
+                        attempts: h.attempts + 1,
+                    }
+                })
+                .collect();
+            self.record(&mut tx, &entries).await?;
+        }
+        D::commit(tx).await?;
+        let settled = held.into_iter().map(|h| h.event_id).collect();
+        Ok(report(nacks.iter().map(|n| n.lease.event_id), &settled))
     }
 
     /// Returns leased rows unpublished where the leases still hold.
-    pub async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        during("release", || self.events(), async move {
-            if releases.is_empty() {
-                return Ok(SettleReport::default());
-            }
-            let mut tx = self.begin_relay().await?;
-            let held = self
-                .lock_leased(
-                    &mut tx,
-                    &releases.iter().map(|r| &r.lease).collect::<Vec<_>>(),
-                )
-                .await?;
-            let started: HashMap<i64, bool> = releases
-                .iter()
-                .map(|r| (r.lease.sequence, r.attempt_started))
-                .collect();
-            if !held.is_empty() {
-                // Rows whose publishing had started are judged as after a crash.
-                let judged: HashMap<i64, CrashVerdict> = blame(
-                    &held
-                        .iter()
-                        .filter(|h| started[&h.sequence])
-                        .map(|h| (h.sequence, h.lease_id, h.suspect_span))
-                        .collect::<Vec<_>>(),
-                )
-                .into_iter()
-                .map(|v| (v.sequence, v))
-                .collect();
-                let batch: Vec<_> = held
+    pub(crate) async fn release_now(
+        &self,
+        releases: &[Release],
+    ) -> Result<SettleReport, StoreError> {
+        let mut tx = self.begin_relay().await?;
+        let held = self
+            .lock_leased(
+                &mut tx,
+                &releases.iter().map(|r| &r.lease).collect::<Vec<_>>(),
+            )
+            .await?;
+        let started: HashMap<i64, bool> = releases
+            .iter()
+            .map(|r| (r.lease.sequence, r.attempt_started))
+            .collect();
+        if !held.is_empty() {
+            // Rows whose publishing had started are judged as after a crash.
+            let judged: HashMap<i64, CrashVerdict> = blame(
+                &held
                     .iter()
-                    .map(|h| {
-                        let verdict = judged.get(&h.sequence);
-                        json!([
-                            h.sequence,
-                            started[&h.sequence],
-                            i64::from(verdict.is_some_and(|v| v.blamed)),
-                            verdict.map_or(0, |v| v.suspect_span)
-                        ])
-                    })
-                    .collect();
-                let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
-                let release = with_in_list(&self.queries.release, sequences.len());
-                let batch = Json::Array(batch).to_string();
-                tx.execute(&release, with([batch.into()], &sequences))
-                    .await?;
-            }
-            D::commit(tx).await?;
-            let settled = held.into_iter().map(|h| h.event_id).collect();
-            Ok(report(releases.iter().map(|r| r.lease.event_id), &settled))
-        })
-        .await
+                    .filter(|h| started[&h.sequence])
+                    .map(|h| (h.sequence, h.lease_id, h.suspect_span))
+                    .collect::<Vec<_>>(),
+            )
+            .into_iter()
+            .map(|v| (v.sequence, v))
+            .collect();
+            let batch: Vec<_> = held
+                .iter()
+                .map(|h| {
+                    let verdict = judged.get(&h.sequence);
+                    json!([
+                        h.sequence,
+                        started[&h.sequence],
+                        i64::from(verdict.is_some_and(|v| v.blamed)),
+                        verdict.map_or(0, |v| v.suspect_span)
+                    ])
+                })
+                .collect();
+            let sequences: Vec<i64> = held.iter().map(|h| h.sequence).collect();
+            let release = with_in_list(&self.queries.release, sequences.len());
+            let batch = Json::Array(batch).to_string();
+            tx.execute(&release, with([batch.into()], &sequences))
+                .await?;
+        }
+        D::commit(tx).await?;
+        let settled = held.into_iter().map(|h| h.event_id).collect();
+        Ok(report(releases.iter().map(|r| r.lease.event_id), &settled))
     }
 
     /// Records that the relay is alive, with its clock's skew from the
     /// store's and the publisher outage it is paused for, if any.
-    pub async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
-        during("heartbeat", || self.events(), async move {
-            self.sync_clock().await?;
-            let mut conn = self.driver.connect().await?;
-            let now = self.now(&mut conn).await?;
-            let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
-            let outage = beat.outage.as_ref();
-            conn.execute(
-                &self.queries.heartbeat,
-                vec![
-                    beat.relay.as_str().into(),
-                    now.into(),
-                    skew_ms.into(),
-                    outage.map(|_| now).into(),
-                    outage.map(|o| o.destination.clone()).into(),
-                    outage.map(|o| o.reason.clone()).into(),
-                ],
-            )
-            .await?;
-            Ok(())
-        })
-        .await
+    pub(crate) async fn heartbeat_now(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+        let mut conn = self.driver.connect().await?;
+        let now = self.now(&mut conn).await?;
+        let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
+        let outage = beat.outage.as_ref();
+        conn.execute(
+            &self.queries.heartbeat,
+            vec![
+                beat.relay.as_str().into(),
+                now.into(),
+                skew_ms.into(),
+                outage.map(|_| now).into(),
+                outage.map(|o| o.destination.clone()).into(),
+                outage.map(|o| o.reason.clone()).into(),
+            ],
+        )
+        .await?;
+        Ok(())
     }
 
     /// The inbox purge's own work (`inbox_purge` wraps it): up to `most`

@@ -14,7 +14,6 @@ use super::driver::{Exec, Param, Row};
 use super::{Queries, SCHEMA_VERSION};
 use crate::config::{Migrated, StoreConfig};
 use crate::error::during;
-use crate::history::HistoryEntry;
 use crate::validate::{check_event, headers_json};
 
 /// The settings and statements: what runs on a connection the caller
@@ -289,23 +288,7 @@ impl Statements {
         .await
     }
 
-    /// Appends history rows in one statement.
-    pub async fn record(
-        &self,
-        conn: &mut (impl Exec + ?Sized),
-        entries: &[HistoryEntry<'_>],
-    ) -> Result<(), StoreError> {
-        if entries.is_empty() {
-            return Ok(());
-        }
-        let now = self.now(&mut *conn).await?;
-        conn.execute(
-            &self.queries.record_many,
-            vec![now.into(), HistoryEntry::batch_json(entries).into()],
-        )
-        .await?;
-        Ok(())
-    }
+    record_history!();
 
     /// Writes the store-time shift of tests ([`outbox_core::StoreTime::Shifted`])
     /// on `conn`; nothing on the database clock.

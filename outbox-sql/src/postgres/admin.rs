@@ -80,7 +80,6 @@ impl<D: Driver> Protocol<D> {
         kind: AttemptKind,
         action: &OperatorAction,
     ) -> Result<(), StoreError> {
-        self.sync_clock().await?;
         let mut tx = self.driver.begin().await?;
         let rows = tx.fetch(sql, vec![event_id.into()]).await?;
         let Some(row) = rows.first() else {
@@ -238,7 +237,6 @@ impl<D: Driver> Protocol<D> {
         action: &OperatorAction,
     ) -> Result<EnqueueOutcome, StoreError> {
         check_event(&replacement, &self.config.limits, true)?;
-        self.sync_clock().await?;
         let mut tx = self.driver.begin().await?;
         let old = tx
             .fetch(&self.queries.supersede_lock, vec![event_id.into()])

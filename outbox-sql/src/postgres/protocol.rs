@@ -263,44 +263,45 @@ impl<D: Driver> Protocol<D> {
     }
 
     /// Claims a batch (`OutboxStore::claim_batch`).
-    pub async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        during("claim_batch", || self.events(), async move {
-            self.sync_clock().await?;
-            // While idle, one cheap statement instead of a claim.
-            if self.idle.load(AtomicOrdering::Relaxed) && !self.probe().await?.anything {
-                return Ok(ClaimedBatch::default());
-            }
-            let params = vec![
-                request.owner.as_str().into(),
-                Param::Int(i32::try_from(request.limit).unwrap_or(i32::MAX)),
-                Param::BigInt(millis(request.lease_duration)),
-                Param::Int(i32::try_from(request.crash_loop_limit).unwrap_or(i32::MAX)),
-                (request.ordering == Ordering::PerKey).into(),
-                (request.poison == PoisonPolicy::Block).into(),
-            ];
-            let rows = self
-                .relay_conn(&self.claims)
-                .await?
-                .run(async |conn| conn.fetch_claimed(&self.queries.claim, params).await)
-                .await?;
-            let block = request.poison == PoisonPolicy::Block;
-            let SortedClaim {
-                mut batch,
-                held_back,
-                unreadable,
-            } = sort_claim(rows, block)?;
-            // Release first: failing an unreadable row under Block parks its
-            // key's later rows, which must be back out of their lease by then.
-            self.release(&held_back).await?;
-            self.fail_unreadable(&unreadable, block).await?;
-            batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
-            self.idle.store(
-                batch.events.is_empty() && batch.unreadable.is_empty(),
-                AtomicOrdering::Relaxed,
-            );
-            Ok(batch)
-        })
-        .await
+    pub(crate) async fn claim_batch_now(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<ClaimedBatch, StoreError> {
+        // While idle, one cheap statement instead of a claim.
+        if self.idle.load(AtomicOrdering::Relaxed) && !self.probe().await?.anything {
+            return Ok(ClaimedBatch::default());
+        }
+        let params = vec![
+            request.owner.as_str().into(),
+            Param::Int(i32::try_from(request.limit).unwrap_or(i32::MAX)),
+            Param::BigInt(millis(request.lease_duration)),
+            Param::Int(i32::try_from(request.crash_loop_limit).unwrap_or(i32::MAX)),
+            (request.ordering == Ordering::PerKey).into(),
+            (request.poison == PoisonPolicy::Block).into(),
+        ];
+        let rows = self
+            .relay_conn(&self.claims)
+            .await?
+            .run(async |conn| conn.fetch_claimed(&self.queries.claim, params).await)
+            .await?;
+        let block = request.poison == PoisonPolicy::Block;
+        let SortedClaim {
+            mut batch,
+            held_back,
+            unreadable,
+        } = sort_claim(rows, block)?;
+        // Release first: failing an unreadable row under Block parks its
+        // key's later rows, which must be back out of their lease by then.
+        if !held_back.is_empty() {
+            self.release_now(&held_back).await?;
+        }
+        self.fail_unreadable(&unreadable, block).await?;
+        batch.unreadable = unreadable.into_iter().map(|(u, _)| u).collect();
+        self.idle.store(
+            batch.events.is_empty() && batch.unreadable.is_empty(),
+            AtomicOrdering::Relaxed,
+        );
+        Ok(batch)
     }
 
     /// Runs a settlement statement returning the `sequence` of each row it
@@ -328,19 +329,12 @@ impl<D: Driver> Protocol<D> {
     }
 
     /// Acks (`OutboxStore::ack`).
-    pub async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        during("ack", || self.events(), async move {
-            if leases.is_empty() {
-                return Ok(SettleReport::default());
-            }
-            self.sync_clock().await?;
-            self.settle(
-                &self.queries.ack,
-                Self::ack_params(leases),
-                leases.iter().map(|l| (l.sequence, l.event_id)),
-            )
-            .await
-        })
+    pub(crate) async fn ack_now(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
+        self.settle(
+            &self.queries.ack,
+            Self::ack_params(leases),
+            leases.iter().map(|l| (l.sequence, l.event_id)),
+        )
         .await
     }
 
@@ -361,71 +355,57 @@ impl<D: Driver> Protocol<D> {
     }
 
     /// Nacks (`OutboxStore::nack`).
-    pub async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        during("nack", || self.events(), async move {
-            if nacks.is_empty() {
-                return Ok(SettleReport::default());
-            }
-            self.sync_clock().await?;
-            let columns = NackColumns::of(nacks);
-            let params = vec![
-                Param::BigInts(columns.sequences),
-                Param::BigInts(columns.tokens),
-                Param::OptBigInts(columns.retry_after_ms),
-                Param::Bools(columns.block_key),
-                texts(columns.kinds),
-                texts(columns.classes),
-                Param::Texts(columns.errors),
-            ];
-            self.settle(
-                &self.queries.nack,
-                params,
-                nacks.iter().map(|n| (n.lease.sequence, n.lease.event_id)),
-            )
-            .await
-        })
+    pub(crate) async fn nack_now(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
+        let columns = NackColumns::of(nacks);
+        let params = vec![
+            Param::BigInts(columns.sequences),
+            Param::BigInts(columns.tokens),
+            Param::OptBigInts(columns.retry_after_ms),
+            Param::Bools(columns.block_key),
+            texts(columns.kinds),
+            texts(columns.classes),
+            Param::Texts(columns.errors),
+        ];
+        self.settle(
+            &self.queries.nack,
+            params,
+            nacks.iter().map(|n| (n.lease.sequence, n.lease.event_id)),
+        )
         .await
     }
 
     /// Releases (`OutboxStore::release`).
-    pub async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        during("release", || self.events(), async move {
-            if releases.is_empty() {
-                return Ok(SettleReport::default());
-            }
-            let params = vec![
-                Param::BigInts(releases.iter().map(|r| r.lease.sequence).collect()),
-                Param::BigInts(releases.iter().map(|r| r.lease.fencing_token.0).collect()),
-                Param::Bools(releases.iter().map(|r| r.attempt_started).collect()),
-            ];
-            self.settle(
-                &self.queries.release,
-                params,
-                releases
-                    .iter()
-                    .map(|r| (r.lease.sequence, r.lease.event_id)),
-            )
-            .await
-        })
+    pub(crate) async fn release_now(
+        &self,
+        releases: &[Release],
+    ) -> Result<SettleReport, StoreError> {
+        let params = vec![
+            Param::BigInts(releases.iter().map(|r| r.lease.sequence).collect()),
+            Param::BigInts(releases.iter().map(|r| r.lease.fencing_token.0).collect()),
+            Param::Bools(releases.iter().map(|r| r.attempt_started).collect()),
+        ];
+        self.settle(
+            &self.queries.release,
+            params,
+            releases
+                .iter()
+                .map(|r| (r.lease.sequence, r.lease.event_id)),
+        )
         .await
     }
 
     /// Records a relay's heartbeat (`OutboxStore::heartbeat`).
-    pub async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
-        during("heartbeat", || self.events(), async move {
-            self.sync_clock().await?;
-            let outage = beat.outage.as_ref();
-            let params = vec![
-                beat.relay.as_str().into(),
-                Param::Time(self.config.clock.now()),
-                Param::OptText(outage.map(|o| o.destination.clone())),
-                Param::OptText(outage.map(|o| o.reason.clone())),
-            ];
-            let mut conn = self.driver.connect().await?;
-            conn.execute(&self.queries.heartbeat, params).await?;
-            Ok(())
-        })
-        .await
+    pub(crate) async fn heartbeat_now(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+        let outage = beat.outage.as_ref();
+        let params = vec![
+            beat.relay.as_str().into(),
+            Param::Time(self.config.clock.now()),
+            Param::OptText(outage.map(|o| o.destination.clone())),
+            Param::OptText(outage.map(|o| o.reason.clone())),
+        ];
+        let mut conn = self.driver.connect().await?;
+        conn.execute(&self.queries.heartbeat, params).await?;
+        Ok(())
     }
 
     /// Fails claimed rows that do not decode, each on its own (history kind

@@ -23,7 +23,6 @@ impl<D: Driver> Protocol<D> {
         kind: AttemptKind,
         action: &OperatorAction,
     ) -> Result<(), StoreError> {
-        self.sync_clock().await?;
         let mut tx = self.driver.begin().await?;
         let now = self.now(&mut tx).await?;
         let rows = tx.fetch(query, vec![event_id.into(), now.into()]).await?;
@@ -46,7 +45,6 @@ impl<D: Driver> Protocol<D> {
         action: &OperatorAction,
     ) -> Result<EnqueueOutcome, StoreError> {
         check_event(&replacement, &self.config.limits, false)?;
-        self.sync_clock().await?;
         let mut tx = self.driver.begin().await?;
         let now = self.now(&mut tx).await?;
         let old = tx

@@ -13,7 +13,6 @@ use serde_json::json;
 use super::{Driver, Exec, Queries, SCHEMA_VERSION};
 use crate::config::{Migrated, StoreConfig};
 use crate::error::during;
-use crate::history::HistoryEntry;
 use crate::param::{limit, micros};
 use crate::validate::{check_event, headers_json};
 
@@ -91,20 +90,7 @@ impl Statements {
         .await
     }
 
-    /// Appends history rows in one statement.
-    pub async fn record(
-        &self,
-        conn: &mut (impl Exec + ?Sized),
-        entries: &[HistoryEntry<'_>],
-    ) -> Result<(), StoreError> {
-        if entries.is_empty() {
-            return Ok(());
-        }
-        let now = self.now(conn).await?;
-        let params = vec![HistoryEntry::batch_json(entries).into(), now.into()];
-        conn.execute(&self.queries.record_many, params).await?;
-        Ok(())
-    }
+    record_history!();
 
     /// Claims an event for `consumer` on `conn` (the consumer's
     /// transaction): `false` if it was claimed before.

@@ -222,10 +222,10 @@ impl Queries {
             ),
             record_many: format!(
                 "INSERT INTO {attempts} (event_id, kind, at, actor, error_class, detail, attempts)
-                 SELECT json_extract(value, '$.id'), json_extract(value, '$.k'), ?2,
+                 SELECT json_extract(value, '$.id'), json_extract(value, '$.k'), ?1,
                         json_extract(value, '$.actor'), json_extract(value, '$.c'),
                         json_extract(value, '$.d'), json_extract(value, '$.n')
-                 FROM json_each(?1)"
+                 FROM json_each(?2)"
             ),
             heartbeat: format!(
                 "INSERT INTO {relays} (relay, last_seen, clock_skew_ms, outage_since,

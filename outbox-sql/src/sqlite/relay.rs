@@ -15,7 +15,6 @@ use super::{Driver, Exec, Protocol, Row, raw_event};
 use crate::blame::{InFlight, blame, new_lease_id, reap, suspect_span};
 use crate::choose::{ReadRows, choose, leased, nack_state};
 use crate::codes;
-use crate::error::during;
 use crate::history::HistoryEntry;
 use crate::param::{limit, micros};
 
@@ -49,246 +48,223 @@ fn entries<'a>(
 
 impl<D: Driver> Protocol<D> {
     /// Claims a batch (see [`outbox_core::OutboxStore::claim_batch`]).
-    pub async fn claim_batch(&self, request: &ClaimRequest) -> Result<ClaimedBatch, StoreError> {
-        during("claim_batch", || self.events(), async move {
-            self.sync_clock().await?;
-            let mut tx = self.driver.begin().await?;
-            let now = self.now(&mut tx).await?;
-            let expires = now.saturating_add(micros(request.lease_duration));
-            self.reap(&mut tx, now).await?;
-            let block = request.poison == PoisonPolicy::Block;
-            let looped = tx
-                .fetch(
-                    &self.queries.crash_loops,
-                    vec![
-                        now.into(),
-                        i64::from(request.crash_loop_limit).into(),
-                        block.into(),
-                    ],
-                )
-                .await?;
-            let crash_looped: Vec<StoredEvent> = looped
-                .into_iter()
-                .map(|mut r| Ok(raw_event(&mut r)?.decode().unwrap_or_else(|u| u.event)))
-                .collect::<Result<_, StoreError>>()?;
-            let detail = format!(
-                "{} publish attempts started and none finished",
-                request.crash_loop_limit
-            );
-            let looped_entries = entries(
-                crash_looped.iter().map(|e| (e, detail.as_str())),
-                AttemptKind::CrashLoop,
+    pub(crate) async fn claim_batch_now(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<ClaimedBatch, StoreError> {
+        let mut tx = self.driver.begin().await?;
+        let now = self.now(&mut tx).await?;
+        let expires = now.saturating_add(micros(request.lease_duration));
+        self.reap(&mut tx, now).await?;
+        let block = request.poison == PoisonPolicy::Block;
+        let looped = tx
+            .fetch(
+                &self.queries.crash_loops,
+                vec![
+                    now.into(),
+                    i64::from(request.crash_loop_limit).into(),
+                    block.into(),
+                ],
+            )
+            .await?;
+        let crash_looped: Vec<StoredEvent> = looped
+            .into_iter()
+            .map(|mut r| Ok(raw_event(&mut r)?.decode().unwrap_or_else(|u| u.event)))
+            .collect::<Result<_, StoreError>>()?;
+        let detail = format!(
+            "{} publish attempts started and none finished",
+            request.crash_loop_limit
+        );
+        let looped_entries = entries(
+            crash_looped.iter().map(|e| (e, detail.as_str())),
+            AttemptKind::CrashLoop,
+            request.owner.as_str(),
+        );
+        self.record(&mut tx, &looped_entries).await?;
+
+        let (query, ordered) = match request.ordering {
+            Ordering::PerKey => (&self.queries.claim_per_key, true),
+            Ordering::Unordered => (&self.queries.claim_unordered, false),
+        };
+        let candidates: Vec<(i64, String, Option<u32>)> = tx
+            .fetch(query, vec![now.into(), limit(request.limit)])
+            .await?
+            .iter()
+            .map(|r| Ok((r.int("sequence")?, r.text("partition_key")?, suspect(r)?)))
+            .collect::<Result<_, StoreError>>()?;
+        let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
+        let mut rows = ReadRows::new();
+        let read = vec![json!(sequences).to_string().into()];
+        for (token, raw) in tx.fetch_events(&self.queries.read_rows, read).await? {
+            rows.insert(raw.sequence, (token, raw.decode()));
+        }
+        // A crash suspect beyond the lease's allowance, or a row that
+        // does not decode under Block, ends its key's prefix in this
+        // batch.
+        let (chosen, unreadable) = choose(&candidates, &rows, (ordered, block), HashSet::new());
+        if !unreadable.is_empty() {
+            let bad: Vec<i64> = unreadable.iter().map(|u| u.event.sequence).collect();
+            let fail = vec![json!(bad).to_string().into(), block.into()];
+            tx.execute(&self.queries.fail_rows, fail).await?;
+            let bad_entries = entries(
+                unreadable.iter().map(|u| (&u.event, u.reason.as_str())),
+                AttemptKind::Unreadable,
                 request.owner.as_str(),
             );
-            self.record(&mut tx, &looped_entries).await?;
-
-            let (query, ordered) = match request.ordering {
-                Ordering::PerKey => (&self.queries.claim_per_key, true),
-                Ordering::Unordered => (&self.queries.claim_unordered, false),
-            };
-            let candidates: Vec<(i64, String, Option<u32>)> = tx
-                .fetch(query, vec![now.into(), limit(request.limit)])
-                .await?
-                .iter()
-                .map(|r| Ok((r.int("sequence")?, r.text("partition_key")?, suspect(r)?)))
-                .collect::<Result<_, StoreError>>()?;
-            let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
-            let mut rows = ReadRows::new();
-            let read = vec![json!(sequences).to_string().into()];
-            for (token, raw) in tx.fetch_events(&self.queries.read_rows, read).await? {
-                rows.insert(raw.sequence, (token, raw.decode()));
-            }
-            // A crash suspect beyond the lease's allowance, or a row that
-            // does not decode under Block, ends its key's prefix in this
-            // batch.
-            let (chosen, unreadable) = choose(&candidates, &rows, (ordered, block), HashSet::new());
-            if !unreadable.is_empty() {
-                let bad: Vec<i64> = unreadable.iter().map(|u| u.event.sequence).collect();
-                let fail = vec![json!(bad).to_string().into(), block.into()];
-                tx.execute(&self.queries.fail_rows, fail).await?;
-                let bad_entries = entries(
-                    unreadable.iter().map(|u| (&u.event, u.reason.as_str())),
-                    AttemptKind::Unreadable,
-                    request.owner.as_str(),
-                );
-                self.record(&mut tx, &bad_entries).await?;
-            }
-            let mut events = Vec::new();
-            if !chosen.is_empty() {
-                let lease = vec![
-                    json!(chosen).to_string().into(),
-                    new_lease_id().into(),
-                    request.owner.as_str().into(),
-                    expires.into(),
-                ];
-                tx.execute(&self.queries.lease_rows, lease).await?;
-                events = leased(&chosen, &rows, crate::row::from_micros(expires)?);
-            }
-            D::commit(tx).await?;
-            Ok(ClaimedBatch {
-                events,
-                crash_looped,
-                unreadable,
-            })
+            self.record(&mut tx, &bad_entries).await?;
+        }
+        let mut events = Vec::new();
+        if !chosen.is_empty() {
+            let lease = vec![
+                json!(chosen).to_string().into(),
+                new_lease_id().into(),
+                request.owner.as_str().into(),
+                expires.into(),
+            ];
+            tx.execute(&self.queries.lease_rows, lease).await?;
+            events = leased(&chosen, &rows, crate::row::from_micros(expires)?);
+        }
+        D::commit(tx).await?;
+        Ok(ClaimedBatch {
+            events,
+            crash_looped,
+            unreadable,
         })
-        .await
     }
 
     /// Acks `leases` (see [`outbox_core::OutboxStore::ack`]).
-    pub async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-        during("ack", || self.events(), async move {
-            if leases.is_empty() {
-                return Ok(SettleReport::default());
-            }
-            self.sync_clock().await?;
-            let batch = leases
-                .iter()
-                .map(|l| json!([l.sequence, l.fencing_token.0]))
-                .collect();
-            let asked = leases.iter().map(|l| l.event_id);
-            self.settle_json(&self.queries.ack, batch, true, asked)
-                .await
-        })
-        .await
+    pub(crate) async fn ack_now(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
+        let batch = leases
+            .iter()
+            .map(|l| json!([l.sequence, l.fencing_token.0]))
+            .collect();
+        let asked = leases.iter().map(|l| l.event_id);
+        self.settle_json(&self.queries.ack, batch, true, asked)
+            .await
     }
 
     /// Nacks (see [`outbox_core::OutboxStore::nack`]).
-    pub async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-        during("nack", || self.events(), async move {
-            if nacks.is_empty() {
-                return Ok(SettleReport::default());
-            }
-            self.sync_clock().await?;
-            let mut tx = self.driver.begin().await?;
-            let now = self.now(&mut tx).await?;
-            let batch: Vec<_> = nacks
-                .iter()
-                .map(|n| {
-                    let (status, blocks, available) = nack_state(&n.action, now);
-                    json!({"s": n.lease.sequence, "t": n.lease.fencing_token.0, "st": status,
-                           "b": blocks, "a": available})
-                })
-                .collect();
-            let rows = tx
-                .fetch(
-                    &self.queries.nack,
-                    vec![serde_json::Value::Array(batch).to_string().into()],
-                )
-                .await?;
-            let by_id: HashMap<EventId, &Nack> =
-                nacks.iter().map(|n| (n.lease.event_id, n)).collect();
-            let mut owners = Vec::with_capacity(rows.len());
-            for r in &rows {
-                owners.push((
-                    r.event_id("event_id")?,
-                    r.text("lease_owner")?,
-                    r.int("attempts")?,
-                ));
-            }
-            let history: Vec<_> = owners
-                .iter()
-                .map(|(id, owner, attempts)| {
-                    let nack = by_id[id];
-                    HistoryEntry {
-                        event_id: *id,
-                        kind: codes::nack_kind(&nack.action),
-                        actor: owner.as_str(),
-                        error_class: Some(nack.error_class.as_str()),
-                        detail: nack.error.as_str(),
-                        attempts: *attempts,
-                    }
-                })
-                .collect();
-            self.record(&mut tx, &history).await?;
-            D::commit(tx).await?;
-            let settled = settled_ids(&rows)?;
-            Ok(SettleReport {
-                applied: settled.len(),
-                fenced: nacks
-                    .iter()
-                    .map(|n| n.lease.event_id)
-                    .filter(|id| !settled.contains(id))
-                    .collect(),
+    pub(crate) async fn nack_now(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
+        let mut tx = self.driver.begin().await?;
+        let now = self.now(&mut tx).await?;
+        let batch: Vec<_> = nacks
+            .iter()
+            .map(|n| {
+                let (status, blocks, available) = nack_state(&n.action, now);
+                json!({"s": n.lease.sequence, "t": n.lease.fencing_token.0, "st": status,
+                       "b": blocks, "a": available})
             })
+            .collect();
+        let rows = tx
+            .fetch(
+                &self.queries.nack,
+                vec![serde_json::Value::Array(batch).to_string().into()],
+            )
+            .await?;
+        let by_id: HashMap<EventId, &Nack> = nacks.iter().map(|n| (n.lease.event_id, n)).collect();
+        let mut owners = Vec::with_capacity(rows.len());
+        for r in &rows {
+            owners.push((
+                r.event_id("event_id")?,
+                r.text("lease_owner")?,
+                r.int("attempts")?,
+            ));
+        }
+        let history: Vec<_> = owners
+            .iter()
+            .map(|(id, owner, attempts)| {
+                let nack = by_id[id];
+                HistoryEntry {
+                    event_id: *id,
+                    kind: codes::nack_kind(&nack.action),
+                    actor: owner.as_str(),
+                    error_class: Some(nack.error_class.as_str()),
+                    detail: nack.error.as_str(),
+                    attempts: *attempts,
+                }
+            })
+            .collect();
+        self.record(&mut tx, &history).await?;
+        D::commit(tx).await?;
+        let settled = settled_ids(&rows)?;
+        Ok(SettleReport {
+            applied: settled.len(),
+            fenced: nacks
+                .iter()
+                .map(|n| n.lease.event_id)
+                .filter(|id| !settled.contains(id))
+                .collect(),
         })
-        .await
     }
 
     /// Hands leases back (see [`outbox_core::OutboxStore::release`]).
-    pub async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-        during("release", || self.events(), async move {
-            if releases.is_empty() {
-                return Ok(SettleReport::default());
-            }
-            let mut tx = self.driver.begin().await?;
-            // Rows whose publishing had started are blamed as after a crash.
-            let started: Vec<i64> = releases
+    pub(crate) async fn release_now(
+        &self,
+        releases: &[Release],
+    ) -> Result<SettleReport, StoreError> {
+        let mut tx = self.driver.begin().await?;
+        // Rows whose publishing had started are blamed as after a crash.
+        let started: Vec<i64> = releases
+            .iter()
+            .filter(|r| r.attempt_started)
+            .map(|r| r.lease.sequence)
+            .collect();
+        let mut judged: HashMap<i64, CrashVerdict> = HashMap::new();
+        if !started.is_empty() {
+            let held: Vec<(i64, i64, Option<u32>)> = tx
+                .fetch(&self.queries.held, vec![json!(started).to_string().into()])
+                .await?
                 .iter()
-                .filter(|r| r.attempt_started)
-                .map(|r| r.lease.sequence)
-                .collect();
-            let mut judged: HashMap<i64, CrashVerdict> = HashMap::new();
-            if !started.is_empty() {
-                let held: Vec<(i64, i64, Option<u32>)> = tx
-                    .fetch(&self.queries.held, vec![json!(started).to_string().into()])
-                    .await?
-                    .iter()
-                    .map(|r| Ok((r.int("sequence")?, r.int("lease_id")?, suspect(r)?)))
-                    .collect::<Result<_, StoreError>>()?;
-                judged = blame(&held).into_iter().map(|v| (v.sequence, v)).collect();
-            }
-            let batch: Vec<_> = releases
-                .iter()
-                .map(|r| {
-                    let verdict = judged.get(&r.lease.sequence);
-                    json!([
-                        r.lease.sequence,
-                        r.lease.fencing_token.0,
-                        r.attempt_started,
-                        i64::from(verdict.is_some_and(|v| v.blamed)),
-                        verdict.map_or(0, |v| v.suspect_span)
-                    ])
-                })
-                .collect();
-            let rows = tx
-                .fetch(
-                    &self.queries.release,
-                    vec![serde_json::Value::Array(batch).to_string().into()],
-                )
-                .await?;
-            D::commit(tx).await?;
-            let settled = settled_ids(&rows)?;
-            Ok(SettleReport {
-                applied: settled.len(),
-                fenced: releases
-                    .iter()
-                    .map(|r| r.lease.event_id)
-                    .filter(|id| !settled.contains(id))
-                    .collect(),
+                .map(|r| Ok((r.int("sequence")?, r.int("lease_id")?, suspect(r)?)))
+                .collect::<Result<_, StoreError>>()?;
+            judged = blame(&held).into_iter().map(|v| (v.sequence, v)).collect();
+        }
+        let batch: Vec<_> = releases
+            .iter()
+            .map(|r| {
+                let verdict = judged.get(&r.lease.sequence);
+                json!([
+                    r.lease.sequence,
+                    r.lease.fencing_token.0,
+                    r.attempt_started,
+                    i64::from(verdict.is_some_and(|v| v.blamed)),
+                    verdict.map_or(0, |v| v.suspect_span)
+                ])
             })
+            .collect();
+        let rows = tx
+            .fetch(
+                &self.queries.release,
+                vec![serde_json::Value::Array(batch).to_string().into()],
+            )
+            .await?;
+        D::commit(tx).await?;
+        let settled = settled_ids(&rows)?;
+        Ok(SettleReport {
+            applied: settled.len(),
+            fenced: releases
+                .iter()
+                .map(|r| r.lease.event_id)
+                .filter(|id| !settled.contains(id))
+                .collect(),
         })
-        .await
     }
 
     /// Records a relay's heartbeat (see [`outbox_core::OutboxStore::heartbeat`]).
-    pub async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
-        during("heartbeat", || self.events(), async move {
-            self.sync_clock().await?;
-            let mut tx = self.driver.begin().await?;
-            let now = self.now(&mut tx).await?;
-            let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
-            let outage = beat.outage.as_ref();
-            let params = vec![
-                beat.relay.as_str().into(),
-                now.into(),
-                skew_ms.into(),
-                outage.map(|o| o.destination.as_str()).into(),
-                outage.map(|o| o.reason.as_str()).into(),
-            ];
-            tx.execute(&self.queries.heartbeat, params).await?;
-            D::commit(tx).await
-        })
-        .await
+    pub(crate) async fn heartbeat_now(&self, beat: &Heartbeat) -> Result<(), StoreError> {
+        let mut tx = self.driver.begin().await?;
+        let now = self.now(&mut tx).await?;
+        let skew_ms = (self.config.clock.now().timestamp_micros() - now) / 1000;
+        let outage = beat.outage.as_ref();
+        let params = vec![
+            beat.relay.as_str().into(),
+            now.into(),
+            skew_ms.into(),
+            outage.map(|o| o.destination.as_str()).into(),
+            outage.map(|o| o.reason.as_str()).into(),
+        ];
+        tx.execute(&self.queries.heartbeat, params).await?;
+        D::commit(tx).await
     }
 
     /// Leases that expired with rows in flight: the rows go back to

@@ -56,6 +56,6 @@ impl<D: Driver> SlowAck for Protocol<D> {
         // the suite does not run this test here (overlapping_writers).
         let _ = ready.send(());
         release.await;
-        self.ack(leases).await
+        outbox_core::OutboxStore::ack(self, leases).await
     }
 }
