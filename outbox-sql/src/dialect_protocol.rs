@@ -49,5 +49,22 @@ macro_rules! record_history {
                 .await?;
             Ok(())
         }
+
+        /// Records an operator's `kind` of action on `event_id` with
+        /// `detail` (its reason when `None`); the event is left with
+        /// `attempts`.
+        pub async fn record_operator(
+            &self,
+            conn: &mut (impl Exec + ?Sized),
+            event_id: outbox_core::EventId,
+            (kind, detail): (outbox_core::store::AttemptKind, Option<String>),
+            action: &outbox_core::store::OperatorAction,
+            attempts: i64,
+        ) -> Result<(), outbox_core::StoreError> {
+            let detail = detail.unwrap_or_else(|| action.reason.clone());
+            let entry =
+                $crate::history::HistoryEntry::operator(event_id, kind, action, &detail, attempts);
+            self.record(conn, &[entry]).await
+        }
     };
 }

@@ -83,6 +83,19 @@ pub fn outcomes(
         .collect()
 }
 
+/// [`outcomes`] from the rows an enqueue statement returned (`event_id`,
+/// `sequence`).
+pub fn outcomes_of_rows(
+    events: &[NewEvent],
+    rows: &[crate::row::Row],
+) -> Result<Vec<EnqueueOutcome>, StoreError> {
+    let inserted = rows
+        .iter()
+        .map(|r| Ok((*r.event_id("event_id")?.as_uuid(), r.int("sequence")?)))
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok(outcomes(events, inserted))
+}
+
 #[cfg(test)]
 mod tests {
     use outbox_core::EventId;

@@ -6,6 +6,11 @@ use serde_json::{Value, json};
 
 use crate::codes;
 
+/// The history detail of an event superseded by `replacement`.
+pub fn superseded_detail(replacement: &outbox_core::NewEvent, action: &OperatorAction) -> String {
+    format!("superseded by {}: {}", replacement.event_id, action.reason)
+}
+
 /// One row for the attempts table.
 pub struct HistoryEntry<'a> {
     /// The event.

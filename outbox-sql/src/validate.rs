@@ -3,6 +3,19 @@
 
 use outbox_core::{EventLimits, InvalidEvent, NewEvent};
 
+/// [`check_event`] on each of `events`: whether there is anything to
+/// write (an empty batch is no error).
+pub fn check_events(
+    events: &[NewEvent],
+    limits: &EventLimits,
+    json_refuses_nul: bool,
+) -> Result<bool, InvalidEvent> {
+    for event in events {
+        check_event(event, limits, json_refuses_nul)?;
+    }
+    Ok(!events.is_empty())
+}
+
 /// Checks `event` against `limits` and against characters SQL text columns
 /// refuse (NUL), plus U+0000 inside JSON when `json_refuses_nul` (PostgreSQL
 /// `jsonb`).

@@ -454,5 +454,6 @@ use traffic::*;
 pub(crate) use traffic::{Zipf, burst_transactions, enqueue_retrying, pace};
 use watch::*;
 pub(crate) use watch::{
-    SentEvent, drained_bursts, first_publications, held_back, percentiles, print_fairness, within,
+    SentEvent, drained_bursts, first_publications, held_back, percentiles, print_fairness,
+    published_latencies, within,
 };

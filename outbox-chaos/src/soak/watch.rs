@@ -157,16 +157,12 @@ impl Latency {
         let mut quiet = Vec::new();
         let mut bursting = Vec::new();
         let mut hot = Vec::new();
-        for (id, sent) in &observed.sent {
-            let Some(at) = published.get(&id.to_string()) else {
-                continue;
-            };
-            let latency = at.saturating_sub(sent.committed_ms) as f64;
+        for (sent, at, latency) in published_latencies(&observed.sent, published) {
             if sent.hot {
                 hot.push(latency);
                 continue;
             }
-            if sent.key == HOT_KEY || faulty(sent.committed_ms) || faulty(*at) {
+            if sent.key == HOT_KEY || faulty(sent.committed_ms) || faulty(at) {
                 continue;
             }
             if within(&bursts, sent.committed_ms, 0, 0) {
@@ -197,6 +193,18 @@ impl SentEvent for super::Sent {
     fn hot(&self) -> bool {
         self.hot
     }
+}
+
+/// Each event of `sent` that was published, with its publication time
+/// and its commit→publish latency in ms.
+pub(crate) fn published_latencies<'a, S: SentEvent>(
+    sent: &'a HashMap<EventId, S>,
+    published: &'a HashMap<String, u128>,
+) -> impl Iterator<Item = (&'a S, u128, f64)> + 'a {
+    sent.iter().filter_map(|(id, s)| {
+        let at = *published.get(&id.to_string())?;
+        Some((s, at, at.saturating_sub(s.committed_ms()) as f64))
+    })
 }
 
 /// Prints the fairness rows of a soak's table: `others`' latency quiet

@@ -10,7 +10,8 @@ use super::traffic::Live;
 use super::{Observed, Settings};
 use crate::Error;
 use crate::soak::{
-    SentEvent, drained_bursts, first_publications, held_back, percentiles, print_fairness, within,
+    SentEvent, drained_bursts, first_publications, held_back, percentiles, print_fairness,
+    published_latencies, within,
 };
 
 /// Commit→publish of the other tenants' events, outside redeploys and a
@@ -43,11 +44,7 @@ impl Latency {
         let third = (end.saturating_sub(start)) / 3;
         let (mut quiet, mut bursting, mut hot) = (Vec::new(), Vec::new(), Vec::new());
         let (mut first, mut last) = (Vec::new(), Vec::new());
-        for (id, sent) in &observed.sent {
-            let Some(at) = published.get(&id.to_string()) else {
-                continue;
-            };
-            let latency = at.saturating_sub(sent.committed_ms) as f64;
+        for (sent, at, latency) in published_latencies(&observed.sent, published) {
             if sent.hot {
                 hot.push(latency);
                 continue;
@@ -56,7 +53,7 @@ impl Latency {
                 .joined
                 .get(&sent.tenant)
                 .is_some_and(|joined| sent.committed_ms < joined + joining);
-            if new_tenant || redeploying(sent.committed_ms) || redeploying(*at) {
+            if new_tenant || redeploying(sent.committed_ms) || redeploying(at) {
                 continue;
             }
             if within(&bursts, sent.committed_ms, 0, 0) {

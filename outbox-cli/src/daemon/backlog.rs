@@ -47,21 +47,23 @@ pub fn describe() {
         EVENTS,
         "Events per type and state (claimable, parked, blocked, in_flight, failed), as of outbox_backlog_read_timestamp_seconds."
     );
-    metrics::describe_gauge!(
-        LAG_SECONDS,
-        metrics::Unit::Seconds,
-        "How long the oldest claimable event of a type has been due (0 when none is), as of outbox_backlog_read_timestamp_seconds."
-    );
-    metrics::describe_gauge!(
-        READ_AT,
-        metrics::Unit::Seconds,
-        "When the backlog gauges were last read from the store (Unix time)."
-    );
-    metrics::describe_gauge!(
-        READ_SECONDS,
-        metrics::Unit::Seconds,
-        "How long the last read of the backlog gauges took."
-    );
+    let seconds = [
+        (
+            LAG_SECONDS,
+            "How long the oldest claimable event of a type has been due (0 when none is), as of outbox_backlog_read_timestamp_seconds.",
+        ),
+        (
+            READ_AT,
+            "When the backlog gauges were last read from the store (Unix time).",
+        ),
+        (
+            READ_SECONDS,
+            "How long the last read of the backlog gauges took.",
+        ),
+    ];
+    for (name, help) in seconds {
+        metrics::describe_gauge!(name, metrics::Unit::Seconds, help);
+    }
     metrics::describe_counter!(
         STORE_ERRORS,
         metrics::Unit::Count,

@@ -11,7 +11,7 @@ use super::driver::{Driver, Exec, Param};
 use super::protocol::Protocol;
 use super::with_in_list;
 use crate::admin_common::explain_miss;
-use crate::history::HistoryEntry;
+use crate::history::superseded_detail;
 use crate::param::{limit, micros};
 
 impl<D: Driver> Protocol<D> {
@@ -50,8 +50,8 @@ impl<D: Driver> Protocol<D> {
         bound.push(event_id.into());
         tx.execute(query, bound).await?;
         let attempts = if requeue { 0 } else { attempts };
-        let entry = HistoryEntry::operator(event_id, kind, action, &action.reason, attempts);
-        self.record(&mut tx, &[entry]).await?;
+        self.record_operator(&mut tx, event_id, (kind, None), action, attempts)
+            .await?;
         D::commit(tx).await
     }
 
@@ -77,10 +77,12 @@ impl<D: Driver> Protocol<D> {
         }
         let mark = vec![replacement.event_id.into(), event_id.into()];
         tx.execute(&self.queries.supersede_mark, mark).await?;
-        let detail = format!("superseded by {}: {}", replacement.event_id, action.reason);
-        let kind = AttemptKind::Superseded;
-        let entry = HistoryEntry::operator(event_id, kind, action, &detail, attempts);
-        self.record(&mut tx, &[entry]).await?;
+        let superseded = (
+            AttemptKind::Superseded,
+            Some(superseded_detail(&replacement, action)),
+        );
+        self.record_operator(&mut tx, event_id, superseded, action, attempts)
+            .await?;
         D::commit(tx).await?;
         Ok(outcome)
     }

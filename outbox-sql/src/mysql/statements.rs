@@ -14,7 +14,7 @@ use super::driver::{Exec, Param, Row};
 use super::{Queries, SCHEMA_VERSION};
 use crate::config::{Migrated, StoreConfig};
 use crate::error::during;
-use crate::validate::{check_event, headers_json};
+use crate::validate::{check_events, headers_json};
 
 /// The settings and statements: what runs on a connection the caller
 /// holds (enqueue, an inbox claim, migrate), with no pool of its own.
@@ -227,10 +227,7 @@ impl Statements {
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
         during("enqueue", || self.events(), async move {
-            for event in events {
-                check_event(event, &self.config.limits, false)?;
-            }
-            if events.is_empty() {
+            if !check_events(events, &self.config.limits, false)? {
                 return Ok(Vec::new());
             }
             // Sorted, so two transactions locking overlapping keys cannot deadlock.

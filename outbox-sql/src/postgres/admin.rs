@@ -17,6 +17,7 @@ use super::protocol::Protocol;
 use super::statements::{limit, millis, raw_event};
 use crate::admin_common::{held_back, type_stats};
 use crate::codes;
+use crate::history::superseded_detail;
 use crate::validate::{check_event, headers_json};
 
 fn attempt_record(row: &Row) -> Result<(EventId, AttemptRecord), StoreError> {
@@ -267,7 +268,7 @@ impl<D: Driver> Protocol<D> {
             vec![event_id.into(), replacement.event_id.into()],
         )
         .await?;
-        let detail = format!("superseded by {}: {}", replacement.event_id, action.reason);
+        let detail = superseded_detail(&replacement, action);
         self.record_action(
             &mut tx,
             event_id,

@@ -10,7 +10,7 @@ use outbox_core::{EventId, NewEvent, RawEvent, StoreError};
 use super::driver::{Exec, Param, Row, texts};
 use super::{Queries, SCHEMA_VERSION, migrate_lock_timeout, schema_fingerprint, schema_sql};
 use crate::config::{Migrated, StoreConfig};
-use crate::enqueue::{EnqueueColumns, outcomes};
+use crate::enqueue::EnqueueColumns;
 use crate::error::during;
 use crate::settle::ClaimRow;
 
@@ -91,11 +91,7 @@ impl Statements {
                 Param::OptBigInts(columns.delays_ms),
             ];
             let rows = conn.fetch(&self.queries.enqueue, params).await?;
-            let inserted = rows
-                .iter()
-                .map(|r| Ok((*r.event_id("event_id")?.as_uuid(), r.int("sequence")?)))
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            Ok(outcomes(events, inserted))
+            crate::enqueue::outcomes_of_rows(events, &rows)
         })
         .await
     }

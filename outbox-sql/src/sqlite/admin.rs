@@ -9,7 +9,7 @@ use outbox_core::{EventId, NewEvent, StoreError};
 
 use super::{Driver, Exec, Protocol};
 use crate::admin_common::explain_miss;
-use crate::history::HistoryEntry;
+use crate::history::superseded_detail;
 use crate::param::{limit, micros};
 use crate::validate::{check_event, headers_json};
 
@@ -31,8 +31,8 @@ impl<D: Driver> Protocol<D> {
             return Err(explain_miss(self, event_id).await);
         };
         let attempts = row.int("attempts")?;
-        let entry = HistoryEntry::operator(event_id, kind, action, &action.reason, attempts);
-        self.record(&mut tx, &[entry]).await?;
+        self.record_operator(&mut tx, event_id, (kind, None), action, attempts)
+            .await?;
         D::commit(tx).await
     }
 
@@ -78,10 +78,12 @@ impl<D: Driver> Protocol<D> {
         };
         let mark = vec![event_id.into(), replacement.event_id.into()];
         tx.execute(&self.queries.supersede_mark, mark).await?;
-        let detail = format!("superseded by {}: {}", replacement.event_id, action.reason);
-        let kind = AttemptKind::Superseded;
-        let entry = HistoryEntry::operator(event_id, kind, action, &detail, attempts);
-        self.record(&mut tx, &[entry]).await?;
+        let superseded = (
+            AttemptKind::Superseded,
+            Some(superseded_detail(&replacement, action)),
+        );
+        self.record_operator(&mut tx, event_id, superseded, action, attempts)
+            .await?;
         let sequence = inserted.int("sequence")?;
         D::commit(tx).await?;
         Ok(EnqueueOutcome::Inserted { sequence })

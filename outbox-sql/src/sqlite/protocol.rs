@@ -14,7 +14,7 @@ use super::{Driver, Exec, Queries, SCHEMA_VERSION};
 use crate::config::{Migrated, StoreConfig};
 use crate::error::during;
 use crate::param::{limit, micros};
-use crate::validate::{check_event, headers_json};
+use crate::validate::{check_events, headers_json};
 
 /// The settings and the statements for their table names.
 #[derive(Clone)]
@@ -51,10 +51,7 @@ impl Statements {
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
         during("enqueue", || self.events(), async move {
-            for event in events {
-                check_event(event, &self.config.limits, false)?;
-            }
-            if events.is_empty() {
+            if !check_events(events, &self.config.limits, false)? {
                 return Ok(Vec::new());
             }
             // No clock sync here: it would write, and the caller's
@@ -81,11 +78,7 @@ impl Statements {
                 now.into(),
             ];
             let rows = conn.fetch(&self.queries.enqueue, params).await?;
-            let inserted = rows
-                .iter()
-                .map(|r| Ok((*r.event_id("event_id")?.as_uuid(), r.int("sequence")?)))
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            Ok(crate::enqueue::outcomes(events, inserted))
+            crate::enqueue::outcomes_of_rows(events, &rows)
         })
         .await
     }
