@@ -86,37 +86,24 @@ mod tests {
                 "{configuration:?} is the destination's configuration, not the event"
             );
         }
-        assert_eq!(
-            classify(&produce(C::InvalidRecord), false),
-            ErrorClass::Permanent
-        );
-        assert_eq!(
-            classify(&produce(C::RequestTimedOut), false),
-            ErrorClass::Transient
-        );
-        assert_eq!(
-            classify(&produce(C::LeaderNotAvailable), false),
-            ErrorClass::Transient
-        );
-        assert_eq!(
-            classify(&produce(C::QueueFull), false),
-            ErrorClass::Transient
-        );
-        assert_eq!(
-            classify(&produce(C::AllBrokersDown), false),
-            ErrorClass::Outage
-        );
-        assert_eq!(
-            classify(&produce(C::BrokerTransportFailure), false),
-            ErrorClass::Outage
-        );
-        assert_eq!(
-            classify(&produce(C::MessageTimedOut), true),
-            ErrorClass::Outage
-        );
-        assert_eq!(
-            classify(&produce(C::MessageTimedOut), false),
-            ErrorClass::Transient
-        );
+        let cases = [
+            (C::InvalidRecord, false, ErrorClass::Permanent),
+            (C::RequestTimedOut, false, ErrorClass::Transient),
+            (C::LeaderNotAvailable, false, ErrorClass::Transient),
+            (C::QueueFull, false, ErrorClass::Transient),
+            (C::AllBrokersDown, false, ErrorClass::Outage),
+            (C::BrokerTransportFailure, false, ErrorClass::Outage),
+            // A message timed out while every broker is down: an outage;
+            // while one answers: transient.
+            (C::MessageTimedOut, true, ErrorClass::Outage),
+            (C::MessageTimedOut, false, ErrorClass::Transient),
+        ];
+        for (code, brokers_down, class) in cases {
+            assert_eq!(
+                classify(&produce(code), brokers_down),
+                class,
+                "{code:?} (brokers down: {brokers_down})"
+            );
+        }
     }
 }

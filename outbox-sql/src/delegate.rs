@@ -32,166 +32,67 @@ macro_rules! delegate_sql_store {
             }
         }
 
-        #[$crate::__private::async_trait]
-        impl $crate::__private::store::OutboxWriter for $store {
-            async fn enqueue(
-                &self,
-                events: &[$crate::__private::NewEvent],
-            ) -> Result<Vec<$crate::__private::store::EnqueueOutcome>, $crate::__private::StoreError>
-            {
-                $crate::__private::store::OutboxWriter::enqueue(&self.$field, events).await
+        $crate::__forward_to_field! {
+            $crate::__private::store::OutboxWriter, $store, $field {
+                fn enqueue(events: &[$crate::__private::NewEvent])
+                    -> Vec<$crate::__private::store::EnqueueOutcome>;
             }
         }
 
-        #[$crate::__private::async_trait]
-        impl $crate::__private::store::OutboxStore for $store {
-            async fn claim_batch(
-                &self,
-                request: &$crate::__private::store::ClaimRequest,
-            ) -> Result<$crate::__private::store::ClaimedBatch, $crate::__private::StoreError> {
-                $crate::__private::store::OutboxStore::claim_batch(&self.$field, request).await
-            }
-            async fn ack(
-                &self,
-                leases: &[$crate::__private::store::Lease],
-            ) -> Result<$crate::__private::store::SettleReport, $crate::__private::StoreError> {
-                $crate::__private::store::OutboxStore::ack(&self.$field, leases).await
-            }
-            async fn nack(
-                &self,
-                nacks: &[$crate::__private::store::Nack],
-            ) -> Result<$crate::__private::store::SettleReport, $crate::__private::StoreError> {
-                $crate::__private::store::OutboxStore::nack(&self.$field, nacks).await
-            }
-            async fn release(
-                &self,
-                releases: &[$crate::__private::store::Release],
-            ) -> Result<$crate::__private::store::SettleReport, $crate::__private::StoreError> {
-                $crate::__private::store::OutboxStore::release(&self.$field, releases).await
-            }
-            async fn heartbeat(
-                &self,
-                beat: &$crate::__private::store::Heartbeat,
-            ) -> Result<(), $crate::__private::StoreError> {
-                $crate::__private::store::OutboxStore::heartbeat(&self.$field, beat).await
+        $crate::__forward_to_field! {
+            $crate::__private::store::OutboxStore, $store, $field {
+                fn claim_batch(request: &$crate::__private::store::ClaimRequest)
+                    -> $crate::__private::store::ClaimedBatch;
+                fn ack(leases: &[$crate::__private::store::Lease])
+                    -> $crate::__private::store::SettleReport;
+                fn nack(nacks: &[$crate::__private::store::Nack])
+                    -> $crate::__private::store::SettleReport;
+                fn release(releases: &[$crate::__private::store::Release])
+                    -> $crate::__private::store::SettleReport;
+                fn heartbeat(beat: &$crate::__private::store::Heartbeat) -> ();
             }
         }
 
-        #[$crate::__private::async_trait]
-        impl $crate::__private::store::OutboxAdmin for $store {
-            async fn stats(
-                &self,
-            ) -> Result<Vec<$crate::__private::store::EventTypeStats>, $crate::__private::StoreError>
-            {
-                self.$field.stats().await
-            }
-            async fn held_back(
-                &self,
-            ) -> Result<Vec<$crate::__private::store::HeldBack>, $crate::__private::StoreError> {
-                self.$field.held_back().await
-            }
-            async fn event_state(
-                &self,
-                event_id: $crate::__private::EventId,
-            ) -> Result<Option<$crate::__private::store::EventState>, $crate::__private::StoreError>
-            {
-                self.$field.event_state(event_id).await
-            }
-            async fn failed_events(
-                &self,
-                limit: usize,
-            ) -> Result<Vec<$crate::__private::store::FailedEvent>, $crate::__private::StoreError>
-            {
-                self.$field.failed_events(limit).await
-            }
-            async fn failed_page(
-                &self,
-                page: &$crate::__private::store::FailedPage,
-            ) -> Result<Vec<$crate::__private::store::FailedEvent>, $crate::__private::StoreError>
-            {
-                self.$field.failed_page(page).await
-            }
-            async fn count_failed(
-                &self,
-                page: &$crate::__private::store::FailedPage,
-            ) -> Result<$crate::__private::store::FailedCount, $crate::__private::StoreError>
-            {
-                self.$field.count_failed(page).await
-            }
-            async fn failed_event(
-                &self,
-                event_id: $crate::__private::EventId,
-            ) -> Result<Option<$crate::__private::store::FailedEvent>, $crate::__private::StoreError>
-            {
-                self.$field.failed_event(event_id).await
-            }
-            async fn last_sequence(
-                &self,
-            ) -> Result<Option<i64>, $crate::__private::StoreError> {
-                self.$field.last_sequence().await
-            }
-            async fn history(
-                &self,
-                event_id: $crate::__private::EventId,
-            ) -> Result<Vec<$crate::__private::store::AttemptRecord>, $crate::__private::StoreError>
-            {
-                self.$field.history(event_id).await
-            }
-            async fn blocked_keys(
-                &self,
-            ) -> Result<Vec<$crate::__private::store::BlockedKey>, $crate::__private::StoreError>
-            {
-                self.$field.blocked_keys().await
-            }
-            async fn requeue(
-                &self,
-                event_id: $crate::__private::EventId,
-                action: &$crate::__private::store::OperatorAction,
-            ) -> Result<(), $crate::__private::StoreError> {
-                self.$field.requeue(event_id, action).await
-            }
-            async fn skip(
-                &self,
-                event_id: $crate::__private::EventId,
-                action: &$crate::__private::store::OperatorAction,
-            ) -> Result<(), $crate::__private::StoreError> {
-                self.$field.skip(event_id, action).await
-            }
-            async fn requeue_each(
-                &self,
-                event_ids: &[$crate::__private::EventId],
-                action: &$crate::__private::store::OperatorAction,
-            ) -> Result<Vec<$crate::__private::EventId>, $crate::__private::StoreError> {
-                self.$field.requeue_each(event_ids, action).await
-            }
-            async fn skip_each(
-                &self,
-                event_ids: &[$crate::__private::EventId],
-                action: &$crate::__private::store::OperatorAction,
-            ) -> Result<Vec<$crate::__private::EventId>, $crate::__private::StoreError> {
-                self.$field.skip_each(event_ids, action).await
-            }
-            async fn supersede(
-                &self,
-                event_id: $crate::__private::EventId,
-                replacement: $crate::__private::NewEvent,
-                action: &$crate::__private::store::OperatorAction,
-            ) -> Result<$crate::__private::store::EnqueueOutcome, $crate::__private::StoreError>
-            {
-                self.$field.supersede(event_id, replacement, action).await
-            }
-            async fn purge_published(
-                &self,
-                older_than: ::std::time::Duration,
-                batch_size: usize,
-            ) -> Result<u64, $crate::__private::StoreError> {
-                self.$field.purge_published(older_than, batch_size).await
-            }
-            async fn relays(
-                &self,
-            ) -> Result<Vec<$crate::__private::store::RelayStatus>, $crate::__private::StoreError>
-            {
-                self.$field.relays().await
+        $crate::__forward_to_field! {
+            $crate::__private::store::OutboxAdmin, $store, $field {
+                fn stats() -> Vec<$crate::__private::store::EventTypeStats>;
+                fn held_back() -> Vec<$crate::__private::store::HeldBack>;
+                fn event_state(event_id: $crate::__private::EventId)
+                    -> Option<$crate::__private::store::EventState>;
+                fn failed_events(limit: usize) -> Vec<$crate::__private::store::FailedEvent>;
+                fn failed_page(page: &$crate::__private::store::FailedPage)
+                    -> Vec<$crate::__private::store::FailedEvent>;
+                fn count_failed(page: &$crate::__private::store::FailedPage)
+                    -> $crate::__private::store::FailedCount;
+                fn failed_event(event_id: $crate::__private::EventId)
+                    -> Option<$crate::__private::store::FailedEvent>;
+                fn last_sequence() -> Option<i64>;
+                fn history(event_id: $crate::__private::EventId)
+                    -> Vec<$crate::__private::store::AttemptRecord>;
+                fn blocked_keys() -> Vec<$crate::__private::store::BlockedKey>;
+                fn requeue(
+                    event_id: $crate::__private::EventId,
+                    action: &$crate::__private::store::OperatorAction
+                ) -> ();
+                fn skip(
+                    event_id: $crate::__private::EventId,
+                    action: &$crate::__private::store::OperatorAction
+                ) -> ();
+                fn requeue_each(
+                    event_ids: &[$crate::__private::EventId],
+                    action: &$crate::__private::store::OperatorAction
+                ) -> Vec<$crate::__private::EventId>;
+                fn skip_each(
+                    event_ids: &[$crate::__private::EventId],
+                    action: &$crate::__private::store::OperatorAction
+                ) -> Vec<$crate::__private::EventId>;
+                fn supersede(
+                    event_id: $crate::__private::EventId,
+                    replacement: $crate::__private::NewEvent,
+                    action: &$crate::__private::store::OperatorAction
+                ) -> $crate::__private::store::EnqueueOutcome;
+                fn purge_published(older_than: ::std::time::Duration, batch_size: usize) -> u64;
+                fn relays() -> Vec<$crate::__private::store::RelayStatus>;
             }
         }
     };
@@ -203,5 +104,25 @@ macro_rules! delegate_sql_store {
 macro_rules! delegate_mysql_store {
     ($store:ident, $field:ident) => {
         $crate::delegate_sql_store!($store, $field);
+    };
+}
+
+/// `$trait` for `$store`, each listed method (its arguments after `&self`,
+/// and what its `Ok` holds) handed to the same method of field `$field`;
+/// what [`delegate_sql_store!`] writes with. Not part of the API.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __forward_to_field {
+    ($trait:path, $store:ty, $field:ident {
+        $(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ok:ty;)*
+    }) => {
+        #[$crate::__private::async_trait]
+        impl $trait for $store {
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$ok, $crate::__private::StoreError> {
+                    <_ as $trait>::$name(&self.$field, $($arg),*).await
+                }
+            )*
+        }
     };
 }

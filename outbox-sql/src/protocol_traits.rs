@@ -37,6 +37,32 @@ macro_rules! store_traits_on_protocol {
         }
 
         impl<D: crate::$dialect::Driver> crate::$dialect::Protocol<D> {
+            /// A settlement named `operation` in errors: nothing when it
+            /// settles nothing (`empty`), else store time synced first
+            /// (if `sync`), then `work`.
+            async fn settling<F, W>(
+                &self,
+                operation: &'static str,
+                empty: bool,
+                sync: bool,
+                work: W,
+            ) -> Result<SettleReport, StoreError>
+            where
+                W: FnOnce() -> F,
+                F: std::future::Future<Output = Result<SettleReport, StoreError>>,
+            {
+                during(operation, || self.events(), async move {
+                    if empty {
+                        return Ok(SettleReport::default());
+                    }
+                    if sync {
+                        self.sync_clock().await?;
+                    }
+                    work().await
+                })
+                .await
+            }
+
             /// Deletes up to `batch_size` inbox claims older than
             /// `older_than` of store time; how many.
             pub async fn inbox_purge(
@@ -66,34 +92,18 @@ macro_rules! store_traits_on_protocol {
                 .await
             }
             async fn ack(&self, leases: &[Lease]) -> Result<SettleReport, StoreError> {
-                during("ack", || self.events(), async move {
-                    if leases.is_empty() {
-                        return Ok(SettleReport::default());
-                    }
-                    self.sync_clock().await?;
-                    self.ack_now(leases).await
-                })
-                .await
+                let work = || self.ack_now(leases);
+                self.settling("ack", leases.is_empty(), true, work).await
             }
             async fn nack(&self, nacks: &[Nack]) -> Result<SettleReport, StoreError> {
-                during("nack", || self.events(), async move {
-                    if nacks.is_empty() {
-                        return Ok(SettleReport::default());
-                    }
-                    self.sync_clock().await?;
-                    self.nack_now(nacks).await
-                })
-                .await
+                let work = || self.nack_now(nacks);
+                self.settling("nack", nacks.is_empty(), true, work).await
             }
             async fn release(&self, releases: &[Release]) -> Result<SettleReport, StoreError> {
-                // No store time: a release moves no lease forward.
-                during("release", || self.events(), async move {
-                    if releases.is_empty() {
-                        return Ok(SettleReport::default());
-                    }
-                    self.release_now(releases).await
-                })
-                .await
+                // A release follows its claim, which synced store time.
+                let work = || self.release_now(releases);
+                self.settling("release", releases.is_empty(), false, work)
+                    .await
             }
             async fn heartbeat(&self, beat: &Heartbeat) -> Result<(), StoreError> {
                 during("heartbeat", || self.events(), async move {

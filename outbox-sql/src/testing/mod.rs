@@ -38,7 +38,7 @@ pub trait SeamsProtocol: SlowAck {
 }
 
 /// A dialect's settlement held open, as the fault seams use it
-/// ([`dialect_slow_ack!`] writes it for a dialect with overlapping writers).
+/// (`dialect_slow_ack!` writes it for a dialect with overlapping writers).
 #[async_trait]
 pub trait SlowAck: Send + Sync {
     /// Acks `leases` in a transaction kept open until `release` resolves
