@@ -124,12 +124,13 @@ impl<D: Driver> Protocol<D> {
             tx.execute(&self.queries.lease_rows, lease).await?;
             events = leased(&chosen, &rows, crate::row::from_micros(expires)?);
         }
-        D::commit(tx).await?;
-        Ok(ClaimedBatch {
+        let batch = ClaimedBatch {
             events,
             crash_looped,
             unreadable,
-        })
+        };
+        D::commit(tx).await?;
+        Ok(batch)
     }
 
     /// Acks `leases` (see [`outbox_core::OutboxStore::ack`]).
