@@ -68,3 +68,30 @@ macro_rules! record_history {
         }
     };
 }
+
+/// In a dialect's `impl Statements` (with its `Exec` in scope and an
+/// `enqueue_now`): `enqueue`, documented by `$doc`, its errors naming the
+/// operation and the events table. With `checked by $json_refuses_nul`,
+/// the events are checked here (`enqueue_now` gets a batch of valid
+/// events, never an empty one); without, `enqueue_now` checks them.
+macro_rules! statements_enqueue {
+    ($doc:literal $(, checked by $json_refuses_nul:literal)?) => {
+        #[doc = $doc]
+        pub async fn enqueue(
+            &self,
+            conn: &mut (impl Exec + ?Sized),
+            events: &[outbox_core::NewEvent],
+        ) -> Result<Vec<outbox_core::store::EnqueueOutcome>, outbox_core::StoreError> {
+            $crate::error::during("enqueue", || self.events(), async move {
+                $(
+                    let limits = &self.config.limits;
+                    if !$crate::validate::check_events(events, limits, $json_refuses_nul)? {
+                        return Ok(Vec::new());
+                    }
+                )?
+                self.enqueue_now(conn, events).await
+            })
+            .await
+        }
+    };
+}

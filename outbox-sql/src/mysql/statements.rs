@@ -14,7 +14,7 @@ use super::driver::{Exec, Param, Row};
 use super::{Queries, SCHEMA_VERSION};
 use crate::config::{Migrated, StoreConfig};
 use crate::error::during;
-use crate::validate::{check_events, headers_json};
+use crate::validate::headers_json;
 
 /// The settings and statements: what runs on a connection the caller
 /// holds (enqueue, an inbox claim, migrate), with no pool of its own.
@@ -217,72 +217,69 @@ impl Statements {
         Ok(())
     }
 
-    /// Enqueues `events` on `conn`, typically the business transaction.
-    /// Locks the events' partition keys until that transaction ends.
-    /// Invalid events are refused before anything is sent, so the
-    /// transaction stays usable.
-    pub async fn enqueue(
+    statements_enqueue!(
+        "Enqueues `events` on `conn`, typically the business transaction. Locks the events' partition keys until that transaction ends. Invalid events are refused before anything is sent, so the transaction stays usable.",
+        checked by false
+    );
+
+    /// Inserts valid `events` and locks their partition keys until the
+    /// caller's transaction ends.
+    pub(crate) async fn enqueue_now(
         &self,
         conn: &mut (impl Exec + ?Sized),
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        during("enqueue", || self.events(), async move {
-            if !check_events(events, &self.config.limits, false)? {
-                return Ok(Vec::new());
-            }
-            // Sorted, so two transactions locking overlapping keys cannot deadlock.
-            let keys: BTreeSet<&str> = events.iter().map(|e| e.partition_key.as_str()).collect();
-            let mut lock = self.queries.lock_keys.clone();
-            lock.push_str(&vec!["(?)"; keys.len()].join(", "));
-            lock.push_str(" ON DUPLICATE KEY UPDATE partition_key = partition_key");
-            conn.execute(&lock, keys.iter().map(|k| Param::from(*k)).collect())
-                .await?;
+        // Sorted, so two transactions locking overlapping keys cannot deadlock.
+        let keys: BTreeSet<&str> = events.iter().map(|e| e.partition_key.as_str()).collect();
+        let mut lock = self.queries.lock_keys.clone();
+        lock.push_str(&vec!["(?)"; keys.len()].join(", "));
+        lock.push_str(" ON DUPLICATE KEY UPDATE partition_key = partition_key");
+        conn.execute(&lock, keys.iter().map(|k| Param::from(*k)).collect())
+            .await?;
 
-            let now = self.now(&mut *conn).await?;
-            // Rows this call writes carry its mark: a concurrent enqueue of the
-            // same id (which waits for ours, then leaves the row alone) reads
-            // another mark back, whatever its snapshot.
-            let mark = i64::from_le_bytes(
-                EventId::random().as_uuid().as_bytes()[..8]
-                    .try_into()
-                    .expect("eight bytes"),
-            );
-            let mut seen = HashSet::new();
-            let fresh: Vec<&NewEvent> = events.iter().filter(|e| seen.insert(e.event_id)).collect();
-            let mut insert = self.queries.enqueue_head.clone();
-            insert.push_str(&vec![self.queries.enqueue_row; fresh.len()].join(", "));
-            insert.push_str(self.queries.enqueue_tail);
-            let mut values = Vec::with_capacity(fresh.len() * 11);
-            for e in &fresh {
-                let available_at = now + self.config.delay_ms(e.available_at).unwrap_or(0) * 1000;
-                values.extend([
-                    e.event_id.to_string().into(),
-                    e.aggregate_type.as_str().into(),
-                    e.aggregate_id.as_str().into(),
-                    e.event_type.as_str().into(),
-                    e.partition_key.as_str().into(),
-                    e.payload.as_str().into(),
-                    e.payload_version.into(),
-                    headers_json(e).into(),
-                    now.into(),
-                    available_at.into(),
-                    mark.into(),
-                ]);
+        let now = self.now(&mut *conn).await?;
+        // Rows this call writes carry its mark: a concurrent enqueue of the
+        // same id (which waits for ours, then leaves the row alone) reads
+        // another mark back, whatever its snapshot.
+        let mark = i64::from_le_bytes(
+            EventId::random().as_uuid().as_bytes()[..8]
+                .try_into()
+                .expect("eight bytes"),
+        );
+        let mut seen = HashSet::new();
+        let fresh: Vec<&NewEvent> = events.iter().filter(|e| seen.insert(e.event_id)).collect();
+        let mut insert = self.queries.enqueue_head.clone();
+        insert.push_str(&vec![self.queries.enqueue_row; fresh.len()].join(", "));
+        insert.push_str(self.queries.enqueue_tail);
+        let mut values = Vec::with_capacity(fresh.len() * 11);
+        for e in &fresh {
+            let available_at = now + self.config.delay_ms(e.available_at).unwrap_or(0) * 1000;
+            values.extend([
+                e.event_id.to_string().into(),
+                e.aggregate_type.as_str().into(),
+                e.aggregate_id.as_str().into(),
+                e.event_type.as_str().into(),
+                e.partition_key.as_str().into(),
+                e.payload.as_str().into(),
+                e.payload_version.into(),
+                headers_json(e).into(),
+                now.into(),
+                available_at.into(),
+                mark.into(),
+            ]);
+        }
+        conn.execute(&insert, values).await?;
+        let ids = id_array(fresh.iter().map(|e| e.event_id));
+        let mut ours = Vec::with_capacity(fresh.len());
+        for r in conn
+            .fetch(&self.queries.read_back, vec![ids.into()])
+            .await?
+        {
+            if r.int("enqueue_mark")? == mark {
+                ours.push((*r.event_id("event_id")?.as_uuid(), r.int("sequence")?));
             }
-            conn.execute(&insert, values).await?;
-            let ids = id_array(fresh.iter().map(|e| e.event_id));
-            let mut ours = Vec::with_capacity(fresh.len());
-            for r in conn
-                .fetch(&self.queries.read_back, vec![ids.into()])
-                .await?
-            {
-                if r.int("enqueue_mark")? == mark {
-                    ours.push((*r.event_id("event_id")?.as_uuid(), r.int("sequence")?));
-                }
-            }
-            Ok(crate::enqueue::outcomes(events, ours))
-        })
-        .await
+        }
+        Ok(crate::enqueue::outcomes(events, ours))
     }
 
     record_history!();

@@ -11,7 +11,6 @@ use super::driver::{Exec, Param, Row, texts};
 use super::{Queries, SCHEMA_VERSION, migrate_lock_timeout, schema_fingerprint, schema_sql};
 use crate::config::{Migrated, StoreConfig};
 use crate::enqueue::EnqueueColumns;
-use crate::error::during;
 use crate::settle::ClaimRow;
 
 /// The settings and statements: what runs on a connection the caller
@@ -66,34 +65,34 @@ impl Statements {
         schema_sql(&self.config, &self.queries)
     }
 
-    /// Enqueues `events` on `conn` (the caller's transaction) in one
-    /// statement. Invalid events are refused before anything is sent, so
-    /// the caller's transaction stays usable.
-    pub async fn enqueue(
+    statements_enqueue!(
+        "Enqueues `events` on `conn` (the caller's transaction) in one statement. Invalid events are refused before anything is sent, so the caller's transaction stays usable."
+    );
+
+    /// Checks `events` while it lays them out as columns, and inserts them
+    /// in one statement.
+    pub(crate) async fn enqueue_now(
         &self,
         conn: &mut (impl Exec + ?Sized),
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        during("enqueue", || self.events(), async move {
-            let columns = EnqueueColumns::checked(events, &self.config, true)?;
-            if events.is_empty() {
-                return Ok(Vec::new());
-            }
-            let params = vec![
-                Param::Uuids(columns.event_ids),
-                texts(columns.aggregate_types),
-                texts(columns.aggregate_ids),
-                texts(columns.event_types),
-                texts(columns.partition_keys),
-                texts(columns.payloads),
-                Param::Ints(columns.payload_versions),
-                Param::Texts(columns.headers),
-                Param::OptBigInts(columns.delays_ms),
-            ];
-            let rows = conn.fetch(&self.queries.enqueue, params).await?;
-            crate::enqueue::outcomes_of_rows(events, &rows)
-        })
-        .await
+        let columns = EnqueueColumns::checked(events, &self.config, true)?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let params = vec![
+            Param::Uuids(columns.event_ids),
+            texts(columns.aggregate_types),
+            texts(columns.aggregate_ids),
+            texts(columns.event_types),
+            texts(columns.partition_keys),
+            texts(columns.payloads),
+            Param::Ints(columns.payload_versions),
+            Param::Texts(columns.headers),
+            Param::OptBigInts(columns.delays_ms),
+        ];
+        let rows = conn.fetch(&self.queries.enqueue, params).await?;
+        crate::enqueue::outcomes_of_rows(events, &rows)
     }
 
     /// The schema version of the outbox tables: `None` if there are none,

@@ -14,7 +14,7 @@ use super::{Driver, Exec, Queries, SCHEMA_VERSION};
 use crate::config::{Migrated, StoreConfig};
 use crate::error::during;
 use crate::param::{limit, micros};
-use crate::validate::{check_events, headers_json};
+use crate::validate::headers_json;
 
 /// The settings and the statements for their table names.
 #[derive(Clone)]
@@ -43,44 +43,43 @@ impl Statements {
         first.int("now")
     }
 
-    /// Enqueues `events` on `conn` (the caller's transaction), in one
-    /// statement. Invalid events are refused before anything is sent.
-    pub async fn enqueue(
+    statements_enqueue!(
+        "Enqueues `events` on `conn` (the caller's transaction), in one statement. Invalid events are refused before anything is sent.",
+        checked by false
+    );
+
+    /// Inserts valid `events` in one statement, at store time read in the
+    /// caller's transaction.
+    pub(crate) async fn enqueue_now(
         &self,
         conn: &mut (impl Exec + ?Sized),
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        during("enqueue", || self.events(), async move {
-            if !check_events(events, &self.config.limits, false)? {
-                return Ok(Vec::new());
-            }
-            // No clock sync here: it would write, and the caller's
-            // transaction holds SQLite's one write lock.
-            let now = self.now(conn).await?;
-            let batch: Vec<_> = events
-                .iter()
-                .map(|e| {
-                    json!({
-                        "id": e.event_id.to_string(),
-                        "at": e.aggregate_type,
-                        "ai": e.aggregate_id,
-                        "et": e.event_type,
-                        "pk": e.partition_key,
-                        "p": e.payload.as_str(),
-                        "v": e.payload_version,
-                        "h": headers_json(e),
-                        "d": self.config.delay_ms(e.available_at),
-                    })
+        // No clock sync here: it would write, and the caller's
+        // transaction holds SQLite's one write lock.
+        let now = self.now(conn).await?;
+        let batch: Vec<_> = events
+            .iter()
+            .map(|e| {
+                json!({
+                    "id": e.event_id.to_string(),
+                    "at": e.aggregate_type,
+                    "ai": e.aggregate_id,
+                    "et": e.event_type,
+                    "pk": e.partition_key,
+                    "p": e.payload.as_str(),
+                    "v": e.payload_version,
+                    "h": headers_json(e),
+                    "d": self.config.delay_ms(e.available_at),
                 })
-                .collect();
-            let params = vec![
-                serde_json::Value::Array(batch).to_string().into(),
-                now.into(),
-            ];
-            let rows = conn.fetch(&self.queries.enqueue, params).await?;
-            crate::enqueue::outcomes_of_rows(events, &rows)
-        })
-        .await
+            })
+            .collect();
+        let params = vec![
+            serde_json::Value::Array(batch).to_string().into(),
+            now.into(),
+        ];
+        let rows = conn.fetch(&self.queries.enqueue, params).await?;
+        crate::enqueue::outcomes_of_rows(events, &rows)
     }
 
     record_history!();
