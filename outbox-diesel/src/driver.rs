@@ -12,8 +12,12 @@ pub(crate) struct Diesel<C>(pub(crate) C);
 /// committed. A macro, not a generic type: the pool's bounds on a generic
 /// connection name deadpool's `Manager`, which diesel-async does not
 /// re-export.
+///
+/// Also the protocol's `Driver` trait (`$driver`) for it: a connection, a
+/// transaction begun by `begin`'s body (given `self` and its arguments),
+/// and a commit.
 macro_rules! diesel_driver {
-    ($connection:ty) => {
+    ($connection:ty, $driver:path, fn begin(&$self:ident $(, $arg:ident: $ty:ty)*) $begin:block) => {
         /// A deadpool pool of the dialect's connections as the protocol's driver.
         #[derive(Clone)]
         pub(crate) struct DieselDriver(
@@ -54,6 +58,66 @@ macro_rules! diesel_driver {
                     .store()
             }
         }
+
+        #[async_trait::async_trait]
+        impl $driver for DieselDriver {
+            type Conn = $crate::driver::Diesel<Pooled>;
+            /// Diesel's transaction manager knows the transaction: dropped
+            /// uncommitted, the connection counts as broken and the pool
+            /// discards it (the server rolls back).
+            type Tx = $crate::driver::Diesel<Pooled>;
+
+            async fn connect(&self) -> Result<Self::Conn, outbox_core::StoreError> {
+                self.conn().await.map($crate::driver::Diesel)
+            }
+
+            async fn begin(&$self $(, $arg: $ty)*) -> Result<Self::Tx, outbox_core::StoreError> $begin
+
+            async fn commit(tx: Self::Tx) -> Result<(), outbox_core::StoreError> {
+                DieselDriver::commit_on(tx).await
+            }
+        }
     };
 }
 pub(crate) use diesel_driver;
+
+/// In a dialect's `driver.rs` (with its `bind`, `AnyRow`, `Param` and
+/// `Row` in scope): `$exec` for [`Diesel`] over `$connection`, its
+/// `execute` and `fetch` written here and `$extra` the dialect's own
+/// methods.
+macro_rules! diesel_exec {
+    ($connection:ty, $exec:path { $($extra:tt)* }) => {
+        #[async_trait::async_trait]
+        impl<C> $exec for $crate::driver::Diesel<C>
+        where
+            C: std::ops::DerefMut<Target = $connection> + Send,
+        {
+            async fn execute(
+                &mut self,
+                sql: &str,
+                params: Vec<Param>,
+            ) -> Result<u64, outbox_core::StoreError> {
+                let query = bind(sql, params);
+                let changed = diesel_async::RunQueryDsl::execute(query, &mut *self.0)
+                    .await
+                    .store()?;
+                Ok(changed as u64)
+            }
+
+            async fn fetch(
+                &mut self,
+                sql: &str,
+                params: Vec<Param>,
+            ) -> Result<Vec<Row>, outbox_core::StoreError> {
+                let query = bind(sql, params);
+                let rows = diesel_async::RunQueryDsl::load::<AnyRow>(query, &mut *self.0)
+                    .await
+                    .store()?;
+                Ok(rows.into_iter().map(|r| r.0).collect())
+            }
+
+            $($extra)*
+        }
+    };
+}
+pub(crate) use diesel_exec;

@@ -2,10 +2,8 @@
 //! and reads its rows; the protocol itself is
 //! `outbox_sql::mysql::Protocol`, the one the sqlx store runs.
 
-use std::ops::DerefMut;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use diesel::deserialize::{FromSql, QueryableByName};
 use diesel::mysql::{Mysql, MysqlType};
 use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
@@ -71,45 +69,16 @@ pub(super) fn unique(result: Result<usize, DieselError>) -> Result<bool, StoreEr
     }
 }
 
-#[async_trait]
-impl<C> Exec for Diesel<C>
-where
-    C: DerefMut<Target = AsyncMysqlConnection> + Send,
-{
-    async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
-        let changed = diesel_async::RunQueryDsl::execute(bind(sql, params), &mut *self.0)
-            .await
-            .store()?;
-        Ok(changed as u64)
-    }
-
-    async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
-        diesel_async::RunQueryDsl::load::<AnyRow>(bind(sql, params), &mut *self.0)
-            .await
-            .store()
-            .map(rows)
-    }
-
+crate::driver::diesel_exec!(AsyncMysqlConnection, Exec {
     async fn insert_unique(&mut self, sql: &str, params: Vec<Param>) -> Result<bool, StoreError> {
         unique(diesel_async::RunQueryDsl::execute(bind(sql, params), &mut *self.0).await)
     }
-}
+});
 
-crate::driver::diesel_driver!(AsyncMysqlConnection);
-
-#[async_trait]
-impl Driver for DieselDriver {
-    type Conn = Diesel<Pooled>;
-    /// Diesel's transaction manager knows the transaction: dropped
-    /// uncommitted, the connection counts as broken and the pool discards
-    /// it (the server rolls back).
-    type Tx = Diesel<Pooled>;
-
-    async fn connect(&self) -> Result<Self::Conn, StoreError> {
-        self.conn().await.map(Diesel)
-    }
-
-    async fn begin(&self, read_committed: bool) -> Result<Self::Tx, StoreError> {
+crate::driver::diesel_driver!(
+    AsyncMysqlConnection,
+    Driver,
+    fn begin(&self, read_committed: bool) {
         let mut conn = self.conn().await?;
         if read_committed {
             // Applies to this connection's next transaction only.
@@ -122,8 +91,4 @@ impl Driver for DieselDriver {
         }
         DieselDriver::begin_on(conn).await
     }
-
-    async fn commit(tx: Self::Tx) -> Result<(), StoreError> {
-        DieselDriver::commit_on(tx).await
-    }
-}
+);

@@ -2,10 +2,8 @@
 //! parameters and reads its rows; the protocol itself is
 //! `outbox_sql::postgres::Protocol`, the one the sqlx store runs.
 
-use std::ops::DerefMut;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use diesel::deserialize::{FromSql, QueryableByName};
 use diesel::pg::Pg;
@@ -207,25 +205,7 @@ pub(super) fn is_lock_timeout(error: &diesel::result::Error) -> bool {
         if info.message().contains("lock timeout"))
 }
 
-#[async_trait]
-impl<C> Exec for Diesel<C>
-where
-    C: DerefMut<Target = AsyncPgConnection> + Send,
-{
-    async fn execute(&mut self, sql: &str, params: Vec<Param>) -> Result<u64, StoreError> {
-        let changed = diesel_async::RunQueryDsl::execute(bind(sql, params), &mut *self.0)
-            .await
-            .store()?;
-        Ok(changed as u64)
-    }
-
-    async fn fetch(&mut self, sql: &str, params: Vec<Param>) -> Result<Vec<Row>, StoreError> {
-        let rows = diesel_async::RunQueryDsl::load::<AnyRow>(bind(sql, params), &mut *self.0)
-            .await
-            .store()?;
-        Ok(rows.into_iter().map(|r| r.0).collect())
-    }
-
+crate::driver::diesel_exec!(AsyncPgConnection, Exec {
     async fn fetch_claimed(
         &mut self,
         sql: &str,
@@ -255,27 +235,12 @@ where
             Err(error) => Err(store_error(error)),
         }
     }
-}
+});
 
-crate::driver::diesel_driver!(AsyncPgConnection);
-
-#[async_trait]
-impl Driver for DieselDriver {
-    type Conn = Diesel<Pooled>;
-    /// Diesel's transaction manager knows the transaction: dropped
-    /// uncommitted, the connection counts as broken and the pool discards
-    /// it (the server rolls back).
-    type Tx = Diesel<Pooled>;
-
-    async fn connect(&self) -> Result<Self::Conn, StoreError> {
-        self.conn().await.map(Diesel)
-    }
-
-    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+crate::driver::diesel_driver!(
+    AsyncPgConnection,
+    Driver,
+    fn begin(&self) {
         DieselDriver::begin_on(self.conn().await?).await
     }
-
-    async fn commit(tx: Self::Tx) -> Result<(), StoreError> {
-        DieselDriver::commit_on(tx).await
-    }
-}
+);
