@@ -57,13 +57,14 @@ macro_rules! record_history {
             &self,
             conn: &mut (impl Exec + ?Sized),
             event_id: outbox_core::EventId,
-            (kind, detail): (outbox_core::store::AttemptKind, Option<String>),
+            kind: outbox_core::store::AttemptKind,
+            detail: Option<&str>,
             action: &outbox_core::store::OperatorAction,
             attempts: i64,
         ) -> Result<(), outbox_core::StoreError> {
-            let detail = detail.unwrap_or_else(|| action.reason.clone());
+            let detail = detail.unwrap_or(&action.reason);
             let entry =
-                $crate::history::HistoryEntry::operator(event_id, kind, action, &detail, attempts);
+                $crate::history::HistoryEntry::operator(event_id, kind, action, detail, attempts);
             self.record(conn, &[entry]).await
         }
     };

@@ -261,7 +261,8 @@ pub(crate) fn drained_bursts(
 
 /// The fairness check of both soaks, on `(p50, p99, samples)` of the
 /// others' commit→publish latency while a burst drains and otherwise:
-/// what it finds broken. A side with almost no samples measured nothing;
+/// what it finds broken, if anything. A side with almost no samples
+/// measured nothing;
 /// the others are held back when their p99 during bursts is well above
 /// their p99 otherwise and above `beyond` too.
 pub(crate) fn held_back(
@@ -270,20 +271,20 @@ pub(crate) fn held_back(
     beyond: f64,
     others: &str,
     hot: &str,
-) -> Vec<String> {
+) -> Option<String> {
     if quiet.2 < 1_000 || bursting.2 < 20 {
-        return vec![format!(
+        return Some(format!(
             "only {} quiet samples of {others} and {} while {hot} drained: the fairness check measured nothing",
             quiet.2, bursting.2
-        )];
+        ));
     }
-    if bursting.1 > 2.0 * quiet.1 + 250.0 && bursting.1 > beyond {
-        return vec![format!(
+    let held = bursting.1 > 2.0 * quiet.1 + 250.0 && bursting.1 > beyond;
+    held.then(|| {
+        format!(
             "{others} waited {:.0} ms (p99) while {hot} drained, {:.0} ms otherwise",
             bursting.1, quiet.1
-        )];
-    }
-    Vec::new()
+        )
+    })
 }
 
 pub(crate) fn percentiles(values: &mut [f64]) -> (f64, f64, usize) {

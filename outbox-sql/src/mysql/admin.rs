@@ -50,7 +50,7 @@ impl<D: Driver> Protocol<D> {
         bound.push(event_id.into());
         tx.execute(query, bound).await?;
         let attempts = if requeue { 0 } else { attempts };
-        self.record_operator(&mut tx, event_id, (kind, None), action, attempts)
+        self.record_operator(&mut tx, event_id, kind, None, action, attempts)
             .await?;
         D::commit(tx).await
     }
@@ -77,11 +77,9 @@ impl<D: Driver> Protocol<D> {
         }
         let mark = vec![replacement.event_id.into(), event_id.into()];
         tx.execute(&self.queries.supersede_mark, mark).await?;
-        let superseded = (
-            AttemptKind::Superseded,
-            Some(superseded_detail(&replacement, action)),
-        );
-        self.record_operator(&mut tx, event_id, superseded, action, attempts)
+        let detail = superseded_detail(&replacement, action);
+        let kind = AttemptKind::Superseded;
+        self.record_operator(&mut tx, event_id, kind, Some(&detail), action, attempts)
             .await?;
         D::commit(tx).await?;
         Ok(outcome)

@@ -31,7 +31,7 @@ impl<D: Driver> Protocol<D> {
             return Err(explain_miss(self, event_id).await);
         };
         let attempts = row.int("attempts")?;
-        self.record_operator(&mut tx, event_id, (kind, None), action, attempts)
+        self.record_operator(&mut tx, event_id, kind, None, action, attempts)
             .await?;
         D::commit(tx).await
     }
@@ -78,11 +78,9 @@ impl<D: Driver> Protocol<D> {
         };
         let mark = vec![event_id.into(), replacement.event_id.into()];
         tx.execute(&self.queries.supersede_mark, mark).await?;
-        let superseded = (
-            AttemptKind::Superseded,
-            Some(superseded_detail(&replacement, action)),
-        );
-        self.record_operator(&mut tx, event_id, superseded, action, attempts)
+        let detail = superseded_detail(&replacement, action);
+        let kind = AttemptKind::Superseded;
+        self.record_operator(&mut tx, event_id, kind, Some(&detail), action, attempts)
             .await?;
         let sequence = inserted.int("sequence")?;
         D::commit(tx).await?;

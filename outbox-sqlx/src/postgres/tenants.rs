@@ -102,6 +102,16 @@ impl PgTenantStores {
         self
     }
 
+    /// A store of the tables in `schema` (the default one if `None`) on
+    /// `pool`.
+    fn store_on(&self, pool: &PgPool, schema: Option<&str>) -> Result<PgStore, StoreError> {
+        let mut config = self.config.clone();
+        if let Some(schema) = schema {
+            config.tables = config.tables.clone().in_schema(schema)?;
+        }
+        Ok(PgStore::new(pool.clone(), config).without_kept_connections())
+    }
+
     /// The pool `tenant`'s store uses.
     fn pool_of(&self, tenant: &TenantId) -> &PgPool {
         if self.shards.is_empty() {
@@ -143,9 +153,7 @@ impl TenantStores for PgTenantStores {
     type Store = PgStore;
 
     fn store(&self, tenant: &TenantId) -> Result<PgStore, StoreError> {
-        let mut config = self.config.clone();
-        config.tables = config.tables.clone().in_schema(tenant.as_str())?;
-        Ok(PgStore::new(self.pool_of(tenant).clone(), config).without_kept_connections())
+        self.store_on(self.pool_of(tenant), Some(tenant.as_str()))
     }
 
     async fn migrate(&self, _tenant: &TenantId, store: &PgStore) -> Result<(), StoreError> {
@@ -184,11 +192,7 @@ impl ServerStores for PgTenantStores {
     }
 
     fn store_in(&self, schema: Option<&str>) -> Result<PgStore, StoreError> {
-        let mut config = self.config.clone();
-        if let Some(schema) = schema {
-            config.tables = config.tables.clone().in_schema(schema)?;
-        }
-        Ok(PgStore::new(self.pool.clone(), config).without_kept_connections())
+        self.store_on(&self.pool, schema)
     }
 }
 
