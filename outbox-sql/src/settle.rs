@@ -96,6 +96,18 @@ pub fn sort_claim(rows: Vec<ClaimRow>, block: bool) -> Result<SortedClaim, Store
     Ok(sorted)
 }
 
+/// What a settlement did, by event id: `settled` were settled, the rest of
+/// `asked` was fenced off.
+pub fn report_by_ids(
+    asked: impl Iterator<Item = EventId>,
+    settled: &HashSet<EventId>,
+) -> SettleReport {
+    SettleReport {
+        applied: settled.len(),
+        fenced: asked.filter(|id| !settled.contains(id)).collect(),
+    }
+}
+
 /// What a settlement did: the sequences it returned were settled, the rest
 /// of `asked` (sequence, event id) was fenced off.
 pub fn settled_report(

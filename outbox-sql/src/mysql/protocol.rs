@@ -9,7 +9,7 @@
 //! a producer inserts into. Every time is the database server's clock.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use outbox_core::store::{
@@ -26,6 +26,7 @@ use crate::choose::{choose, leased, nack_state};
 use crate::codes;
 use crate::config::{Migrated, StoreConfig};
 use crate::history::HistoryEntry;
+use crate::settle::report_by_ids;
 
 dialect_protocol!();
 
@@ -40,16 +41,6 @@ pub(super) struct Held {
     attempts: i64,
     lease_id: i64,
     suspect_span: Option<u32>,
-}
-
-pub(super) fn report(
-    asked: impl Iterator<Item = EventId>,
-    settled: &HashSet<EventId>,
-) -> SettleReport {
-    SettleReport {
-        applied: settled.len(),
-        fenced: asked.filter(|id| !settled.contains(id)).collect(),
-    }
 }
 
 impl<D: Driver> Protocol<D> {
@@ -262,7 +253,7 @@ impl<D: Driver> Protocol<D> {
             }
         }
         let settled = held.into_iter().map(|h| h.event_id).collect();
-        Ok(report(leases.iter().map(|l| l.event_id), &settled))
+        Ok(report_by_ids(leases.iter().map(|l| l.event_id), &settled))
     }
 
     /// Settles failed attempts where the leases still hold.
@@ -303,7 +294,10 @@ impl<D: Driver> Protocol<D> {
         }
         D::commit(tx).await?;
         let settled = held.into_iter().map(|h| h.event_id).collect();
-        Ok(report(nacks.iter().map(|n| n.lease.event_id), &settled))
+        Ok(report_by_ids(
+            nacks.iter().map(|n| n.lease.event_id),
+            &settled,
+        ))
     }
 
     /// Returns leased rows unpublished where the leases still hold.
@@ -354,7 +348,10 @@ impl<D: Driver> Protocol<D> {
         }
         D::commit(tx).await?;
         let settled = held.into_iter().map(|h| h.event_id).collect();
-        Ok(report(releases.iter().map(|r| r.lease.event_id), &settled))
+        Ok(report_by_ids(
+            releases.iter().map(|r| r.lease.event_id),
+            &settled,
+        ))
     }
 
     /// Records that the relay is alive, with its clock's skew from the

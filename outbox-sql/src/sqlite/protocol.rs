@@ -2,7 +2,6 @@
 //! schema, store time, the enqueue, the attempt history and the inbox. The
 //! relay's side is in `relay.rs`, the operator's in `admin.rs`.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use super::{Driver, Exec, Queries, SCHEMA_VERSION};
 use crate::config::{Migrated, StoreConfig};
 use crate::error::during;
 use crate::param::{limit, micros};
+use crate::settle::report_by_ids;
 use crate::validate::headers_json;
 
 /// The settings and the statements for their table names.
@@ -239,14 +239,7 @@ impl<D: Driver> Protocol<D> {
         }
         let rows = tx.fetch(query, params).await?;
         D::commit(tx).await?;
-        let settled: HashSet<EventId> = rows
-            .iter()
-            .map(|r| r.event_id("event_id"))
-            .collect::<Result<_, _>>()?;
-        Ok(SettleReport {
-            applied: settled.len(),
-            fenced: asked.filter(|id| !settled.contains(id)).collect(),
-        })
+        Ok(report_by_ids(asked, &super::relay::settled_ids(&rows)?))
     }
 
     /// The inbox purge's own work (`inbox_purge` wraps it): up to `most`

@@ -17,6 +17,7 @@ use crate::choose::{ReadRows, choose, leased, nack_state};
 use crate::codes;
 use crate::history::HistoryEntry;
 use crate::param::{limit, micros};
+use crate::settle::report_by_ids;
 
 /// A row's crash suspicion (`suspect`, `suspect_span`), as blame reads it.
 fn suspect(row: &Row) -> Result<Option<u32>, StoreError> {
@@ -24,7 +25,7 @@ fn suspect(row: &Row) -> Result<Option<u32>, StoreError> {
 }
 
 /// The ids a settlement's statement returned.
-fn settled_ids(rows: &[Row]) -> Result<HashSet<EventId>, StoreError> {
+pub(super) fn settled_ids(rows: &[Row]) -> Result<HashSet<EventId>, StoreError> {
     rows.iter().map(|r| r.event_id("event_id")).collect()
 }
 
@@ -187,15 +188,10 @@ impl<D: Driver> Protocol<D> {
             .collect();
         self.record(&mut tx, &history).await?;
         D::commit(tx).await?;
-        let settled = settled_ids(&rows)?;
-        Ok(SettleReport {
-            applied: settled.len(),
-            fenced: nacks
-                .iter()
-                .map(|n| n.lease.event_id)
-                .filter(|id| !settled.contains(id))
-                .collect(),
-        })
+        Ok(report_by_ids(
+            nacks.iter().map(|n| n.lease.event_id),
+            &settled_ids(&rows)?,
+        ))
     }
 
     /// Hands leases back (see [`outbox_core::OutboxStore::release`]).
@@ -240,15 +236,10 @@ impl<D: Driver> Protocol<D> {
             )
             .await?;
         D::commit(tx).await?;
-        let settled = settled_ids(&rows)?;
-        Ok(SettleReport {
-            applied: settled.len(),
-            fenced: releases
-                .iter()
-                .map(|r| r.lease.event_id)
-                .filter(|id| !settled.contains(id))
-                .collect(),
-        })
+        Ok(report_by_ids(
+            releases.iter().map(|r| r.lease.event_id),
+            &settled_ids(&rows)?,
+        ))
     }
 
     /// Records a relay's heartbeat (see [`outbox_core::OutboxStore::heartbeat`]).
