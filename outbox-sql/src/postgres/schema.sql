@@ -1011,12 +1011,34 @@ CREATE OR REPLACE FUNCTION {{schema}}outbox_pick_plain(
     OUT deferring boolean, OUT dominated boolean)
     LANGUAGE plpgsql AS $$
 #variable_conflict use_column
+DECLARE
+    v_live_keys text[];
 BEGIN
+    -- Whether this is the case, asked first and cheaply: a key blocked
+    -- for days must not cost every claim a plain pick thrown away.
+    IF EXISTS (SELECT 1 FROM {{schema}}outbox_events e WHERE e.status IN (4, 5) OR e.blocks_key) THEN
+        RETURN;
+    END IF;
+    v_live_keys := ARRAY(SELECT DISTINCT unnest(l.keys) FROM {{schema}}outbox_leases l
+                         WHERE p_ordered AND l.token >= {{schema}}outbox_live_from()
+                           AND cardinality(l.held) > 0);
+    IF EXISTS (SELECT 1 FROM {{schema}}outbox_lanes z
+               WHERE NOT p_ordered OR z.partition_key NOT IN (SELECT unnest(v_live_keys))) THEN
+        RETURN;
+    END IF;
+    -- Whether every row is due is asked of the runs the window touches: a
+    -- row not due in any of them sends the claim to the general pick.
+    IF EXISTS (SELECT 1 FROM {{schema}}outbox_order o
+               WHERE o.first_position >= (SELECT coalesce(max(first_position), 0)
+                                          FROM {{schema}}outbox_order WHERE first_position <= p_from)
+                 AND o.first_position < p_to AND NOT p_now >= ALL (o.available_at)) THEN
+        RETURN;
+    END IF;
     WITH live_leases AS MATERIALIZED (
         SELECT l.keys, l.claimed_at FROM {{schema}}outbox_leases l
         WHERE p_ordered AND l.token >= {{schema}}outbox_live_from() AND cardinality(l.held) > 0
     ), live_keys AS MATERIALIZED (
-        SELECT DISTINCT unnest(keys) AS key FROM live_leases
+        SELECT unnest(v_live_keys) AS key
     ), young_keys AS MATERIALIZED (
         SELECT DISTINCT unnest(keys) AS key FROM live_leases
         WHERE claimed_at > p_now - interval '1 second'
@@ -1024,20 +1046,11 @@ BEGIN
         SELECT unnest(positions) AS position FROM {{schema}}outbox_leases
         WHERE token >= {{schema}}outbox_kept_from() AND max_position >= p_from
     ), runs AS MATERIALIZED (
-        -- Whether every row of a run is due is asked of the run: the
-        -- stream rows carry no time of their own (a row not due anywhere
-        -- in a run the window touches sends the claim to the general pick).
-        SELECT o.first_position, o.sequences, o.keys, p_now >= ALL (o.available_at) AS due
+        SELECT o.first_position, o.sequences, o.keys
         FROM {{schema}}outbox_order o
         WHERE o.first_position >= (SELECT coalesce(max(first_position), 0)
                                    FROM {{schema}}outbox_order WHERE first_position <= p_from)
           AND o.first_position < p_to
-    ), applies AS MATERIALIZED (
-        SELECT NOT EXISTS (SELECT 1 FROM {{schema}}outbox_events e
-                           WHERE e.status IN (4, 5) OR e.blocks_key)
-           AND NOT EXISTS (SELECT 1 FROM {{schema}}outbox_lanes z
-                           WHERE NOT p_ordered OR z.partition_key NOT IN (SELECT key FROM live_keys))
-           AND coalesce((SELECT bool_and(due) FROM runs), TRUE) AS ok
     ), stream AS MATERIALIZED (
         SELECT w.position, w.sequence, w.partition_key,
                w.partition_key IN (SELECT key FROM live_keys) AS live
@@ -1091,17 +1104,16 @@ BEGIN
         INSERT INTO {{schema}}outbox_lanes (partition_key, first_position, sequences, positions, size)
         SELECT d.partition_key, min(d.position), array_agg(d.sequence ORDER BY d.position),
                array_agg(d.position ORDER BY d.position), count(*)
-        FROM left_out d WHERE NOT d.holds AND (SELECT ok FROM applies)
+        FROM left_out d WHERE NOT d.holds
         GROUP BY d.partition_key, d.position / 1024
     )
     SELECT p.sequences, p.positions,
            CASE WHEN p.n > 0 THEN array_fill(TRUE, ARRAY[p.n::integer]) END,
            p.keys, NULL::bigint,
-           CASE WHEN (SELECT ok FROM applies) THEN
-               least((SELECT min(position) FROM left_out WHERE holds),
-                     CASE WHEN p.cut IS NOT NULL THEN
-                         (SELECT min(s.position) FROM stream s WHERE s.position > p.cut) END,
-                     p_to) END,
+           least((SELECT min(position) FROM left_out WHERE holds),
+                 CASE WHEN p.cut IS NOT NULL THEN
+                     (SELECT min(s.position) FROM stream s WHERE s.position > p.cut) END,
+                 p_to),
            (SELECT array_agg(position) FROM left_out WHERE NOT holds),
            (SELECT young FROM defer),
            (SELECT dominated FROM shape)
