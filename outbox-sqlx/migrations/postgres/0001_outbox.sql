@@ -1015,7 +1015,10 @@ DECLARE
     v_live_keys text[];
 BEGIN
     -- Whether this is the case, asked first and cheaply: a key blocked
-    -- for days must not cost every claim a plain pick thrown away.
+    -- for days must not cost every claim a plain pick thrown away. Asked
+    -- again in the statement below, on its own snapshot: a settlement may
+    -- commit between the two (a nack writing a tracked row, an ack ending
+    -- a lease), and the pick must decide on one state of the tables.
     IF EXISTS (SELECT 1 FROM outbox_events e WHERE e.status IN (4, 5) OR e.blocks_key) THEN
         RETURN;
     END IF;
@@ -1038,7 +1041,7 @@ BEGIN
         SELECT l.keys, l.claimed_at FROM outbox_leases l
         WHERE p_ordered AND l.token >= outbox_live_from() AND cardinality(l.held) > 0
     ), live_keys AS MATERIALIZED (
-        SELECT unnest(v_live_keys) AS key
+        SELECT DISTINCT unnest(keys) AS key FROM live_leases
     ), young_keys AS MATERIALIZED (
         SELECT DISTINCT unnest(keys) AS key FROM live_leases
         WHERE claimed_at > p_now - interval '1 second'
@@ -1046,11 +1049,17 @@ BEGIN
         SELECT unnest(positions) AS position FROM outbox_leases
         WHERE token >= outbox_kept_from() AND max_position >= p_from
     ), runs AS MATERIALIZED (
-        SELECT o.first_position, o.sequences, o.keys
+        SELECT o.first_position, o.sequences, o.keys, p_now >= ALL (o.available_at) AS due
         FROM outbox_order o
         WHERE o.first_position >= (SELECT coalesce(max(first_position), 0)
                                    FROM outbox_order WHERE first_position <= p_from)
           AND o.first_position < p_to
+    ), applies AS MATERIALIZED (
+        SELECT NOT EXISTS (SELECT 1 FROM outbox_events e
+                           WHERE e.status IN (4, 5) OR e.blocks_key)
+           AND NOT EXISTS (SELECT 1 FROM outbox_lanes z
+                           WHERE NOT p_ordered OR z.partition_key NOT IN (SELECT key FROM live_keys))
+           AND coalesce((SELECT bool_and(due) FROM runs), TRUE) AS ok
     ), stream AS MATERIALIZED (
         SELECT w.position, w.sequence, w.partition_key,
                w.partition_key IN (SELECT key FROM live_keys) AS live
@@ -1104,16 +1113,17 @@ BEGIN
         INSERT INTO outbox_lanes (partition_key, first_position, sequences, positions, size)
         SELECT d.partition_key, min(d.position), array_agg(d.sequence ORDER BY d.position),
                array_agg(d.position ORDER BY d.position), count(*)
-        FROM left_out d WHERE NOT d.holds
+        FROM left_out d WHERE NOT d.holds AND (SELECT ok FROM applies)
         GROUP BY d.partition_key, d.position / 1024
     )
     SELECT p.sequences, p.positions,
            CASE WHEN p.n > 0 THEN array_fill(TRUE, ARRAY[p.n::integer]) END,
            p.keys, NULL::bigint,
-           least((SELECT min(position) FROM left_out WHERE holds),
-                 CASE WHEN p.cut IS NOT NULL THEN
-                     (SELECT min(s.position) FROM stream s WHERE s.position > p.cut) END,
-                 p_to),
+           CASE WHEN (SELECT ok FROM applies) THEN
+               least((SELECT min(position) FROM left_out WHERE holds),
+                     CASE WHEN p.cut IS NOT NULL THEN
+                         (SELECT min(s.position) FROM stream s WHERE s.position > p.cut) END,
+                     p_to) END,
            (SELECT array_agg(position) FROM left_out WHERE NOT holds),
            (SELECT young FROM defer),
            (SELECT dominated FROM shape)
@@ -1848,4 +1858,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('696118134ddf4cc8');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('82454015bb92ca16');
