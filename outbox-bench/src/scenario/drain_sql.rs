@@ -105,6 +105,7 @@ fn record(
     n: usize,
     elapsed: Duration,
 ) {
+    crate::query_count::print_profile(&format!("{dialect} {contender} round {round}"));
     let events_per_second = rate(n as u64, elapsed);
     rounds.add(contender, "events/s", events_per_second, true);
     progress(format!(

@@ -19,7 +19,7 @@ use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent, Unre
 use serde_json::{Value as Json, json};
 
 use super::driver::{Driver, Exec, Param, from_micros};
-use super::statements::{Statements, limit, micros, params, with};
+use super::statements::{FORGET_OWNERS_EVERY, Statements, limit, micros, params, with};
 use super::{MAX_LISTED_KEYS, with_in_list, with_keys_in_flight};
 use crate::blame::{blame, new_lease_id, suspect_span};
 use crate::choose::{choose, leased, nack_state};
@@ -133,7 +133,14 @@ impl<D: Driver> Protocol<D> {
         };
         let now = self.now(&mut tx).await?;
         let expires = now.saturating_add(micros(request.lease_duration));
-        let keys_in_flight = self.reap(&mut tx, now, flight_from).await?;
+        let still = self.reap(&mut tx, now, flight_from).await?;
+        let keys_in_flight = still.keys;
+        let claims = self
+            .claims
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if claims % FORGET_OWNERS_EVERY == 0 {
+            self.forget_lease_owners(&mut tx, &still.leases).await?;
+        }
         let block = request.poison == PoisonPolicy::Block;
         let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
 
@@ -184,13 +191,12 @@ impl<D: Driver> Protocol<D> {
             .await?;
         let mut events = Vec::new();
         if !chosen.is_empty() {
+            let lease_id = new_lease_id();
+            let owner = vec![lease_id.into(), request.owner.as_str().into(), now.into()];
+            tx.execute(&self.queries.record_lease_owner, owner).await?;
             let lease = with_in_list(&self.queries.lease_rows, chosen.len());
-            let head = [
-                new_lease_id().into(),
-                request.owner.as_str().into(),
-                expires.into(),
-            ];
-            tx.execute(&lease, with(head, &chosen)).await?;
+            tx.execute(&lease, with([lease_id.into(), expires.into()], &chosen))
+                .await?;
             events = leased(&chosen, &rows, from_micros(expires)?);
         }
         // The next claim's reaping read starts at the first row still
@@ -264,6 +270,10 @@ impl<D: Driver> Protocol<D> {
             .await?;
         let by_id: HashMap<EventId, &Nack> = nacks.iter().map(|n| (n.lease.event_id, n)).collect();
         if !held.is_empty() {
+            let mut leases: Vec<i64> = held.iter().map(|h| h.lease_id).collect();
+            leases.sort_unstable();
+            leases.dedup();
+            let owners = self.lease_owners(&mut tx, &leases).await?;
             let now = self.now(&mut tx).await?;
             let batch: Vec<_> = held
                 .iter()
@@ -283,7 +293,7 @@ impl<D: Driver> Protocol<D> {
                     HistoryEntry {
                         event_id: h.event_id,
                         kind: codes::nack_kind(&nack.action),
-                        actor: h.owner.as_str(),
+                        actor: owners.get(&h.lease_id).unwrap_or(&h.owner).as_str(),
                         error_class: Some(nack.error_class.as_str()),
                         detail: nack.error.as_str(),
                         attempts: h.attempts + 1,

@@ -38,6 +38,10 @@ pub struct Queries {
     pub lock_rows: String,
     pub fail_rows: String,
     pub lease_rows: String,
+    pub record_lease_owner: String,
+    pub forget_lease_owners: String,
+    pub forget_every_lease_owner: String,
+    pub lease_owners_of: String,
     pub read_rows: String,
     pub lock_leased: String,
     pub ack: String,
@@ -90,6 +94,7 @@ impl Queries {
         let keys = format!("{}{}_keys", names.qualifier(), names.prefix());
         let claim_lock = format!("{}{}_claim_lock", names.qualifier(), names.prefix());
         let clock = format!("{}{}_clock", names.qualifier(), names.prefix());
+        let owners = format!("{}{}_lease_owners", names.qualifier(), names.prefix());
         // Claims read pending rows in sequence order from the live index,
         // never the primary key (that would walk every published row).
         let live = format!("{}_events_live", names.prefix());
@@ -133,7 +138,7 @@ impl Queries {
                  ORDER BY c.sequence LIMIT ?"
             )
         };
-        Self {
+        let mut queries = Self {
             admin: AdminQueries::over_rows(
                 names,
                 "?",
@@ -162,9 +167,12 @@ impl Queries {
             enqueue_head: format!(
                 "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type,
                      partition_key, payload, payload_version, headers, created_at, available_at,
-                     enqueue_mark) VALUES "
+                     enqueue_mark, lease_expires_at, published_at) VALUES "
             ),
-            enqueue_row: "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            // `lease_expires_at` starts as 0 and `published_at` as -1, not
+            // NULL: a lease and an ack then rewrite the row in place (see
+            // `lease_rows`).
+            enqueue_row: "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, -1)",
             // A duplicate id is left alone: waits for a concurrent insert of
             // it, then does nothing (no error, whatever the isolation level).
             enqueue_tail: " ON DUPLICATE KEY UPDATE event_id = event_id",
@@ -189,10 +197,15 @@ impl Queries {
             // Found without locking (a locking scan of the status index
             // deadlocks with settlements of live leases), then locked by
             // primary key, skipping rows a settlement holds right now.
+            // The owner from the lease's record, or from the row where an
+            // earlier release leased it.
             in_flight: format!(
-                "SELECT sequence, partition_key, lease_id, COALESCE(lease_owner, '') AS lease_owner,
-                        lease_expires_at, lease_unstarted, suspect, suspect_span
-                 FROM {events} USE INDEX ({live}) WHERE status = 1 AND sequence >= ?"
+                "SELECT e.sequence, e.partition_key, e.lease_id,
+                        COALESCE(o.owner, e.lease_owner, '') AS lease_owner,
+                        e.lease_expires_at, e.lease_unstarted, e.suspect, e.suspect_span
+                 FROM {events} e USE INDEX ({live})
+                 LEFT JOIN {owners} o ON o.lease_id = e.lease_id
+                 WHERE e.status = 1 AND e.sequence >= ?"
             ),
             lock_expired: format!(
                 "SELECT sequence, lease_id, suspect FROM {events}
@@ -242,10 +255,25 @@ impl Queries {
                      suspect = FALSE, lease_expires_at = NULL
                  WHERE sequence IN ({{in}})"
             ),
+            // Every column it sets keeps its size (the owner is the
+            // lease's, in `record_lease_owner`; `lease_expires_at` is 0 or
+            // a time before): InnoDB rewrites the rows in place. Writing a
+            // name into a NULL owner grew each row, and rows that grow are
+            // moved within their page or split it: half the lease's time.
             lease_rows: format!(
                 "UPDATE {events} SET status = 1, fencing_token = fencing_token + 1,
-                     lease_id = ?, lease_unstarted = FALSE, lease_owner = ?, lease_expires_at = ?
+                     lease_id = ?, lease_unstarted = FALSE, lease_expires_at = ?
                  WHERE sequence IN ({{in}})"
+            ),
+            record_lease_owner: format!(
+                "INSERT INTO {owners} (lease_id, owner, claimed_at) VALUES (?, ?, ?)"
+            ),
+            // Owners of leases with no row in flight (`{in}`: the leases
+            // that have one). Nothing else locks these rows.
+            forget_lease_owners: format!("DELETE FROM {owners} WHERE lease_id NOT IN ({{in}})"),
+            forget_every_lease_owner: format!("DELETE FROM {owners}"),
+            lease_owners_of: format!(
+                "SELECT lease_id, owner FROM {owners} WHERE lease_id IN ({{in}})"
             ),
             read_rows: format!(
                 "SELECT {EVENT_COLUMNS}, fencing_token FROM {events}
@@ -258,9 +286,11 @@ impl Queries {
                  FROM {events} WHERE sequence IN ({{in}})
                  FOR UPDATE"
             ),
+            // In place, as the lease (`lease_expires_at` is left as it is:
+            // only rows in flight are read for it).
             ack: format!(
                 "UPDATE {events} SET status = 2, published_at = ?, unfinished_claims = 0,
-                     suspect = FALSE, lease_expires_at = NULL
+                     suspect = FALSE
                  WHERE sequence IN ({{in}})"
             ),
             // Whether any superseded event still blocks its key: a range
@@ -322,9 +352,10 @@ impl Queries {
             supersede_mark: format!(
                 "UPDATE {events} SET superseded_by = ? WHERE event_id = ?"
             ),
+            // From 0: rows not yet published hold -1 (or NULL).
             purge_select: format!(
                 "SELECT sequence, event_id FROM {events}
-                 WHERE status = 2 AND published_at <= ? ORDER BY published_at LIMIT ?
+                 WHERE status = 2 AND published_at BETWEEN 0 AND ? ORDER BY published_at LIMIT ?
                  FOR UPDATE SKIP LOCKED"
             ),
             purge_history: format!(
@@ -338,6 +369,15 @@ impl Queries {
                 "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES (?, ?, ?)"
             ),
             inbox_purge: format!("DELETE FROM {inbox} WHERE claimed_at <= ? LIMIT ?"),
-        }
+        };
+        // A row in flight names its owner through its lease's record.
+        queries.admin.event_state = format!(
+            "SELECT e.status, e.available_at, e.attempts,
+                    COALESCE(o.owner, e.lease_owner) AS lease_owner, e.lease_expires_at,
+                    e.published_at, e.blocks_key, e.superseded_by
+             FROM {events} e LEFT JOIN {owners} o ON o.lease_id = e.lease_id AND e.status = 1
+             WHERE e.event_id = ?"
+        );
+        queries
     }
 }

@@ -15,17 +15,25 @@ use super::with_in_list;
 use crate::blame::{InFlight, reap, suspect_span};
 use crate::history::HistoryEntry;
 
+/// What a claim's reaping left in flight.
+pub(super) struct StillInFlight {
+    /// Keys with a row in flight.
+    pub keys: BTreeSet<String>,
+    /// Leases with a row in flight.
+    pub leases: BTreeSet<i64>,
+}
+
 impl<D: Driver> Protocol<D> {
     /// Leases that expired with rows in flight: the rows go back to
     /// pending and the crash is blamed ([`outbox_core::store::crash_culprit`]).
-    /// Returns the keys with a row still in flight, which a per-key claim
-    /// leaves alone.
+    /// Returns what is still in flight: its keys, which a per-key claim
+    /// leaves alone, and its leases, whose owners are kept.
     pub(super) async fn reap(
         &self,
         tx: &mut D::Tx,
         now: i64,
         flight_from: i64,
-    ) -> Result<BTreeSet<String>, StoreError> {
+    ) -> Result<StillInFlight, StoreError> {
         // Read without locking (a locking scan of the status index
         // deadlocks with settlements), then lock the expired rows by
         // primary key, skipping any a settlement holds right now.
@@ -53,7 +61,10 @@ impl<D: Driver> Protocol<D> {
             .chain(reaping.returned.iter().copied())
             .collect();
         if expired.is_empty() {
-            return Ok(keys.into_iter().collect());
+            return Ok(StillInFlight {
+                leases: in_flight.iter().map(|row| row.lease_id).collect(),
+                keys: keys.into_iter().collect(),
+            });
         }
         let lock = with_in_list(&self.queries.lock_expired, expired.len());
         let locked: HashSet<i64> = tx
@@ -96,12 +107,52 @@ impl<D: Driver> Protocol<D> {
         }
         // Every locked expired row went back to pending; the rest stay in
         // flight (a settlement holds them right now).
-        Ok(in_flight
+        let (rows, keys): (Vec<&InFlight>, BTreeSet<String>) = in_flight
             .iter()
             .zip(keys)
             .filter(|(row, _)| !locked.contains(&row.sequence))
-            .map(|(_, key)| key)
-            .collect())
+            .unzip();
+        Ok(StillInFlight {
+            leases: rows.iter().map(|row| row.lease_id).collect(),
+            keys,
+        })
+    }
+
+    /// Removes the owner records of leases other than `live` (the leases
+    /// with a row in flight): run under the claim lock, so no lease is
+    /// recorded meanwhile, and only claims write these rows.
+    pub(super) async fn forget_lease_owners(
+        &self,
+        tx: &mut D::Tx,
+        live: &BTreeSet<i64>,
+    ) -> Result<(), StoreError> {
+        if live.is_empty() {
+            tx.execute(&self.queries.forget_every_lease_owner, Vec::new())
+                .await?;
+        } else {
+            let live: Vec<i64> = live.iter().copied().collect();
+            let forget = with_in_list(&self.queries.forget_lease_owners, live.len());
+            tx.execute(&forget, params(&live)).await?;
+        }
+        Ok(())
+    }
+
+    /// The owners of `leases` (their records; leases of earlier releases
+    /// have none and keep the owner their rows name).
+    pub(super) async fn lease_owners(
+        &self,
+        tx: &mut D::Tx,
+        leases: &[i64],
+    ) -> Result<HashMap<i64, String>, StoreError> {
+        if leases.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let query = with_in_list(&self.queries.lease_owners_of, leases.len());
+        tx.fetch(&query, params(leases))
+            .await?
+            .iter()
+            .map(|r| Ok((r.int("lease_id")?, r.text("owner")?)))
+            .collect()
     }
 
     /// Rows blamed for `crash_loop_limit` crashes, at the head of their key,

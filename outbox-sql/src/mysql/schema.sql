@@ -42,9 +42,14 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_events (
     -- Set by the enqueue that wrote the row, so a concurrent enqueue of the
     -- same id can tell its own insert from the other's.
     enqueue_mark      BIGINT NOT NULL DEFAULT 0,
+    -- Set by releases before the lease owners table; a lease's owner is
+    -- now in outbox_lease_owners.
     lease_owner       VARCHAR(255) NULL,
-    lease_expires_at  BIGINT NULL,
-    published_at      BIGINT NULL,
+    -- 0 until first leased, so a lease rewrites the row in place.
+    lease_expires_at  BIGINT NULL DEFAULT 0,
+    -- -1 until published (NULL in rows of earlier releases), so an ack
+    -- rewrites the row in place.
+    published_at      BIGINT NULL DEFAULT -1,
     UNIQUE KEY outbox_events_event_id (event_id),
     -- No partial indexes here: status leads, so the claim reads the live
     -- ranges (0, 1) and never the published rows. Every lease and every
@@ -95,6 +100,19 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_claim_lock (
     flight_from BIGINT NOT NULL DEFAULT 0
 ) ENGINE = InnoDB;
 INSERT IGNORE INTO {{schema}}outbox_claim_lock (id) VALUES (1);
+
+-- Who holds each lease, one row per claim rather than a name written into
+-- each leased row: a row whose columns keep their size is rewritten in
+-- place, while a name written into a NULL column grew every leased row
+-- (InnoDB moved it within its page or split the page: about half of a
+-- lease's time; the same for an ack that wrote a NULL `published_at`).
+-- Claims add a row and now and then remove the rows of leases with
+-- nothing left in flight.
+CREATE TABLE IF NOT EXISTS {{schema}}outbox_lease_owners (
+    lease_id   BIGINT NOT NULL PRIMARY KEY,
+    owner      VARCHAR(255) NOT NULL,
+    claimed_at BIGINT NOT NULL
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS {{schema}}outbox_attempts (
     id          BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,

@@ -24,7 +24,15 @@ pub struct Statements {
     pub config: StoreConfig,
     /// The statements for the settings' names.
     pub queries: Arc<Queries>,
+    /// Claims made through this store (and its clones): every
+    /// [`FORGET_OWNERS_EVERY`]th removes the owners of finished leases.
+    pub(super) claims: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// How often (in claims of one store) a claim removes the owner records
+/// of leases with nothing left in flight: one statement saved on the
+/// other claims, a few dozen rows kept meanwhile.
+pub const FORGET_OWNERS_EVERY: u64 = 16;
 
 /// Each value as a parameter.
 pub(super) fn params<T: Clone + Into<Param>>(values: &[T]) -> Vec<Param> {
@@ -57,7 +65,11 @@ impl Statements {
     /// The statements for `config`'s tables.
     pub fn new(config: StoreConfig) -> Self {
         let queries = Arc::new(Queries::new(&config.tables));
-        Self { config, queries }
+        Self {
+            config,
+            queries,
+            claims: Arc::default(),
+        }
     }
 
     /// The events table's name, for errors.

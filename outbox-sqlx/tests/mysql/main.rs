@@ -5,6 +5,7 @@
 
 #[path = "../mysql_floor/mod.rs"]
 mod floor;
+mod lease_owners;
 #[path = "../support/mod.rs"]
 mod support;
 mod tenants;

@@ -1,0 +1,153 @@
+//! A lease's owner lives in one record per claim (`outbox_lease_owners`),
+//! not in each leased row: the rows a lease rewrites keep their size, so
+//! InnoDB updates them in place. These tests pin what that must not cost:
+//! the records stay few, an owner is known while its lease is in flight,
+//! and rows leased by an earlier release (owner in the row, no record)
+//! still name theirs.
+
+use std::time::Duration;
+
+use outbox_core::store::{EventState, Nack, NackAction, OutboxAdmin, OutboxStore};
+use outbox_core::testing::{event, store_suite};
+use outbox_core::{ErrorClass, ManualClock, OutboxWriter};
+use outbox_sqlx::mysql::MySqlStore;
+
+/// `table` beside the store's events table (same database and prefix).
+fn beside_events(store: &MySqlStore, table: &str) -> String {
+    let events = store.config().tables.events();
+    format!("{}{table}", events.strip_suffix("events").unwrap())
+}
+
+async fn scalar(store: &MySqlStore, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+/// Sixty claims and acks by one relay while another's lease stays in
+/// flight: the records of finished leases are removed as claims go on
+/// (at most one forgetting interval of them is left), and the record of
+/// the lease in flight is kept, so its owner is still reported.
+#[tokio::test]
+async fn owner_records_stay_few_and_a_lease_in_flight_keeps_its_owner() {
+    let store = super::store_on(ManualClock::at_epoch()).await;
+    let owners = beside_events(&store, "lease_owners");
+    let held_event = event("held", 0);
+    OutboxWriter::enqueue(&store, std::slice::from_ref(&held_event))
+        .await
+        .unwrap();
+    let held = store
+        .claim_batch(&store_suite::request("r-held", 1))
+        .await
+        .unwrap()
+        .events;
+    assert_eq!(held.len(), 1);
+    for n in 0..60 {
+        OutboxWriter::enqueue(&store, &[event(&format!("k{n}"), n)])
+            .await
+            .unwrap();
+        let claimed = store
+            .claim_batch(&store_suite::request("r-busy", 10))
+            .await
+            .unwrap()
+            .events;
+        assert_eq!(claimed.len(), 1, "claim {n}");
+        let leases: Vec<_> = claimed.into_iter().map(|c| c.lease).collect();
+        store.ack(&leases).await.unwrap();
+    }
+    let records = scalar(&store, &format!("SELECT COUNT(*) FROM {owners}")).await;
+    let most = outbox_sql::mysql::FORGET_OWNERS_EVERY as i64 + 1;
+    assert!(
+        (1..=most).contains(&records),
+        "{records} owner records after 61 claims (at most {most})"
+    );
+    match store.event_state(held_event.event_id).await.unwrap() {
+        Some(EventState::InFlight { owner, .. }) => assert_eq!(owner, "r-held"),
+        other => panic!("the held event is not in flight: {other:?}"),
+    }
+}
+
+/// A lease names its owner in its record only: the leased row's own
+/// owner column stays NULL; `lease_expires_at` starts at 0 and
+/// `published_at` at -1, and the ack leaves the lease's expiry: so neither
+/// the lease nor the ack changes a column's size (InnoDB rewrites the row
+/// in place instead of moving it).
+#[tokio::test]
+async fn a_lease_and_its_ack_change_no_columns_size() {
+    let store = super::store_on(ManualClock::at_epoch()).await;
+    let events = store.config().tables.events();
+    let e = event("k", 1);
+    OutboxWriter::enqueue(&store, std::slice::from_ref(&e))
+        .await
+        .unwrap();
+    let sizes_kept = |published: &str| {
+        format!(
+            "SELECT COUNT(*) FROM {events}
+             WHERE event_id = '{}' AND lease_owner IS NULL AND lease_expires_at IS NOT NULL
+               AND published_at {published}",
+            e.event_id
+        )
+    };
+    assert_eq!(scalar(&store, &sizes_kept("= -1")).await, 1, "as enqueued");
+    let claimed = store
+        .claim_batch(&store_suite::request("r", 1))
+        .await
+        .unwrap()
+        .events;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(scalar(&store, &sizes_kept("= -1")).await, 1, "as leased");
+    store.ack(&[claimed[0].lease.clone()]).await.unwrap();
+    assert_eq!(scalar(&store, &sizes_kept(">= 0")).await, 1, "as acked");
+    assert!(matches!(
+        store.event_state(e.event_id).await.unwrap(),
+        Some(EventState::Published { .. })
+    ));
+}
+
+/// Rows leased by an earlier release name their owner in the row and have
+/// no record: the owner is still reported while in flight and is the
+/// actor of a nack's history entry.
+#[tokio::test]
+async fn rows_leased_by_an_earlier_release_keep_their_owner() {
+    let store = super::store_on(ManualClock::at_epoch()).await;
+    let events = store.config().tables.events();
+    let owners = beside_events(&store, "lease_owners");
+    let e = event("k", 1);
+    OutboxWriter::enqueue(&store, std::slice::from_ref(&e))
+        .await
+        .unwrap();
+    let claimed = store
+        .claim_batch(&store_suite::request("r-now", 1))
+        .await
+        .unwrap()
+        .events;
+    // As the earlier release leaves it: the owner in the row, no record.
+    sqlx::query(&format!(
+        "UPDATE {events} SET lease_owner = 'r-earlier' WHERE event_id = ?"
+    ))
+    .bind(e.event_id.to_string())
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query(&format!("DELETE FROM {owners}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    match store.event_state(e.event_id).await.unwrap() {
+        Some(EventState::InFlight { owner, .. }) => assert_eq!(owner, "r-earlier"),
+        other => panic!("not in flight: {other:?}"),
+    }
+    let nack = Nack {
+        lease: claimed[0].lease.clone(),
+        action: NackAction::Retry {
+            after: Duration::from_secs(1),
+        },
+        error_class: ErrorClass::Transient,
+        error: "broker said no".into(),
+    };
+    store.nack(&[nack]).await.unwrap();
+    let history = store.history(e.event_id).await.unwrap();
+    let last = history.last().expect("a history entry for the nack");
+    assert_eq!(last.actor, "r-earlier", "{history:?}");
+}
