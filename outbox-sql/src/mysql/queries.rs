@@ -113,6 +113,13 @@ impl Queries {
         // rows in flight the claim has just read to reap: a probe for them
         // per candidate would need `status` in the key's index, and every
         // lease and ack would move an entry of it.
+        // The failed-row check asks first for the key's first blocking row
+        // and its first one not superseded: subqueries over the key alone,
+        // which MariaDB's subquery cache answers once per key and
+        // statement, so the rows parked behind a failure cost a cache
+        // lookup each, not a probe (their key's rows sit together at the
+        // head of the live range). Only a key with a superseded blocking
+        // row reaches the exact probe (a replacement passes its original).
         let held_back = format!(
             "((COALESCE((SELECT p.available_at FROM {events} p USE INDEX ({by_key_due})
                             WHERE p.partition_key = c.partition_key AND p.status = 0
@@ -120,10 +127,18 @@ impl Queries {
                   AND EXISTS (SELECT 1 FROM {events} p USE INDEX ({by_key_due})
                               WHERE p.partition_key = c.partition_key AND p.status = 0
                                 AND p.available_at > ? AND p.sequence < c.sequence))
-              OR EXISTS (SELECT 1 FROM {events} p USE INDEX ({by_key})
-                         WHERE p.partition_key = c.partition_key AND p.blocks_key = TRUE
-                           AND p.sequence < c.sequence AND p.status = 3
-                           AND (p.superseded_by IS NULL OR p.superseded_by <> c.event_id)))"
+              OR (COALESCE((SELECT MIN(p.sequence) FROM {events} p USE INDEX ({by_key})
+                            WHERE p.partition_key = c.partition_key AND p.blocks_key = TRUE
+                              AND p.status = 3), c.sequence) < c.sequence
+                  AND (COALESCE((SELECT MIN(p.sequence) FROM {events} p USE INDEX ({by_key})
+                                 WHERE p.partition_key = c.partition_key AND p.blocks_key = TRUE
+                                   AND p.status = 3 AND p.superseded_by IS NULL),
+                                c.sequence) < c.sequence
+                       OR EXISTS (SELECT 1 FROM {events} p USE INDEX ({by_key})
+                                  WHERE p.partition_key = c.partition_key AND p.blocks_key = TRUE
+                                    AND p.sequence < c.sequence AND p.status = 3
+                                    AND (p.superseded_by IS NULL
+                                         OR p.superseded_by <> c.event_id)))))"
         );
         let candidates = |ordered: bool| {
             let order = if ordered {
