@@ -311,17 +311,7 @@ mod outage {
                 .unwrap(),
         );
         let relays = RelayFleet::spawn(setup.store.clone(), publisher, "kafka-relay", 1);
-        within("every event published", async {
-            for e in &events {
-                while !matches!(
-                    setup.store.event_state(e.event_id).await.unwrap(),
-                    Some(EventState::Published { .. })
-                ) {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        })
-        .await;
+        setup.wait_for_published(&events, DEADLINE).await;
         relays.stop(DEADLINE).await;
 
         broker.cut();
@@ -399,17 +389,7 @@ mod outage {
         // (CI saw 5 once). So: every event marked published (no copy still
         // to come), then one more event per key, read by this consumer, so
         // every copy before them in each partition was read too.
-        within("every event published", async {
-            for e in &events {
-                while !matches!(
-                    setup.store.event_state(e.event_id).await.unwrap(),
-                    Some(EventState::Published { .. })
-                ) {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        })
-        .await;
+        setup.wait_for_published(&events, DEADLINE).await;
         let behind_the_copies: Vec<NewEvent> = (0..30)
             .map(|key| event(&format!("k{key}"), 1000 + key))
             .collect();

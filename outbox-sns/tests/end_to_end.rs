@@ -79,17 +79,7 @@ async fn kill_a_relay_after_publish(
     setup.advance_store_time(relay_suite::config("x").lease_duration + Duration::from_secs(1));
     let relays = setup.relays(Arc::new(setup.publisher()), 1);
     if consume_after_republish {
-        within("every event published", async {
-            for e in &events {
-                while !matches!(
-                    setup.store.event_state(e.event_id).await.unwrap(),
-                    Some(EventState::Published { .. })
-                ) {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        })
-        .await;
+        setup.wait_for_published(&events, DEADLINE).await;
     }
     let report = run_consumer_until(setup, 20).await;
     let relayed = relays.stop(DEADLINE).await;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use outbox_core::consume::{Consumed, Handler, HandlerError};
-use outbox_core::{EventId, ManualClock, StoreError, StoreTime};
+use outbox_core::{EventId, ManualClock, NewEvent, StoreError, StoreTime};
 use sqlx::{Postgres, Transaction};
 use tracing::Instrument;
 
@@ -217,5 +217,30 @@ impl EndToEndDb {
     /// Waits until at least `n` effects committed; panics after `deadline`.
     pub async fn wait_for_effects(&self, n: usize, deadline: std::time::Duration) {
         self.log.wait_for(n, deadline).await;
+    }
+
+    /// Waits until every one of `events` is marked published (no relay has
+    /// a copy of it still to send); panics after `deadline`.
+    pub async fn wait_for_published(&self, events: &[NewEvent], deadline: std::time::Duration) {
+        use outbox_core::store::{EventState, OutboxAdmin};
+        let waited = tokio::time::timeout(deadline, async {
+            for e in events {
+                while !matches!(
+                    self.store
+                        .event_state(e.event_id)
+                        .await
+                        .expect("read an event's state"),
+                    Some(EventState::Published { .. })
+                ) {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "timed out after {deadline:?} waiting for {} events to be published",
+            events.len()
+        );
     }
 }
