@@ -110,8 +110,7 @@ INSERT IGNORE INTO outbox_claim_lock (id) VALUES (1);
 -- nothing left in flight.
 CREATE TABLE IF NOT EXISTS outbox_lease_owners (
     lease_id   BIGINT NOT NULL PRIMARY KEY,
-    owner      VARCHAR(255) NOT NULL,
-    claimed_at BIGINT NOT NULL
+    owner      VARCHAR(255) NOT NULL
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS outbox_attempts (

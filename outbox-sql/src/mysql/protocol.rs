@@ -192,7 +192,7 @@ impl<D: Driver> Protocol<D> {
         let mut events = Vec::new();
         if !chosen.is_empty() {
             let lease_id = new_lease_id();
-            let owner = vec![lease_id.into(), request.owner.as_str().into(), now.into()];
+            let owner = vec![lease_id.into(), request.owner.as_str().into()];
             tx.execute(&self.queries.record_lease_owner, owner).await?;
             let lease = with_in_list(&self.queries.lease_rows, chosen.len());
             tx.execute(&lease, with([lease_id.into(), expires.into()], &chosen))

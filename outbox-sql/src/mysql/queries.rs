@@ -281,7 +281,7 @@ impl Queries {
                  WHERE sequence IN ({{in}})"
             ),
             record_lease_owner: format!(
-                "INSERT INTO {owners} (lease_id, owner, claimed_at) VALUES (?, ?, ?)"
+                "INSERT INTO {owners} (lease_id, owner) VALUES (?, ?)"
             ),
             // Owners of leases with no row in flight (`{in}`: the leases
             // that have one). Nothing else locks these rows.
