@@ -77,6 +77,7 @@ pub(super) async fn relay_faults(
 pub(super) fn hold_xmin(
     url: String,
     settings: Settings,
+    observed: Arc<Mutex<Observed>>,
     done: CancellationToken,
 ) -> tokio::task::JoinHandle<Result<(), Error>> {
     tokio::task::spawn_blocking(move || {
@@ -95,12 +96,14 @@ pub(super) fn hold_xmin(
                 )
                 .execute(&mut report)
                 .await?;
+                let from = now_ms();
                 tokio::select! {
                     _ = tokio::time::sleep(settings.xmin_held) => {}
                     _ = done.cancelled() => {}
                 }
                 // A server restart may have ended it already.
                 let _ = sqlx::raw_sql("ROLLBACK").execute(&mut report).await;
+                observed.lock().expect("observed").xmin_held = Some((from, now_ms()));
                 Ok(())
             })
     })

@@ -140,6 +140,10 @@ struct Observed {
     faults_under_way: u32,
     /// No fault begins before this (ms since the epoch): a burst drains.
     calm_until: u128,
+    /// When the report held xmin, `(from, to)` (ms since the epoch).
+    xmin_held: Option<(u128, u128)>,
+    /// When traffic began (ms since the epoch).
+    traffic_from: u128,
     status_ms: Vec<f64>,
     claim_ms: Vec<(Duration, f64)>,
     purged: u64,
@@ -228,7 +232,10 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     let mut broker = Broker::Redis(redis);
     let mut processes = Processes::start(&url, &broker_url, 4);
 
-    let observed = Arc::new(Mutex::new(Observed::default()));
+    let observed = Arc::new(Mutex::new(Observed {
+        traffic_from: now_ms(),
+        ..Observed::default()
+    }));
     let committed = Arc::new(Mutex::new(Committed::default()));
     let done = CancellationToken::new();
     let producer = tokio::spawn(produce(
@@ -244,7 +251,12 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         observed.clone(),
         done.clone(),
     ));
-    let holder = hold_xmin(url.clone(), settings.clone(), done.clone());
+    let holder = hold_xmin(
+        url.clone(),
+        settings.clone(),
+        observed.clone(),
+        done.clone(),
+    );
     let purger = tokio::spawn(purge(
         store.clone(),
         settings.clone(),
@@ -348,7 +360,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         .await?;
     let published_at = first_publications(&broker_url).await?;
     let observed = std::mem::take(&mut *observed.lock().expect("observed"));
-    let latency = Latency::of(&observed, &published_at);
+    let mut latency = Latency::of(&observed, &published_at);
 
     let status_max = observed.status_ms.iter().copied().fold(0.0, f64::max);
     let (claim_early, claim_late) = claim_trend(&observed.claim_ms);
@@ -390,6 +402,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
         latency.bursting,
         latency.hot_p99,
     );
+    latency.print_quiet_split();
     println!(
         "| drain after the last commit | {:.1} s{} |",
         drain_time.as_secs_f64(),

@@ -147,6 +147,21 @@ pub(super) struct Latency {
     pub(super) quiet: (f64, f64, usize),
     pub(super) bursting: (f64, f64, usize),
     pub(super) hot_p99: f64,
+    /// The quiet latencies split to say where a slow quiet p99 comes
+    /// from: by tenth of the run (a trend or a few spikes), by whether a
+    /// report held xmin at commit, and by whether a fault window ended in
+    /// the ten seconds before commit (a window too narrow for what a fault
+    /// leaves behind).
+    quiet_split: QuietSplit,
+}
+
+#[derive(Default)]
+struct QuietSplit {
+    by_tenth: Vec<Vec<f64>>,
+    xmin_held: Vec<f64>,
+    xmin_free: Vec<f64>,
+    after_fault: Vec<f64>,
+    far_from_faults: Vec<f64>,
 }
 
 impl Latency {
@@ -157,6 +172,14 @@ impl Latency {
         let mut quiet = Vec::new();
         let mut bursting = Vec::new();
         let mut hot = Vec::new();
+        let mut split = QuietSplit {
+            by_tenth: vec![Vec::new(); 10],
+            ..QuietSplit::default()
+        };
+        let end = observed.sent.values().map(|s| s.committed_ms).max();
+        let tenth = (end.unwrap_or(0).saturating_sub(observed.traffic_from) / 10).max(1);
+        let fault_ends: Vec<(u128, u128)> =
+            observed.faults.iter().map(|(_, to)| (*to, *to)).collect();
         for (sent, at, latency) in published_latencies(&observed.sent, published) {
             if sent.hot {
                 hot.push(latency);
@@ -169,13 +192,54 @@ impl Latency {
                 bursting.push(latency);
             } else {
                 quiet.push(latency);
+                let at = sent.committed_ms;
+                let part = (at.saturating_sub(observed.traffic_from) / tenth).min(9) as usize;
+                split.by_tenth[part].push(latency);
+                match observed.xmin_held {
+                    Some((from, to)) if (from..=to).contains(&at) => &mut split.xmin_held,
+                    _ => &mut split.xmin_free,
+                }
+                .push(latency);
+                if within(&fault_ends, at, 0, 10_000) {
+                    &mut split.after_fault
+                } else {
+                    &mut split.far_from_faults
+                }
+                .push(latency);
             }
         }
         Self {
             quiet: percentiles(&mut quiet),
             bursting: percentiles(&mut bursting),
             hot_p99: percentiles(&mut hot).1,
+            quiet_split: split,
         }
+    }
+
+    /// Table rows splitting the quiet latency (see [`Latency::quiet_split`]).
+    pub(super) fn print_quiet_split(&mut self) {
+        let split = &mut self.quiet_split;
+        let tenths: Vec<String> = split
+            .by_tenth
+            .iter_mut()
+            .map(|part| format!("{:.0}", percentiles(part).1))
+            .collect();
+        println!(
+            "| other keys' quiet p99 by tenth of the run | {} ms |",
+            tenths.join(" / ")
+        );
+        let pair = |a: &mut Vec<f64>, b: &mut Vec<f64>| {
+            let (a, b) = (percentiles(a), percentiles(b));
+            format!("{:.0} / {:.0} ms ({} / {} events)", a.1, b.1, a.2, b.2)
+        };
+        println!(
+            "| other keys' quiet p99, xmin held / not | {} |",
+            pair(&mut split.xmin_held, &mut split.xmin_free)
+        );
+        println!(
+            "| other keys' quiet p99, within 10 s after a fault window / further | {} |",
+            pair(&mut split.after_fault, &mut split.far_from_faults)
+        );
     }
 }
 /// An event a soak committed, as the latency checks read it.
