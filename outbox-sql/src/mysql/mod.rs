@@ -34,6 +34,18 @@ pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("claim_lock", "flight_from", "BIGINT NOT NULL DEFAULT 0"),
 ];
 
+/// Column defaults changed since schema version 2 was first released, as
+/// (table suffix, column, default as `information_schema` lists it):
+/// `migrate()` sets them on older tables. Earlier releases left these
+/// columns NULL until a lease or an ack wrote them, and writing a value
+/// into a NULL column grows the row (InnoDB moves it within its page or
+/// splits the page); this crate's enqueue writes the values itself, rows
+/// other tools insert take the defaults.
+pub const CHANGED_DEFAULTS: &[(&str, &str, &str)] = &[
+    ("events", "lease_expires_at", "0"),
+    ("events", "published_at", "-1"),
+];
+
 /// The schema DDL for these table names.
 pub fn schema_sql(tables: &TableNames) -> String {
     tables.render(SCHEMA)

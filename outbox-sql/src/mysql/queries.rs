@@ -232,12 +232,16 @@ impl Queries {
                  JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', culprit INT PATH '$[1]',
                                                     span INT PATH '$[2]')) AS l
                    ON e.sequence = l.seq
-                 SET e.status = 0, e.lease_expires_at = NULL, e.suspect = TRUE, e.lease_unstarted = FALSE,
+                 SET e.status = 0, e.lease_expires_at = 0, e.suspect = TRUE, e.lease_unstarted = FALSE,
                      e.suspect_span = l.span, e.unfinished_claims = e.unfinished_claims + l.culprit
                  WHERE e.sequence IN ({{in}})"
             ),
+            // Rows that go back (and below, rows that fail) set their
+            // expiry to 0, as enqueued, not NULL: only rows in flight are
+            // read for it, and a NULL would make their next lease grow the
+            // row (see `lease_rows`).
             return_rows: format!(
-                "UPDATE {events} SET status = 0, lease_expires_at = NULL, lease_unstarted = FALSE
+                "UPDATE {events} SET status = 0, lease_expires_at = 0, lease_unstarted = FALSE
                  WHERE sequence IN ({{in}})"
             ),
             mark_unstarted: format!(
@@ -267,7 +271,7 @@ impl Queries {
             ),
             fail_rows: format!(
                 "UPDATE {events} SET status = 3, blocks_key = ?, unfinished_claims = 0,
-                     suspect = FALSE, lease_expires_at = NULL
+                     suspect = FALSE, lease_expires_at = 0
                  WHERE sequence IN ({{in}})"
             ),
             // Every column it sets keeps its size (the owner is the
@@ -330,7 +334,7 @@ impl Queries {
                  SET e.status = l.new_status, e.blocks_key = l.blocks,
                      e.available_at = COALESCE(l.available, e.available_at),
                      e.attempts = e.attempts + 1, e.unfinished_claims = 0, e.suspect = FALSE,
-                     e.lease_expires_at = NULL
+                     e.lease_expires_at = 0
                  WHERE e.sequence IN ({{in}})"
             ),
             release: format!(
@@ -338,7 +342,7 @@ impl Queries {
                  JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', started BOOLEAN PATH '$[1]',
                                                     culprit INT PATH '$[2]', span INT PATH '$[3]')) AS l
                    ON e.sequence = l.seq
-                 SET e.status = 0, e.lease_expires_at = NULL,
+                 SET e.status = 0, e.lease_expires_at = 0,
                      e.suspect = e.suspect OR l.started,
                      e.suspect_span = CASE WHEN l.started THEN l.span ELSE e.suspect_span END,
                      e.unfinished_claims = e.unfinished_claims + l.culprit

@@ -122,6 +122,7 @@ impl Statements {
                 conn.execute(&statement, Vec::new()).await?;
             }
             self.add_columns(&mut *conn).await?;
+            self.align_defaults(&mut *conn).await?;
             self.align_indexes(&mut *conn, &schema).await?;
             Ok(migrated)
         })
@@ -185,6 +186,40 @@ impl Statements {
                 conn.execute(
                     &format!(
                         "ALTER TABLE {table} ADD COLUMN {column} {definition}, ALGORITHM = INSTANT"
+                    ),
+                    Vec::new(),
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets [`super::CHANGED_DEFAULTS`] where an older table has another
+    /// default (metadata only; nothing is done when they match, so a
+    /// deploy's `migrate()` takes no table lock).
+    pub(super) async fn align_defaults(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+    ) -> Result<(), StoreError> {
+        for (suffix, column, default) in super::CHANGED_DEFAULTS {
+            let table = self.config.tables.table(suffix);
+            let mut located = Self::located(&table);
+            located.push((*column).into());
+            let rows = conn
+                .fetch(
+                    "SELECT COLUMN_DEFAULT AS present FROM information_schema.columns
+                     WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = ?",
+                    located,
+                )
+                .await?;
+            let Some(row) = rows.first() else {
+                continue;
+            };
+            if row.opt_text("present")?.as_deref() != Some(*default) {
+                conn.execute(
+                    &format!(
+                        "ALTER TABLE {table} ALTER COLUMN {column} SET DEFAULT {default}, ALGORITHM = INSTANT"
                     ),
                     Vec::new(),
                 )

@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use outbox_core::store::{EventState, Nack, NackAction, OutboxAdmin, OutboxStore};
+use outbox_core::store::{
+    EventState, FailReason, Nack, NackAction, OutboxAdmin, OutboxStore, Release,
+};
 use outbox_core::testing::{event, store_suite};
 use outbox_core::{ErrorClass, ManualClock, OutboxWriter};
 use outbox_sqlx::mysql::MySqlStore;
@@ -105,6 +107,56 @@ async fn a_lease_and_its_ack_change_no_columns_size() {
     ));
 }
 
+/// Rows that go back to pending (a retry, a release, a started release)
+/// or fail keep an expiry of 0, as enqueued, not NULL: their next lease
+/// rewrites them in place too.
+#[tokio::test]
+async fn rows_that_go_back_or_fail_keep_their_columns_size() {
+    let store = super::store_on(ManualClock::at_epoch()).await;
+    let events = store.config().tables.events();
+    let batch: Vec<_> = ["a", "b", "c", "d"].iter().map(|k| event(k, 1)).collect();
+    OutboxWriter::enqueue(&store, &batch).await.unwrap();
+    let claimed = store
+        .claim_batch(&store_suite::request("r", 4))
+        .await
+        .unwrap()
+        .events;
+    assert_eq!(claimed.len(), 4);
+    let lease = |n: usize| claimed[n].lease.clone();
+    let nack = |n: usize, action| Nack {
+        lease: lease(n),
+        action,
+        error_class: ErrorClass::Transient,
+        error: "broker said no".into(),
+    };
+    let retry = NackAction::Retry {
+        after: Duration::from_secs(1),
+    };
+    let fail = NackAction::Fail {
+        reason: FailReason::Permanent,
+        block_key: false,
+    };
+    store.nack(&[nack(0, retry), nack(1, fail)]).await.unwrap();
+    store
+        .release(&[
+            Release {
+                lease: lease(2),
+                attempt_started: false,
+            },
+            Release {
+                lease: lease(3),
+                attempt_started: true,
+            },
+        ])
+        .await
+        .unwrap();
+    let by_status = format!(
+        "SELECT COUNT(*) FROM {events}
+         WHERE lease_expires_at = 0 AND published_at = -1 AND status IN (0, 3)"
+    );
+    assert_eq!(scalar(&store, &by_status).await, 4);
+}
+
 /// Rows leased by an earlier release name their owner in the row and have
 /// no record: the owner is still reported while in flight and is the
 /// actor of a nack's history entry.
@@ -150,4 +202,61 @@ async fn rows_leased_by_an_earlier_release_keep_their_owner() {
     let history = store.history(e.event_id).await.unwrap();
     let last = history.last().expect("a history entry for the nack");
     assert_eq!(last.actor, "r-earlier", "{history:?}");
+}
+
+/// Tables made by an earlier release left `lease_expires_at` and
+/// `published_at` NULL by default, so a row another tool inserted grew at
+/// its first lease and again at its ack. `migrate()` sets the current
+/// defaults (and does nothing once they match).
+#[tokio::test]
+async fn migrate_sets_the_defaults_that_keep_rows_their_size() {
+    let store = super::store_on(ManualClock::at_epoch()).await;
+    let events = store.config().tables.events();
+    let (database, table) = events.split_once('.').unwrap();
+    let defaults = || async {
+        let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT column_name, column_default FROM information_schema.columns
+             WHERE table_schema = ? AND table_name = ?
+               AND column_name IN ('lease_expires_at', 'published_at') ORDER BY column_name",
+        )
+        .bind(database)
+        .bind(table)
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        rows.into_iter()
+            .map(|(column, default)| format!("{column}={}", default.unwrap_or_default()))
+            .collect::<Vec<_>>()
+    };
+    let current = vec!["lease_expires_at=0", "published_at=-1"];
+    assert_eq!(defaults().await, current);
+    sqlx::query(&format!(
+        "ALTER TABLE {events} ALTER COLUMN lease_expires_at SET DEFAULT NULL,
+             ALTER COLUMN published_at SET DEFAULT NULL"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    assert_ne!(defaults().await, current);
+    store.migrate().await.unwrap();
+    assert_eq!(defaults().await, current);
+    store.migrate().await.expect("migrate() is idempotent");
+    assert_eq!(defaults().await, current);
+
+    // A row another tool inserts naming neither column takes them.
+    sqlx::query(&format!(
+        "INSERT INTO {events} (event_id, aggregate_type, aggregate_id, event_type, partition_key,
+                               payload, payload_version, headers, created_at, available_at)
+         VALUES (UUID(), 'a', 'a-1', 't', 'foreign', '{{}}', 1, '{{}}', 0, 0)"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let (expiry, published): (Option<i64>, Option<i64>) = sqlx::query_as(&format!(
+        "SELECT lease_expires_at, published_at FROM {events} WHERE partition_key = 'foreign'"
+    ))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!((expiry, published), (Some(0), Some(-1)));
 }
