@@ -114,11 +114,10 @@ impl MysqlOutbox {
         E: From<diesel::result::Error> + From<StoreError>,
     {
         run_sync(self.statements.sync_clock_on(&mut Blocking(conn)))?;
-        conn.transaction::<_, E, _>(|conn| {
-            if !self.claim_sync(conn, consumer, event_id)? {
-                return Ok(None);
-            }
-            Ok(Some(effect(conn)?))
-        })
+        crate::effect::claim_then_apply(
+            conn,
+            |conn| self.claim_sync(conn, consumer, event_id),
+            effect,
+        )
     }
 }

@@ -164,12 +164,11 @@ impl PgOutbox {
         E: From<diesel::result::Error> + From<StoreError>,
     {
         self.sync_clock_sync(conn)?;
-        conn.transaction::<_, E, _>(|conn| {
-            if !self.claim_sync(conn, consumer, event_id)? {
-                return Ok(None);
-            }
-            Ok(Some(effect(conn)?))
-        })
+        crate::effect::claim_then_apply(
+            conn,
+            |conn| self.claim_sync(conn, consumer, event_id),
+            effect,
+        )
     }
 
     /// The store-time shift of a configured clock skew (tests), as the
