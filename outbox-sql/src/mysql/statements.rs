@@ -121,8 +121,7 @@ impl Statements {
             for statement in super::split_statements(&schema) {
                 conn.execute(&statement, Vec::new()).await?;
             }
-            self.add_columns(&mut *conn).await?;
-            self.align_defaults(&mut *conn).await?;
+            self.align_columns(&mut *conn).await?;
             self.align_indexes(&mut *conn, &schema).await?;
             Ok(migrated)
         })
@@ -159,76 +158,73 @@ impl Statements {
         Ok(crate::config::installed_version(events, record, version))
     }
 
+    /// Adds [`super::ADDED_COLUMNS`] an older table lacks and sets
+    /// [`super::CHANGED_DEFAULTS`] where it has another default. `INSTANT`:
+    /// metadata only, no rebuild, no lock a producer waits behind; nothing
+    /// is done where the table matches, so a deploy's `migrate()` alters
+    /// nothing.
+    pub(super) async fn align_columns(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+    ) -> Result<(), StoreError> {
+        for (suffix, column, definition) in super::ADDED_COLUMNS {
+            if self.column_default(conn, suffix, column).await?.is_none() {
+                let change = format!("ADD COLUMN {column} {definition}");
+                self.alter_instantly(conn, suffix, &change).await?;
+            }
+        }
+        for (suffix, column, default) in super::CHANGED_DEFAULTS {
+            if let Some(present) = self.column_default(conn, suffix, column).await?
+                && present.as_deref() != Some(*default)
+            {
+                let change = format!("ALTER COLUMN {column} SET DEFAULT {default}");
+                self.alter_instantly(conn, suffix, &change).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `column` of the table `suffix` as `information_schema` lists it:
+    /// `None` if the table has no such column, else its default.
+    async fn column_default(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        suffix: &str,
+        column: &str,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        let mut located = Self::located(&self.config.tables.table(suffix));
+        located.push(column.into());
+        let rows = conn
+            .fetch(
+                "SELECT COLUMN_DEFAULT AS present FROM information_schema.columns
+                 WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = ?",
+                located,
+            )
+            .await?;
+        rows.first().map(|r| r.opt_text("present")).transpose()
+    }
+
+    async fn alter_instantly(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        suffix: &str,
+        change: &str,
+    ) -> Result<(), StoreError> {
+        let table = self.config.tables.table(suffix);
+        conn.execute(
+            &format!("ALTER TABLE {table} {change}, ALGORITHM = INSTANT"),
+            Vec::new(),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Brings the events table's secondary indexes to the template's
     /// definitions ([`super::event_indexes`]): `CREATE TABLE IF NOT EXISTS`
     /// leaves tables made by an earlier release of schema version 2 as they
     /// were (MySQL has no `CREATE INDEX IF NOT EXISTS`). A missing index is
     /// added and one with other columns rebuilt, online (`LOCK = NONE`:
     /// writes go on while it builds); nothing is done when they match.
-    /// Adds [`super::ADDED_COLUMNS`] an older table lacks. `INSTANT`:
-    /// metadata only, no rebuild, no lock a producer waits behind.
-    pub(super) async fn add_columns(
-        &self,
-        conn: &mut (impl Exec + ?Sized),
-    ) -> Result<(), StoreError> {
-        for (suffix, column, definition) in super::ADDED_COLUMNS {
-            let table = self.config.tables.table(suffix);
-            let mut located = Self::located(&table);
-            located.push((*column).into());
-            let present = Self::count(
-                conn,
-                "SELECT COUNT(*) AS n FROM information_schema.columns
-                 WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = ?",
-                located,
-            )
-            .await?;
-            if present == 0 {
-                conn.execute(
-                    &format!(
-                        "ALTER TABLE {table} ADD COLUMN {column} {definition}, ALGORITHM = INSTANT"
-                    ),
-                    Vec::new(),
-                )
-                .await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Sets [`super::CHANGED_DEFAULTS`] where an older table has another
-    /// default (metadata only; nothing is done when they match, so a
-    /// deploy's `migrate()` takes no table lock).
-    pub(super) async fn align_defaults(
-        &self,
-        conn: &mut (impl Exec + ?Sized),
-    ) -> Result<(), StoreError> {
-        for (suffix, column, default) in super::CHANGED_DEFAULTS {
-            let table = self.config.tables.table(suffix);
-            let mut located = Self::located(&table);
-            located.push((*column).into());
-            let rows = conn
-                .fetch(
-                    "SELECT COLUMN_DEFAULT AS present FROM information_schema.columns
-                     WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = ?",
-                    located,
-                )
-                .await?;
-            let Some(row) = rows.first() else {
-                continue;
-            };
-            if row.opt_text("present")?.as_deref() != Some(*default) {
-                conn.execute(
-                    &format!(
-                        "ALTER TABLE {table} ALTER COLUMN {column} SET DEFAULT {default}, ALGORITHM = INSTANT"
-                    ),
-                    Vec::new(),
-                )
-                .await?;
-            }
-        }
-        Ok(())
-    }
-
     pub(super) async fn align_indexes(
         &self,
         conn: &mut (impl Exec + ?Sized),
