@@ -236,10 +236,11 @@ impl Queries {
                      e.suspect_span = l.span, e.unfinished_claims = e.unfinished_claims + l.culprit
                  WHERE e.sequence IN ({{in}})"
             ),
-            // Rows that go back (and below, rows that fail) set their
-            // expiry to 0, as enqueued, not NULL: only rows in flight are
-            // read for it, and a NULL would make their next lease grow the
-            // row (see `lease_rows`).
+            // Every statement that takes rows out of flight (reap above,
+            // this one, fail, nack and release below) sets their expiry to
+            // 0, as enqueued, not NULL: only rows in flight are read for
+            // it, and a NULL would make their next lease grow the row (see
+            // `lease_rows`).
             return_rows: format!(
                 "UPDATE {events} SET status = 0, lease_expires_at = 0, lease_unstarted = FALSE
                  WHERE sequence IN ({{in}})"

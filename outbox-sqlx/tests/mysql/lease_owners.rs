@@ -157,6 +157,35 @@ async fn rows_that_go_back_or_fail_keep_their_columns_size() {
     assert_eq!(scalar(&store, &by_status).await, 4);
 }
 
+/// Rows whose lease a dead relay left to expire go back with an expiry of
+/// 0 too: the reaping claim leases one of them (a batch of one), the other
+/// waits as reaped.
+#[tokio::test]
+async fn rows_reaped_from_a_dead_lease_keep_their_columns_size() {
+    let clock = ManualClock::at_epoch();
+    let store = super::store_on(clock.clone()).await;
+    let events = store.config().tables.events();
+    OutboxWriter::enqueue(&store, &[event("e", 1), event("f", 1)])
+        .await
+        .unwrap();
+    let dead = store
+        .claim_batch(&store_suite::request("r-dead", 2))
+        .await
+        .unwrap()
+        .events;
+    assert_eq!(dead.len(), 2);
+    clock.advance(Duration::from_secs(3_600));
+    store
+        .claim_batch(&store_suite::request("r-next", 1))
+        .await
+        .unwrap();
+    let reaped = |expiry: &str| {
+        format!("SELECT COUNT(*) FROM {events} WHERE status = 0 AND lease_expires_at {expiry}")
+    };
+    assert_eq!(scalar(&store, &reaped("IS NOT NULL")).await, 1, "one waits");
+    assert_eq!(scalar(&store, &reaped("= 0")).await, 1);
+}
+
 /// Rows leased by an earlier release name their owner in the row and have
 /// no record: the owner is still reported while in flight and is the
 /// actor of a nack's history entry.
