@@ -1,0 +1,249 @@
+//! The plain pick (outbox_pick_plain) against the general one
+//! (outbox_pick): on every state where the plain pick decides, both decide
+//! the same; the states include keys in flight, set-aside rows, dominated
+//! windows and nothing in flight at all (the plain pick's shortest way).
+
+use std::time::Duration;
+
+use outbox_core::store::{ClaimedEvent, OutboxStore, OutboxWriter};
+use outbox_core::testing::event;
+use outbox_core::testing::store_suite::request;
+use outbox_core::{ManualClock, NewEvent, Ordering};
+use outbox_sqlx::postgres::PgStore;
+
+use crate::ack;
+use crate::support::pg::shared_store;
+
+/// What a pick decided, as text: its outputs (the deferred positions as a
+/// set), the lanes and the pending rows it left behind; and whether it held
+/// the cursor inside the window.
+#[derive(Debug, PartialEq)]
+struct PickOutcome {
+    decided: String,
+    lanes: String,
+    rows: String,
+    held: bool,
+}
+
+/// Runs `function` (outbox_pick or outbox_pick_plain) with `args` in a
+/// transaction that is rolled back: the state is the same for the next.
+async fn pick_outcome(
+    store: &PgStore,
+    schema: &str,
+    function: &str,
+    args: (&str, i64, i64, i32, bool, bool),
+) -> Option<PickOutcome> {
+    let mut tx = store.pool().begin().await.unwrap();
+    let (decided, stop, picked): (String, Option<i64>, i32) = sqlx::query_as(&format!(
+        "SELECT format('%s | %s | %s | %s | %s | %s | %s | %s | %s', sequences, positions,
+                       from_stream, keys, suspect, stop,
+                       ARRAY(SELECT unnest(deferred_positions) ORDER BY 1), deferring, dominated),
+                stop, coalesce(cardinality(sequences), 0)
+         FROM {schema}.{function}($1::timestamptz, $2, $3, $4, $5, $6)"
+    ))
+    .bind(args.0)
+    .bind(args.1)
+    .bind(args.2)
+    .bind(args.3)
+    .bind(args.4)
+    .bind(args.5)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    let lanes: String = sqlx::query_scalar(&format!(
+        "SELECT coalesce(string_agg(concat_ws(' ', partition_key, first_position, sequences,
+                                              positions, size, taken), '; '
+                                    ORDER BY partition_key, first_position), '')
+         FROM {schema}.outbox_lanes"
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    let rows: String = sqlx::query_scalar(&format!(
+        "SELECT coalesce(string_agg(concat_ws(':', sequence, status, position), ','
+                                    ORDER BY sequence), '')
+         FROM {schema}.outbox_events WHERE status <> 2"
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    // Held: the cursor stops inside the window with the batch not full.
+    let held = stop.is_some_and(|stop| stop < args.2 && picked < args.3);
+    stop.map(|_| PickOutcome {
+        decided,
+        lanes,
+        rows,
+        held,
+    })
+}
+
+/// How many states the plain pick was compared on, and in how many it had
+/// keys in flight to hold the cursor at or to set aside.
+#[derive(Default, Debug)]
+struct PlainCoverage {
+    compared: usize,
+    fell_back: usize,
+    held: usize,
+    set_aside: usize,
+    dominated: usize,
+    /// Compared with nothing in flight from the window on: the plain pick's
+    /// shortest way (no live key, no position taken beyond the cursor).
+    nothing_in_flight: usize,
+}
+
+/// Compares both picks on the store's state as it is, over the whole
+/// stream and over a batch's window, ordered and not, deferring and not.
+async fn compare_picks(store: &PgStore, schema: &str, limit: i32, coverage: &mut PlainCoverage) {
+    let (now, from, end): (String, i64, i64) = sqlx::query_as(&format!(
+        "SELECT {schema}.outbox_now()::text, c.position, c.end_position
+         FROM {schema}.outbox_cursor_now c"
+    ))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    let (keys_in_flight, taken_beyond): (bool, bool) = sqlx::query_as(&format!(
+        "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_leases
+                        WHERE token >= {schema}.outbox_live_from()
+                          AND cardinality(held) > 0 AND cardinality(keys) > 0),
+                EXISTS (SELECT 1 FROM {schema}.outbox_leases
+                        WHERE token >= {schema}.outbox_kept_from() AND max_position >= $1)"
+    ))
+    .bind(from)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    for to in [end, end.min(from + i64::from(limit) * 5 / 4)] {
+        for (ordered, defer) in [(true, false), (true, true), (false, false)] {
+            let args = (now.as_str(), from, to, limit, ordered, defer);
+            let plain = pick_outcome(store, schema, "outbox_pick_plain", args).await;
+            let Some(plain) = plain else {
+                coverage.fell_back += 1;
+                continue;
+            };
+            let general = pick_outcome(store, schema, "outbox_pick", args)
+                .await
+                .expect("the general pick always decides");
+            assert_eq!(plain, general, "pick({args:?})");
+            coverage.compared += 1;
+            coverage.held += usize::from(plain.held);
+            coverage.set_aside += usize::from(!plain.lanes.is_empty());
+            coverage.dominated += usize::from(plain.decided.ends_with("| t"));
+            coverage.nothing_in_flight += usize::from(!(taken_beyond || ordered && keys_in_flight));
+        }
+    }
+}
+
+/// The plain pick (outbox_pick_plain: nothing outside the stream, every
+/// row due) decides as the general pick on every state it takes, claims
+/// and settlements of random sizes over a hot key and many keys, batches
+/// left in flight young and old: the same picks, stop, deferrals and lanes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_pick_decides_as_the_general_one_wherever_it_applies() {
+    let clock = ManualClock::at_epoch();
+    let (store, schema) = shared_store(clock.clone()).await;
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut random = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut in_flight: Vec<Vec<ClaimedEvent>> = Vec::new();
+    let mut coverage = PlainCoverage::default();
+    // First a hot key's young batch in flight with its burst behind it: a
+    // window its rows dominate.
+    let hot: Vec<NewEvent> = (0..300).map(|i| event("hot", i)).collect();
+    OutboxWriter::enqueue(&store, &hot).await.unwrap();
+    let first = store.claim_batch(&request("hot-relay", 50)).await.unwrap();
+    in_flight.push(first.events);
+    for limit in [20, 100, 200] {
+        compare_picks(&store, &schema, limit, &mut coverage).await;
+    }
+    let mut n = hot.len();
+    for _ in 0..40 {
+        let burst: Vec<NewEvent> = match random(3) {
+            0 => (0..150).map(|i| event("hot", n + i)).collect(),
+            1 => (0..40)
+                .map(|i| event(&format!("few{}", i % 4), n + i))
+                .collect(),
+            _ => (0..120)
+                .map(|i| event(&format!("k{}", random(60)), n + i))
+                .collect(),
+        };
+        n += burst.len();
+        OutboxWriter::enqueue(&store, &burst).await.unwrap();
+        for _ in 0..random(3) + 1 {
+            let mut req = request(&format!("relay-{}", random(4)), 10 + random(120) as usize);
+            if random(6) == 0 {
+                req.ordering = Ordering::Unordered;
+            }
+            let claimed = store.claim_batch(&req).await.unwrap().events;
+            if random(2) == 0 {
+                in_flight.push(claimed);
+            } else {
+                ack(&store, &claimed).await;
+            }
+        }
+        if random(2) == 0 && !in_flight.is_empty() {
+            let settled = in_flight.remove(0);
+            let leases: Vec<_> = settled.iter().map(|c| c.lease.clone()).collect();
+            store.ack(&leases).await.unwrap();
+        }
+        clock.advance(Duration::from_millis(random(700)));
+        compare_picks(&store, &schema, 20 + random(100) as i32, &mut coverage).await;
+    }
+    // Everything settled and drained, then new rows: nothing in flight.
+    for settled in in_flight.drain(..) {
+        ack(&store, &settled).await;
+    }
+    loop {
+        let claimed = store
+            .claim_batch(&request("drainer", 500))
+            .await
+            .unwrap()
+            .events;
+        if claimed.is_empty() {
+            break;
+        }
+        ack(&store, &claimed).await;
+    }
+    let fresh: Vec<NewEvent> = (0..200)
+        .map(|i| event(&format!("k{}", i % 7), n + i))
+        .collect();
+    OutboxWriter::enqueue(&store, &fresh).await.unwrap();
+    for limit in [1, 30, 199, 200, 500] {
+        compare_picks(&store, &schema, limit, &mut coverage).await;
+    }
+    assert!(
+        coverage.compared >= 40
+            && coverage.held >= 5
+            && coverage.set_aside >= 5
+            && coverage.dominated >= 3
+            && coverage.nothing_in_flight >= 10,
+        "the comparison saw too few of the states it is for: {coverage:?}"
+    );
+}
+
+/// The plain pick at the edges of a dominated window (a young key's run of
+/// 32 rows; its rows half the window, an odd window's half a fraction):
+/// the same decision as the general pick on each side of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_pick_decides_as_the_general_one_at_a_dominated_windows_edges() {
+    let mut coverage = PlainCoverage::default();
+    for (hot_rows, other_rows) in [(31, 0), (32, 0), (32, 32), (32, 33), (40, 39), (40, 41)] {
+        let (store, schema) = shared_store(ManualClock::at_epoch()).await;
+        let mut stream: Vec<NewEvent> = (0..50 + hot_rows).map(|i| event("hot", i)).collect();
+        stream.extend((0..other_rows).map(|i| event(&format!("k{i}"), 1_000 + i)));
+        OutboxWriter::enqueue(&store, &stream).await.unwrap();
+        let young = store.claim_batch(&request("hot-relay", 50)).await.unwrap();
+        assert_eq!(young.events.len(), 50);
+        for limit in [20, 60, 100] {
+            compare_picks(&store, &schema, limit, &mut coverage).await;
+        }
+    }
+    assert!(
+        coverage.compared >= 30 && coverage.dominated >= 6,
+        "{coverage:?}"
+    );
+}
