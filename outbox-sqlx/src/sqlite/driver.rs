@@ -22,6 +22,13 @@ pub(crate) struct SqlxDriver(pub(crate) SqlitePool);
 /// runs statements on it.
 pub(crate) struct Sqlx<C>(pub(crate) C);
 
+impl<C> Sqlx<C> {
+    /// The caller's connection (their transaction).
+    pub(crate) fn caller(conn: C) -> Self {
+        Self(conn)
+    }
+}
+
 /// A value by the storage class it has (SQLite columns take any type):
 /// INTEGER as an integer, TEXT as text, BLOB as bytes, REAL as its text.
 /// Read once from the raw value (no second lookup by index, no allocation
