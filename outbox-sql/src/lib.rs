@@ -33,7 +33,8 @@ pub mod history;
 pub mod testing;
 /// MySQL/MariaDB schema and statements.
 pub mod mysql;
-/// A scalar statement parameter (MySQL, SQLite).
+/// A scalar statement parameter (MySQL, SQLite), and the `From`
+/// conversions every dialect's parameter enum declares alike.
 pub mod param;
 /// PostgreSQL schema and statements.
 pub mod postgres;

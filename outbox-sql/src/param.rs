@@ -14,41 +14,22 @@ pub enum Param {
     Null,
 }
 
-impl From<i64> for Param {
-    fn from(value: i64) -> Self {
-        Self::Int(value)
-    }
+/// `From` conversions of plain values into a dialect's parameter enum:
+/// `value => Variant` each, the value converted with `Into`.
+macro_rules! param_from {
+    ($param:ident: $($value:ty => $variant:ident),+ $(,)?) => {
+        $(
+            impl From<$value> for $param {
+                fn from(value: $value) -> Self {
+                    Self::$variant(value.into())
+                }
+            }
+        )+
+    };
 }
+pub(crate) use param_from;
 
-impl From<i32> for Param {
-    fn from(value: i32) -> Self {
-        Self::Int(i64::from(value))
-    }
-}
-
-impl From<u32> for Param {
-    fn from(value: u32) -> Self {
-        Self::Int(i64::from(value))
-    }
-}
-
-impl From<bool> for Param {
-    fn from(value: bool) -> Self {
-        Self::Bool(value)
-    }
-}
-
-impl From<String> for Param {
-    fn from(value: String) -> Self {
-        Self::Text(value)
-    }
-}
-
-impl From<&str> for Param {
-    fn from(value: &str) -> Self {
-        Self::Text(value.to_owned())
-    }
-}
+param_from!(Param: i64 => Int, i32 => Int, u32 => Int, bool => Bool, String => Text, &str => Text);
 
 impl From<Option<i64>> for Param {
     fn from(value: Option<i64>) -> Self {

@@ -48,35 +48,7 @@ pub enum Param {
     Uuids(Vec<Uuid>),
 }
 
-impl From<i64> for Param {
-    fn from(value: i64) -> Self {
-        Self::BigInt(value)
-    }
-}
-
-impl From<i32> for Param {
-    fn from(value: i32) -> Self {
-        Self::Int(value)
-    }
-}
-
-impl From<bool> for Param {
-    fn from(value: bool) -> Self {
-        Self::Bool(value)
-    }
-}
-
-impl From<&str> for Param {
-    fn from(value: &str) -> Self {
-        Self::Text(value.to_owned())
-    }
-}
-
-impl From<String> for Param {
-    fn from(value: String) -> Self {
-        Self::Text(value)
-    }
-}
+crate::param::param_from!(Param: i64 => BigInt, i32 => Int, bool => Bool, &str => Text, String => Text);
 
 impl From<EventId> for Param {
     fn from(value: EventId) -> Self {
