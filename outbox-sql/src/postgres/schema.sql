@@ -430,50 +430,6 @@ BEGIN
 END
 $$;
 
--- Appends rows to claim order after position p_first, in sequence order
--- (the arrays are sorted by sequence), as runs of 64 positions; returns
--- how many. The tick's and the rebase's one way to write claim order.
-CREATE OR REPLACE FUNCTION {{schema}}outbox_append(
-    p_first bigint, p_sequences bigint[], p_keys text[], p_available timestamptz[])
-    RETURNS bigint
-    LANGUAGE plpgsql AS $$
-DECLARE
-    v_count bigint;
-BEGIN
-    IF cardinality(p_sequences) <= 4096 THEN
-        -- A tick's usual rows, sliced (the arrays are in order already):
-        -- a third of the tick's time less than numbering and regrouping
-        -- them. Not beyond: finding a text element walks the array from
-        -- its start, so slices of a large one cost its length squared.
-        WITH appended AS (
-            INSERT INTO {{schema}}outbox_order (first_position, lo_sequence, hi_sequence,
-                                                ticked_at, sequences, keys, available_at)
-            SELECT p_first + g * 64, p_sequences[g * 64 + 1],
-                   p_sequences[least(g * 64 + 64, cardinality(p_sequences))],
-                   {{schema}}outbox_now(), p_sequences[g * 64 + 1 : g * 64 + 64],
-                   p_keys[g * 64 + 1 : g * 64 + 64], p_available[g * 64 + 1 : g * 64 + 64]
-            FROM generate_series(0, (cardinality(p_sequences) - 1) / 64) AS g
-            RETURNING cardinality(sequences) AS appended
-        )
-        SELECT coalesce(sum(appended), 0) INTO v_count FROM appended;
-        RETURN v_count;
-    END IF;
-    WITH appended AS (
-        INSERT INTO {{schema}}outbox_order (first_position, lo_sequence, hi_sequence, ticked_at,
-                                            sequences, keys, available_at)
-        SELECT p_first + min(u.i) - 1, min(u.sequence), max(u.sequence), {{schema}}outbox_now(),
-               array_agg(u.sequence ORDER BY u.i), array_agg(u.partition_key ORDER BY u.i),
-               array_agg(u.available_at ORDER BY u.i)
-        FROM unnest(p_sequences, p_keys, p_available) WITH ORDINALITY
-            AS u(sequence, partition_key, available_at, i)
-        GROUP BY (u.i - 1) / 64
-        RETURNING cardinality(sequences) AS appended
-    )
-    SELECT coalesce(sum(appended), 0) INTO v_count FROM appended;
-    RETURN v_count;
-END
-$$;
-
 -- Appends to claim order every stream row whose transaction committed
 -- since the last tick (PgQ's batch rule: visible in this snapshot, not in
 -- the last one; only the last snapshot's in-progress xids and the xids at
@@ -525,11 +481,18 @@ BEGIN
               WHERE pg_visible_in_snapshot(x.id, v_snapshot) OFFSET 0) x
         CROSS JOIN LATERAL (SELECT * FROM {{schema}}outbox_events y WHERE y.txid = x.id OFFSET 0) e
         WHERE e.status = 0 AND e.position IS NULL
+    ), numbered AS (
+        SELECT *, row_number() OVER (ORDER BY sequence) - 1 AS n FROM new_rows
+    ), appended AS (
+        INSERT INTO {{schema}}outbox_order (first_position, lo_sequence, hi_sequence, ticked_at,
+                                            sequences, keys, available_at)
+        SELECT v_cursor.end_position + min(n), min(sequence), max(sequence), {{schema}}outbox_now(),
+               array_agg(sequence ORDER BY sequence), array_agg(partition_key ORDER BY sequence),
+               array_agg(available_at ORDER BY sequence)
+        FROM numbered GROUP BY n / 64
+        RETURNING cardinality(sequences) AS appended
     )
-    SELECT {{schema}}outbox_append(v_cursor.end_position, array_agg(sequence ORDER BY sequence),
-                                   array_agg(partition_key ORDER BY sequence),
-                                   array_agg(available_at ORDER BY sequence))
-    INTO v_count FROM new_rows;
+    SELECT coalesce(sum(appended), 0) INTO v_count FROM appended;
     -- A tick that ordered nothing keeps the last snapshot: the next one
     -- finds the same rows from it (none committed in between), and nothing
     -- is written.
@@ -568,14 +531,21 @@ BEGIN
         SELECT e.sequence, e.partition_key, e.available_at FROM {{schema}}outbox_events e
         WHERE e.status = 0 AND e.position IS NULL
           AND NOT EXISTS (SELECT 1 FROM ordered o WHERE o.sequence = e.sequence)
+    ), numbered AS (
+        SELECT *, row_number() OVER (ORDER BY sequence) - 1 AS n FROM new_rows
+    ), appended AS (
+        INSERT INTO {{schema}}outbox_order (first_position, lo_sequence, hi_sequence, ticked_at,
+                                            sequences, keys, available_at)
+        SELECT v_cursor.end_position + min(n), min(sequence), max(sequence), {{schema}}outbox_now(),
+               array_agg(sequence ORDER BY sequence), array_agg(partition_key ORDER BY sequence),
+               array_agg(available_at ORDER BY sequence)
+        FROM numbered GROUP BY n / 64
+        RETURNING cardinality(sequences) AS appended
     ), settled AS (
         UPDATE {{schema}}outbox_events SET txid = '0'
         WHERE txid >= pg_snapshot_xmin(p_snapshot) AND NOT pg_visible_in_snapshot(txid, p_snapshot)
     )
-    SELECT {{schema}}outbox_append(v_cursor.end_position, array_agg(sequence ORDER BY sequence),
-                                   array_agg(partition_key ORDER BY sequence),
-                                   array_agg(available_at ORDER BY sequence))
-    INTO v_count FROM new_rows;
+    SELECT coalesce(sum(appended), 0) INTO v_count FROM appended;
     PERFORM {{schema}}outbox_cursor_write(v_cursor.position, v_cursor.end_position + v_count,
         p_snapshot, p_system, v_cursor.moved_at,
         CASE WHEN v_cursor.tick_snapshot IS NULL THEN v_cursor.rebased_at
