@@ -712,6 +712,21 @@ BEGIN
 END
 $$;
 
+-- The runs of claim order that hold positions [p_from, p_to): from the
+-- one holding p_from (a run may start before it) to the last starting
+-- before p_to. Every pick reads its window through this. A single
+-- STABLE SELECT, so the planner inlines it into each caller's statement.
+CREATE OR REPLACE FUNCTION outbox_window_runs(p_from bigint, p_to bigint)
+    RETURNS TABLE (first_position bigint, sequences bigint[], keys text[],
+                   available_at timestamptz[])
+    LANGUAGE sql STABLE AS $$
+    SELECT o.first_position, o.sequences, o.keys, o.available_at
+    FROM outbox_order o
+    WHERE o.first_position >= (SELECT coalesce(max(x.first_position), 0)
+                               FROM outbox_order x WHERE x.first_position <= p_from)
+      AND o.first_position < p_to
+$$;
+
 -- Picks the next claim from the tracked rows, the lanes and the stream
 -- window [p_from, p_to): a prefix of each key in claim order (per-key
 -- mode), at most one crash suspect, at most p_limit rows. Stream rows
@@ -781,12 +796,9 @@ BEGIN
         SELECT w.position, w.sequence, w.partition_key, w.available_at <= p_now AS due
         FROM (SELECT o.first_position + u.i - 1 AS position, u.sequence, u.partition_key,
                      u.available_at
-              FROM outbox_order o
+              FROM outbox_window_runs(p_from, p_to) o
               CROSS JOIN LATERAL unnest(o.sequences, o.keys, o.available_at) WITH ORDINALITY
-                  AS u(sequence, partition_key, available_at, i)
-              WHERE o.first_position >= (SELECT coalesce(max(first_position), 0)
-                                         FROM outbox_order WHERE first_position <= p_from)
-                AND o.first_position < p_to) w
+                  AS u(sequence, partition_key, available_at, i)) w
         WHERE w.position >= p_from AND w.position < p_to
           AND w.position NOT IN (SELECT position FROM taken)
     ), stream AS MATERIALIZED (
@@ -1031,10 +1043,8 @@ BEGIN
     END IF;
     -- Whether every row is due is asked of the runs the window touches: a
     -- row not due in any of them sends the claim to the general pick.
-    IF EXISTS (SELECT 1 FROM outbox_order o
-               WHERE o.first_position >= (SELECT coalesce(max(first_position), 0)
-                                          FROM outbox_order WHERE first_position <= p_from)
-                 AND o.first_position < p_to AND NOT p_now >= ALL (o.available_at)) THEN
+    IF EXISTS (SELECT 1 FROM outbox_window_runs(p_from, p_to) o
+               WHERE NOT p_now >= ALL (o.available_at)) THEN
         RETURN;
     END IF;
     -- Nothing in flight from the window on (no live key; no position
@@ -1050,10 +1060,7 @@ BEGIN
            WHERE token >= outbox_kept_from() AND max_position >= p_from) THEN
         WITH runs AS MATERIALIZED (
             SELECT o.first_position, o.sequences, o.keys, p_now >= ALL (o.available_at) AS due
-            FROM outbox_order o
-            WHERE o.first_position >= (SELECT coalesce(max(first_position), 0)
-                                       FROM outbox_order WHERE first_position <= p_from)
-              AND o.first_position < p_to
+            FROM outbox_window_runs(p_from, p_to) o
         ), applies AS MATERIALIZED (
             SELECT NOT EXISTS (SELECT 1 FROM outbox_events e
                                WHERE e.status IN (4, 5) OR e.blocks_key)
@@ -1113,10 +1120,7 @@ BEGIN
         WHERE token >= outbox_kept_from() AND max_position >= p_from
     ), runs AS MATERIALIZED (
         SELECT o.first_position, o.sequences, o.keys, p_now >= ALL (o.available_at) AS due
-        FROM outbox_order o
-        WHERE o.first_position >= (SELECT coalesce(max(first_position), 0)
-                                   FROM outbox_order WHERE first_position <= p_from)
-          AND o.first_position < p_to
+        FROM outbox_window_runs(p_from, p_to) o
     ), applies AS MATERIALIZED (
         SELECT NOT EXISTS (SELECT 1 FROM outbox_events e
                            WHERE e.status IN (4, 5) OR e.blocks_key)
@@ -1921,4 +1925,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('ae30795be65c26bb');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('fe213c9fc53f8f51');
