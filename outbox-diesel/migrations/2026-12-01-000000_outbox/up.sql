@@ -1037,8 +1037,9 @@ BEGIN
     v_live_keys := ARRAY(SELECT DISTINCT unnest(l.keys) FROM outbox_leases l
                          WHERE p_ordered AND l.token >= outbox_live_from()
                            AND cardinality(l.held) > 0);
-    IF EXISTS (SELECT 1 FROM outbox_lanes z
-               WHERE NOT p_ordered OR z.partition_key NOT IN (SELECT unnest(v_live_keys))) THEN
+    -- Lanes are taken here only by per-key claims (an unordered claim
+    -- takes every key's lanes, in claim order: the general pick's way).
+    IF NOT p_ordered AND EXISTS (SELECT 1 FROM outbox_lanes) THEN
         RETURN;
     END IF;
     -- Whether every row is due is asked of the runs the window touches: a
@@ -1055,9 +1056,9 @@ BEGIN
     -- pick's time, 0.45 ms of a 1,000-event claim: BENCHMARKS.md, "third
     -- cut"). Decided again inside the statement, on its own snapshot, as
     -- the statement below does. The window's `runs` are read as there.
-    IF cardinality(v_live_keys) = 0 AND NOT EXISTS (
-           SELECT 1 FROM outbox_leases
-           WHERE token >= outbox_kept_from() AND max_position >= p_from) THEN
+    IF cardinality(v_live_keys) = 0 AND NOT EXISTS (SELECT 1 FROM outbox_lanes)
+       AND NOT EXISTS (SELECT 1 FROM outbox_leases
+                       WHERE token >= outbox_kept_from() AND max_position >= p_from) THEN
         WITH runs AS MATERIALIZED (
             SELECT o.first_position, o.sequences, o.keys, p_now >= ALL (o.available_at) AS due
             FROM outbox_window_runs(p_from, p_to) o
@@ -1107,6 +1108,10 @@ BEGIN
              dominated;
         RETURN;
     END IF;
+    -- The window's rows (in flight or not), and the lanes of keys not in
+    -- flight (a hot key's rows set aside while its batch was): picked as
+    -- the general pick picks them when nothing else waits outside the
+    -- stream, its tracked rows, late rows and suspects all empty.
     WITH live_leases AS MATERIALIZED (
         SELECT l.keys, l.claimed_at FROM outbox_leases l
         WHERE p_ordered AND l.token >= outbox_live_from() AND cardinality(l.held) > 0
@@ -1124,8 +1129,7 @@ BEGIN
     ), applies AS MATERIALIZED (
         SELECT NOT EXISTS (SELECT 1 FROM outbox_events e
                            WHERE e.status IN (4, 5) OR e.blocks_key)
-           AND NOT EXISTS (SELECT 1 FROM outbox_lanes z
-                           WHERE NOT p_ordered OR z.partition_key NOT IN (SELECT key FROM live_keys))
+           AND NOT (NOT p_ordered AND EXISTS (SELECT 1 FROM outbox_lanes))
            AND coalesce((SELECT bool_and(due) FROM runs), TRUE) AS ok
     ), stream AS MATERIALIZED (
         SELECT w.position, w.sequence, w.partition_key,
@@ -1139,10 +1143,41 @@ BEGIN
     ), facts AS MATERIALIZED (
         -- One pass for what the rest asks of the whole window.
         SELECT count(*) AS n, coalesce(bool_or(live), FALSE) AS any_live FROM stream
+    ), lane_keys AS MATERIALIZED (
+        -- As in outbox_pick: keys with lane rows, not in flight, and
+        -- whether one of their entries holds a burst.
+        SELECT partition_key, bool_or(size - taken >= 64) AS burst
+        FROM outbox_lanes
+        WHERE p_ordered AND partition_key NOT IN (SELECT key FROM live_keys)
+        GROUP BY partition_key
+    ), lane_rows AS MATERIALIZED (
+        -- Per such key its first lane rows, read as outbox_pick reads them.
+        SELECT x.* FROM lane_keys t CROSS JOIN LATERAL (
+            SELECT u.sequence, l.partition_key, u.position, l.first_position AS lane,
+                   l.taken + u.i::integer AS lane_index
+            FROM (SELECT z.* FROM (
+                      SELECT z.*, sum(z.size - z.taken) OVER (ORDER BY z.first_position) AS upto
+                      FROM (SELECT * FROM outbox_lanes z
+                            WHERE z.partition_key = t.partition_key
+                            ORDER BY z.first_position LIMIT p_limit) z) z
+                  WHERE z.upto - (z.size - z.taken) < p_limit) l
+            CROSS JOIN LATERAL unnest(l.sequences[l.taken + 1 : l.taken + p_limit],
+                                      l.positions[l.taken + 1 : l.taken + p_limit])
+                WITH ORDINALITY AS u(sequence, position, i)
+            ORDER BY u.position LIMIT p_limit
+        ) x
     ), picks AS MATERIALIZED (
-        SELECT s.position, s.sequence, s.partition_key FROM stream s
-        WHERE NOT s.live
-        ORDER BY s.position LIMIT p_limit
+        -- outbox_pick's order: keys with a burst set aside fill what the
+        -- others leave of the batch.
+        SELECT c.* FROM (
+            SELECT s.position, s.sequence, s.partition_key, NULL::bigint AS lane,
+                   NULL::integer AS lane_index
+            FROM stream s WHERE NOT s.live
+            UNION ALL
+            SELECT position, sequence, partition_key, lane, lane_index FROM lane_rows
+        ) c
+        ORDER BY c.partition_key IN (SELECT partition_key FROM lane_keys WHERE burst), c.position
+        LIMIT p_limit
     ), picked AS MATERIALIZED (
         SELECT array_agg(sequence ORDER BY position) AS sequences,
                array_agg(position ORDER BY position) AS positions,
@@ -1168,13 +1203,14 @@ BEGIN
                         CROSS JOIN LATERAL unnest(o.keys) AS k(key)
                         WHERE k.key NOT IN (SELECT key FROM live_keys)) END AS young
     ), left_out AS MATERIALIZED (
-        -- Every row of a key not in flight before the cut is picked: what
-        -- is left are the in-flight keys' rows (per-key claims only).
+        -- The window's rows before the cut not picked: the in-flight keys'
+        -- (per-key claims only), and those of keys with a burst set aside
+        -- when the others filled the batch.
         SELECT s.sequence, s.position, s.partition_key,
                NOT (SELECT young FROM defer)
                AND s.partition_key IN (SELECT key FROM young_keys) AS holds
         FROM stream s
-        WHERE (SELECT any_live FROM facts) AND s.live
+        WHERE s.sequence NOT IN (SELECT sequence FROM picks)
           AND s.position < coalesce((SELECT cut FROM picked), p_to)
     ), laned AS (
         INSERT INTO outbox_lanes (partition_key, first_position, sequences, positions, size)
@@ -1182,6 +1218,20 @@ BEGIN
                array_agg(d.position ORDER BY d.position), count(*)
         FROM left_out d WHERE NOT d.holds AND (SELECT ok FROM applies)
         GROUP BY d.partition_key, d.position / 1024
+    ), lane_taken AS (
+        SELECT p.partition_key, p.lane, max(p.lane_index) AS upto
+        FROM picks p WHERE p.lane IS NOT NULL AND (SELECT ok FROM applies)
+        GROUP BY p.partition_key, p.lane
+    ), lane_advanced AS (
+        UPDATE outbox_lanes l SET taken = t.upto
+        FROM lane_taken t
+        WHERE l.partition_key = t.partition_key AND l.first_position = t.lane
+          AND t.upto < l.size
+    ), lane_emptied AS (
+        DELETE FROM outbox_lanes l
+        USING lane_taken t
+        WHERE l.partition_key = t.partition_key AND l.first_position = t.lane
+          AND t.upto >= l.size
     )
     SELECT p.sequences, p.positions,
            CASE WHEN p.n > 0 THEN array_fill(TRUE, ARRAY[p.n::integer]) END,
@@ -1189,7 +1239,9 @@ BEGIN
            CASE WHEN (SELECT ok FROM applies) THEN
                least((SELECT min(position) FROM left_out WHERE holds),
                      CASE WHEN p.cut IS NOT NULL THEN
-                         (SELECT min(s.position) FROM stream s WHERE s.position > p.cut) END,
+                         (SELECT min(s.position) FROM stream s
+                          WHERE s.position > p.cut
+                            AND s.sequence NOT IN (SELECT sequence FROM picks)) END,
                      p_to) END,
            (SELECT array_agg(position) FROM left_out WHERE NOT holds),
            (SELECT young FROM defer),
@@ -1925,4 +1977,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('fe213c9fc53f8f51');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('2097386cd5ad644a');

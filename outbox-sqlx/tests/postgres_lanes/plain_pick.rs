@@ -1,7 +1,8 @@
 //! The plain pick (outbox_pick_plain) against the general one
 //! (outbox_pick): on every state where the plain pick decides, both decide
-//! the same; the states include keys in flight, set-aside rows, dominated
-//! windows and nothing in flight at all (the plain pick's shortest way).
+//! the same; the states include keys in flight, set-aside rows (and their
+//! keys' next claims, which take them back), dominated windows and nothing
+//! in flight at all (the plain pick's shortest way).
 
 use std::time::Duration;
 
@@ -90,6 +91,8 @@ struct PlainCoverage {
     /// Compared with nothing in flight from the window on: the plain pick's
     /// shortest way (no live key, no position taken beyond the cursor).
     nothing_in_flight: usize,
+    /// Compared (per key) with lane rows of keys not in flight to take.
+    lanes_to_take: usize,
 }
 
 /// Compares both picks on the store's state as it is, over the whole
@@ -102,17 +105,22 @@ async fn compare_picks(store: &PgStore, schema: &str, limit: i32, coverage: &mut
     .fetch_one(store.pool())
     .await
     .unwrap();
-    let (keys_in_flight, taken_beyond): (bool, bool) = sqlx::query_as(&format!(
-        "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_leases
+    let (keys_in_flight, taken_beyond, lanes_to_take): (bool, bool, bool) =
+        sqlx::query_as(&format!(
+            "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_leases
                         WHERE token >= {schema}.outbox_live_from()
                           AND cardinality(held) > 0 AND cardinality(keys) > 0),
                 EXISTS (SELECT 1 FROM {schema}.outbox_leases
-                        WHERE token >= {schema}.outbox_kept_from() AND max_position >= $1)"
-    ))
-    .bind(from)
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
+                        WHERE token >= {schema}.outbox_kept_from() AND max_position >= $1),
+                EXISTS (SELECT 1 FROM {schema}.outbox_lanes z
+                        WHERE z.partition_key NOT IN (
+                            SELECT unnest(keys) FROM {schema}.outbox_leases
+                            WHERE token >= {schema}.outbox_live_from() AND cardinality(held) > 0))"
+        ))
+        .bind(from)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
     for to in [end, end.min(from + i64::from(limit) * 5 / 4)] {
         for (ordered, defer) in [(true, false), (true, true), (false, false)] {
             let args = (now.as_str(), from, to, limit, ordered, defer);
@@ -130,6 +138,7 @@ async fn compare_picks(store: &PgStore, schema: &str, limit: i32, coverage: &mut
             coverage.set_aside += usize::from(!plain.lanes.is_empty());
             coverage.dominated += usize::from(plain.decided.ends_with("| t"));
             coverage.nothing_in_flight += usize::from(!(taken_beyond || ordered && keys_in_flight));
+            coverage.lanes_to_take += usize::from(ordered && lanes_to_take);
         }
     }
 }
@@ -220,7 +229,8 @@ async fn the_plain_pick_decides_as_the_general_one_wherever_it_applies() {
             && coverage.held >= 5
             && coverage.set_aside >= 5
             && coverage.dominated >= 3
-            && coverage.nothing_in_flight >= 10,
+            && coverage.nothing_in_flight >= 10
+            && coverage.lanes_to_take >= 5,
         "the comparison saw too few of the states it is for: {coverage:?}"
     );
 }
@@ -246,4 +256,41 @@ async fn the_plain_pick_decides_as_the_general_one_at_a_dominated_windows_edges(
         coverage.compared >= 30 && coverage.dominated >= 6,
         "{coverage:?}"
     );
+}
+
+/// The plain pick where a hot key's burst was set aside and its batch has
+/// since been acked: its lanes (64 rows or more: a burst, which fills what
+/// the other keys leave of a batch), then more of its rows and other keys'
+/// rows in the stream behind them. The same decision as the general pick,
+/// for batches smaller and larger than what waits (a small one leaves the
+/// hot key's stream rows before its cut, which go into its lane).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_pick_decides_as_the_general_one_on_a_hot_keys_lanes() {
+    let mut coverage = PlainCoverage::default();
+    for (hot_rows, late_hot, late_others) in
+        [(300, 0, 40), (120, 0, 0), (90, 30, 200), (200, 80, 20)]
+    {
+        let (store, schema) = shared_store(ManualClock::at_epoch()).await;
+        let mut stream: Vec<NewEvent> = (0..hot_rows).map(|i| event("hot", i)).collect();
+        stream.extend((0..30).map(|i| event(&format!("k{}", i % 5), 1_000 + i)));
+        OutboxWriter::enqueue(&store, &stream).await.unwrap();
+        let young = store.claim_batch(&request("hot-relay", 50)).await.unwrap();
+        // Another relay's claim sets the hot key's rows aside, picking the
+        // other keys' events behind them.
+        let others = store.claim_batch(&request("relay", 20)).await.unwrap();
+        assert!(others.events.iter().all(|c| c.event.partition_key != "hot"));
+        let mut late: Vec<NewEvent> = (0..late_hot).map(|i| event("hot", 500 + i)).collect();
+        late.extend((0..late_others).map(|i| event(&format!("k{}", i % 7), 2_000 + i)));
+        OutboxWriter::enqueue(&store, &late).await.unwrap();
+        ack(&store, &young.events).await;
+        // The late rows in claim order, beside the lanes (a claim's tick).
+        sqlx::query(&format!("SELECT {schema}.outbox_tick()"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+        for limit in [10, 40, 100, 400] {
+            compare_picks(&store, &schema, limit, &mut coverage).await;
+        }
+    }
+    assert!(coverage.lanes_to_take >= 16, "{coverage:?}");
 }
