@@ -727,6 +727,25 @@ CREATE OR REPLACE FUNCTION outbox_window_runs(p_from bigint, p_to bigint)
       AND o.first_position < p_to
 $$;
 
+-- A key's first `p_limit` lane rows not yet taken, in claim order, with
+-- the entry each comes from and its index there: only the entries a batch
+-- can take from are read (by their sizes), each sliced to it. Both picks
+-- take a key's lanes through this; inlined as outbox_window_runs is.
+CREATE OR REPLACE FUNCTION outbox_lane_head(p_key text, p_limit integer)
+    RETURNS TABLE (sequence bigint, claim_position bigint, lane bigint, lane_index integer)
+    LANGUAGE sql STABLE AS $$
+    SELECT u.sequence, u.position, l.first_position, l.taken + u.i::integer
+    FROM (SELECT z.* FROM (
+              SELECT z.*, sum(z.size - z.taken) OVER (ORDER BY z.first_position) AS upto
+              FROM (SELECT * FROM outbox_lanes z
+                    WHERE z.partition_key = p_key
+                    ORDER BY z.first_position LIMIT p_limit) z) z
+          WHERE z.upto - (z.size - z.taken) < p_limit) l
+    CROSS JOIN LATERAL unnest(l.sequences[l.taken + 1 : l.taken + p_limit],
+                              l.positions[l.taken + 1 : l.taken + p_limit])
+        WITH ORDINALITY AS u(sequence, position, i)
+$$;
+
 -- Picks the next claim from the tracked rows, the lanes and the stream
 -- window [p_from, p_to): a prefix of each key in claim order (per-key
 -- mode), at most one crash suspect, at most p_limit rows. Stream rows
@@ -814,8 +833,7 @@ BEGIN
         WHERE late_position IS NOT NULL
     ), tracked AS (
         -- Per key waiting outside the stream, its first rows in claim
-        -- order: tracked rows and lane rows merged. Only the lane entries
-        -- a batch can take from are read (by their sizes), sliced to it.
+        -- order: tracked rows and lane rows (outbox_lane_head) merged.
         SELECT x.*, bool_and(x.ok) OVER (PARTITION BY x.partition_key ORDER BY x.position) AS prefix_ok
         FROM waiting_keys t CROSS JOIN LATERAL (
             SELECT y.* FROM (
@@ -828,18 +846,9 @@ BEGIN
                  WHERE e.partition_key = t.key AND (e.status IN (4, 5) OR e.blocks_key)
                  ORDER BY e.position LIMIT p_limit)
                 UNION ALL
-                SELECT u.sequence, l.partition_key, u.position, FALSE, 0, FALSE, TRUE,
-                       l.first_position, l.taken + u.i::integer
-                FROM (SELECT z.* FROM (
-                          SELECT z.*, sum(z.size - z.taken) OVER (ORDER BY z.first_position) AS upto
-                          FROM (SELECT * FROM outbox_lanes z
-                                WHERE z.partition_key = t.key
-                                  AND t.key NOT IN (SELECT key FROM live_keys)
-                                ORDER BY z.first_position LIMIT p_limit) z) z
-                      WHERE z.upto - (z.size - z.taken) < p_limit) l
-                CROSS JOIN LATERAL unnest(l.sequences[l.taken + 1 : l.taken + p_limit],
-                                          l.positions[l.taken + 1 : l.taken + p_limit])
-                    WITH ORDINALITY AS u(sequence, position, i)
+                SELECT h.sequence, t.key, h.claim_position, FALSE, 0, FALSE, TRUE, h.lane, h.lane_index
+                FROM outbox_lane_head(t.key, p_limit) h
+                WHERE t.key NOT IN (SELECT key FROM live_keys)
             ) y
             ORDER BY y.position LIMIT p_limit
         ) x
@@ -1151,20 +1160,11 @@ BEGIN
         WHERE p_ordered AND partition_key NOT IN (SELECT key FROM live_keys)
         GROUP BY partition_key
     ), lane_rows AS MATERIALIZED (
-        -- Per such key its first lane rows, read as outbox_pick reads them.
+        -- Per such key its first lane rows.
         SELECT x.* FROM lane_keys t CROSS JOIN LATERAL (
-            SELECT u.sequence, l.partition_key, u.position, l.first_position AS lane,
-                   l.taken + u.i::integer AS lane_index
-            FROM (SELECT z.* FROM (
-                      SELECT z.*, sum(z.size - z.taken) OVER (ORDER BY z.first_position) AS upto
-                      FROM (SELECT * FROM outbox_lanes z
-                            WHERE z.partition_key = t.partition_key
-                            ORDER BY z.first_position LIMIT p_limit) z) z
-                  WHERE z.upto - (z.size - z.taken) < p_limit) l
-            CROSS JOIN LATERAL unnest(l.sequences[l.taken + 1 : l.taken + p_limit],
-                                      l.positions[l.taken + 1 : l.taken + p_limit])
-                WITH ORDINALITY AS u(sequence, position, i)
-            ORDER BY u.position LIMIT p_limit
+            SELECT h.sequence, t.partition_key, h.claim_position AS position, h.lane, h.lane_index
+            FROM outbox_lane_head(t.partition_key, p_limit) h
+            ORDER BY h.claim_position LIMIT p_limit
         ) x
     ), picks AS MATERIALIZED (
         -- outbox_pick's order: keys with a burst set aside fill what the
@@ -1977,4 +1977,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('2097386cd5ad644a');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('bf272375c6a6ede0');
