@@ -1011,12 +1011,13 @@ END
 $$;
 
 -- The pick in the common case, with the stream rows read once: nothing
--- waits outside the stream (no tracked, parked or blocking row; no lane
--- of a key that is not in flight, none at all for unordered claims) and
--- every row of the window is due. Then the general pick's tracked rows,
--- lanes, late rows and suspects are all empty, and what it decides comes
--- down to: the window's first rows of keys not in flight (per-key) or its
--- first rows (unordered), and the in-flight keys' rows before the cut,
+-- waits outside the stream but lanes (no tracked, parked or blocking row;
+-- no lane at all for unordered claims) and every row of the window is
+-- due. Then the general pick's tracked rows, late rows and suspects are
+-- all empty, and what it decides comes down to: the first lane rows of
+-- keys not in flight (a hot key between its batches) with the window's
+-- rows of keys not in flight (per-key; a burst's key last), or the
+-- window's first rows (unordered), and the rows before the cut not picked,
 -- which hold the cursor or go into their lanes exactly as there. The
 -- general pick handles every row of a window in ten passes (1,250 rows:
 -- 14 ms of a claim's 27 on two cores, the PgQ profile of BENCHMARKS.md);
