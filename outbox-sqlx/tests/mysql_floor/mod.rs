@@ -45,19 +45,7 @@ async fn claim_ids(store: &MySqlStore, limit: usize) -> Vec<EventId> {
 
 /// Claims and acks until a claim comes back empty; returns what it acked.
 async fn drain(store: &MySqlStore, limit: usize) -> Vec<EventId> {
-    let mut acked = Vec::new();
-    loop {
-        let batch = store
-            .claim_batch(&store_suite::request("r", limit))
-            .await
-            .unwrap();
-        if batch.events.is_empty() {
-            return acked;
-        }
-        let leases: Vec<_> = batch.events.iter().map(|c| c.lease.clone()).collect();
-        store.ack(&leases).await.unwrap();
-        acked.extend(batch.events.iter().map(|c| c.event.event_id));
-    }
+    store_suite::drain_as(store, &store_suite::request("r", limit)).await
 }
 
 #[tokio::test]

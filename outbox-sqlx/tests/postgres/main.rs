@@ -191,9 +191,9 @@ async fn duplicate_ids_inside_one_bulk_insert() {
     assert_eq!(outcomes[1], EnqueueOutcome::AlreadyExists);
 }
 
-/// One transaction of 5,000 events (more than a tick slices: 4,096), then
-/// one of 100: sequences in array order, and claims hand them out in that
-/// order, in full (each transaction in a tick of its own).
+/// One transaction of 5,000 events, then one of 100: sequences in array
+/// order, and per-key claims of 1,000 hand them out in that order, in full
+/// (each transaction in a tick of its own).
 #[tokio::test]
 async fn bulk_enqueue_keeps_array_order_per_key() {
     let store = store_on(ManualClock::at_epoch()).await;
@@ -208,27 +208,12 @@ async fn bulk_enqueue_keeps_array_order_per_key() {
             EnqueueOutcome::Inserted { sequence } => *sequence,
             EnqueueOutcome::AlreadyExists => panic!("all new"),
         }));
-        claimed.extend(drain(&store).await);
+        let request = outbox_core::testing::store_suite::request("bulk", 1_000);
+        claimed.extend(outbox_core::testing::store_suite::drain_as(&store, &request).await);
     }
     assert!(sequences.windows(2).all(|w| w[0] < w[1]));
     let enqueued: Vec<EventId> = events.iter().map(|e| e.event_id).collect();
     assert_eq!(claimed, enqueued, "claimed in full, in commit order");
-}
-
-/// Claims (per-key order, batches of 1,000) and acks until nothing is left.
-async fn drain(store: &PgStore) -> Vec<EventId> {
-    use outbox_core::OutboxStore;
-    let mut claimed = Vec::new();
-    loop {
-        let request = outbox_core::testing::store_suite::request("bulk", 1_000);
-        let batch = store.claim_batch(&request).await.unwrap().events;
-        if batch.is_empty() {
-            return claimed;
-        }
-        claimed.extend(batch.iter().map(|c| c.event.event_id));
-        let leases: Vec<_> = batch.iter().map(|c| c.lease.clone()).collect();
-        assert_eq!(store.ack(&leases).await.unwrap().applied, batch.len());
-    }
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use outbox_core::store::{
     ClaimedEvent, EventState, FailReason, HeldBack, Nack, NackAction, OperatorAction, OutboxAdmin,
     OutboxStore, OutboxWriter, Release,
 };
-use outbox_core::testing::store_suite::{LEASE, request};
+use outbox_core::testing::store_suite::{LEASE, drain_as, request};
 use outbox_core::testing::{event, events_over_keys};
 use outbox_core::{ErrorClass, EventId, ManualClock, NewEvent, Ordering, PoisonPolicy};
 use outbox_sqlx::postgres::PgStore;
@@ -327,19 +327,7 @@ async fn claims_pass_a_hot_key_its_runs_interleaved_with_other_keys() {
 
 /// Drains `relay` (per-key order) to the end, acking each batch.
 async fn drain(store: &PgStore, relay: &str) -> Vec<EventId> {
-    let mut published = Vec::new();
-    loop {
-        let claimed = store
-            .claim_batch(&request(relay, BATCH))
-            .await
-            .unwrap()
-            .events;
-        if claimed.is_empty() {
-            return published;
-        }
-        published.extend(claimed_ids(&claimed));
-        ack(store, &claimed).await;
-    }
+    drain_as(store, &request(relay, BATCH)).await
 }
 
 /// A claim made while the hot key is between batches takes the other

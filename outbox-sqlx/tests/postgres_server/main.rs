@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::store::{HeldBack, OutboxAdmin, OutboxStore, OutboxWriter};
-use outbox_core::testing::store_suite::request;
+use outbox_core::testing::store_suite::{drain_as, request};
 use outbox_core::testing::{event, events_over_keys};
 use outbox_core::{EventId, ManualClock, WakeUp};
 use outbox_sql::testing::PrivatePg;
@@ -26,17 +26,7 @@ mod sql_producers;
 
 /// Claims and acks until nothing is left; the ids published, in order.
 async fn drain(store: &PgStore) -> Vec<EventId> {
-    let mut published = Vec::new();
-    for _ in 0..1000 {
-        let claimed = store.claim_batch(&request("drainer", 100)).await.unwrap();
-        if claimed.events.is_empty() {
-            return published;
-        }
-        published.extend(claimed.events.iter().map(|c| c.event.event_id));
-        let leases: Vec<_> = claimed.events.iter().map(|c| c.lease.clone()).collect();
-        store.ack(&leases).await.unwrap();
-    }
-    panic!("the outbox never drained");
+    drain_as(store, &request("drainer", 100)).await
 }
 
 async fn pending(store: &PgStore) -> u64 {

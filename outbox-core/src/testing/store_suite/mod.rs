@@ -97,15 +97,29 @@ pub use order::*;
 /// Claims batches of ten as `r1` and acknowledges each until nothing is
 /// left; the events in the order they were claimed.
 async fn drain(store: &(impl OutboxStore + ?Sized)) -> Vec<EventId> {
+    drain_as(store, &request("r1", 10)).await
+}
+
+/// Claims with `request` and acknowledges each batch (every ack applied)
+/// until a claim comes back empty; the events in the order they were
+/// claimed. Panics if 100,000 batches never empty the outbox.
+pub async fn drain_as(store: &(impl OutboxStore + ?Sized), request: &ClaimRequest) -> Vec<EventId> {
     let mut order = Vec::new();
-    loop {
-        let claimed = claim(store, &request("r1", 10)).await;
+    for _ in 0..100_000 {
+        let claimed = claim(store, request).await;
         if claimed.is_empty() {
             return order;
         }
         order.extend(ids(&claimed));
-        ack_all(store, &claimed).await;
+        let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();
+        let report = store.ack(&leases).await.unwrap();
+        assert_eq!(
+            report.applied,
+            claimed.len(),
+            "a fresh batch's acks all apply"
+        );
     }
+    panic!("the outbox never drained");
 }
 
 async fn ack_all(store: &(impl OutboxStore + ?Sized), claimed: &[ClaimedEvent]) {
