@@ -746,6 +746,29 @@ CREATE OR REPLACE FUNCTION {{schema}}outbox_lane_head(p_key text, p_limit intege
         WITH ORDINALITY AS u(sequence, position, i)
 $$;
 
+-- Lane rows a pick took: entry (p_keys[i], p_lanes[i]) is taken up to
+-- index p_taken[i], and deleted once taken whole. Both picks call it after
+-- their statement, when they took lane rows (nothing else writes lanes:
+-- claims, under the claim lock).
+CREATE OR REPLACE FUNCTION {{schema}}outbox_lanes_take(
+    p_keys text[], p_lanes bigint[], p_taken integer[]) RETURNS void
+    LANGUAGE plpgsql AS $$
+BEGIN
+    WITH took AS (
+        SELECT * FROM unnest(p_keys, p_lanes, p_taken) AS t(partition_key, lane, upto)
+    ), advanced AS (
+        UPDATE {{schema}}outbox_lanes l SET taken = t.upto
+        FROM took t
+        WHERE l.partition_key = t.partition_key AND l.first_position = t.lane
+          AND t.upto < l.size
+    )
+    DELETE FROM {{schema}}outbox_lanes l
+    USING took t
+    WHERE l.partition_key = t.partition_key AND l.first_position = t.lane
+      AND t.upto >= l.size;
+END
+$$;
+
 -- Picks the next claim from the tracked rows, the lanes and the stream
 -- window [p_from, p_to): a prefix of each key in claim order (per-key
 -- mode), at most one crash suspect, at most p_limit rows. Stream rows
@@ -771,6 +794,10 @@ CREATE OR REPLACE FUNCTION {{schema}}outbox_pick(
     OUT deferring boolean, OUT dominated boolean)
     LANGUAGE plpgsql AS $$
 #variable_conflict use_column
+DECLARE
+    v_lane_keys text[];
+    v_lanes     bigint[];
+    v_taken     integer[];
 BEGIN
     WITH RECURSIVE tracked_keys(key) AS (
         (SELECT partition_key FROM {{schema}}outbox_events
@@ -979,16 +1006,6 @@ BEGIN
     ), lane_taken AS (
         SELECT p.partition_key, p.lane, max(p.lane_index) AS upto
         FROM picks p WHERE p.lane IS NOT NULL GROUP BY p.partition_key, p.lane
-    ), lane_advanced AS (
-        UPDATE {{schema}}outbox_lanes l SET taken = t.upto
-        FROM lane_taken t
-        WHERE l.partition_key = t.partition_key AND l.first_position = t.lane
-          AND t.upto < l.size
-    ), lane_emptied AS (
-        DELETE FROM {{schema}}outbox_lanes l
-        USING lane_taken t
-        WHERE l.partition_key = t.partition_key AND l.first_position = t.lane
-          AND t.upto >= l.size
     )
     SELECT (SELECT array_agg(sequence ORDER BY position) FROM picks),
            (SELECT array_agg(position ORDER BY position) FROM picks),
@@ -1004,9 +1021,17 @@ BEGIN
                  p_to),
            (SELECT array_agg(position) FROM left_out WHERE new_status IS NOT NULL),
            (SELECT young FROM defer),
-           (SELECT dominated FROM shape)
+           (SELECT dominated FROM shape),
+           (SELECT array_agg(partition_key ORDER BY partition_key, lane) FROM lane_taken),
+           (SELECT array_agg(lane ORDER BY partition_key, lane) FROM lane_taken),
+           (SELECT array_agg(upto ORDER BY partition_key, lane) FROM lane_taken)
     INTO sequences, positions, from_stream, keys, suspect, stop, deferred_positions, deferring,
-         dominated;
+         dominated, v_lane_keys, v_lanes, v_taken;
+    -- Asked here, not in the function: most picks take no lane row, and
+    -- a call is a statement of its own.
+    IF v_lanes IS NOT NULL THEN
+        PERFORM {{schema}}outbox_lanes_take(v_lane_keys, v_lanes, v_taken);
+    END IF;
 END
 $$;
 
@@ -1035,6 +1060,9 @@ CREATE OR REPLACE FUNCTION {{schema}}outbox_pick_plain(
 #variable_conflict use_column
 DECLARE
     v_live_keys text[];
+    v_lane_keys text[];
+    v_lanes     bigint[];
+    v_taken     integer[];
 BEGIN
     -- Whether this is the case, asked first and cheaply: a key blocked
     -- for days must not cost every claim a plain pick thrown away. Asked
@@ -1223,16 +1251,6 @@ BEGIN
         SELECT p.partition_key, p.lane, max(p.lane_index) AS upto
         FROM picks p WHERE p.lane IS NOT NULL AND (SELECT ok FROM applies)
         GROUP BY p.partition_key, p.lane
-    ), lane_advanced AS (
-        UPDATE {{schema}}outbox_lanes l SET taken = t.upto
-        FROM lane_taken t
-        WHERE l.partition_key = t.partition_key AND l.first_position = t.lane
-          AND t.upto < l.size
-    ), lane_emptied AS (
-        DELETE FROM {{schema}}outbox_lanes l
-        USING lane_taken t
-        WHERE l.partition_key = t.partition_key AND l.first_position = t.lane
-          AND t.upto >= l.size
     )
     SELECT p.sequences, p.positions,
            CASE WHEN p.n > 0 THEN array_fill(TRUE, ARRAY[p.n::integer]) END,
@@ -1246,10 +1264,18 @@ BEGIN
                      p_to) END,
            (SELECT array_agg(position) FROM left_out WHERE NOT holds),
            (SELECT young FROM defer),
-           (SELECT dominated FROM shape)
+           (SELECT dominated FROM shape),
+           (SELECT array_agg(partition_key ORDER BY partition_key, lane) FROM lane_taken),
+           (SELECT array_agg(lane ORDER BY partition_key, lane) FROM lane_taken),
+           (SELECT array_agg(upto ORDER BY partition_key, lane) FROM lane_taken)
     FROM picked p
     INTO sequences, positions, from_stream, keys, suspect, stop, deferred_positions, deferring,
-         dominated;
+         dominated, v_lane_keys, v_lanes, v_taken;
+    -- Asked here, not in the function: most picks take no lane row, and
+    -- a call is a statement of its own.
+    IF v_lanes IS NOT NULL THEN
+        PERFORM {{schema}}outbox_lanes_take(v_lane_keys, v_lanes, v_taken);
+    END IF;
 END
 $$;
 
