@@ -1234,12 +1234,14 @@ BEGIN
     ), left_out AS MATERIALIZED (
         -- The window's rows before the cut not picked: the in-flight keys'
         -- (per-key claims only), and those of keys with a burst set aside
-        -- when the others filled the batch.
+        -- when the others filled the batch. With neither, every row before
+        -- the cut was picked: asked once, not of each row (a drain's claim).
         SELECT s.sequence, s.position, s.partition_key,
                NOT (SELECT young FROM defer)
                AND s.partition_key IN (SELECT key FROM young_keys) AS holds
         FROM stream s
-        WHERE s.sequence NOT IN (SELECT sequence FROM picks)
+        WHERE ((SELECT any_live FROM facts) OR EXISTS (SELECT 1 FROM lane_keys))
+          AND s.sequence NOT IN (SELECT sequence FROM picks)
           AND s.position < coalesce((SELECT cut FROM picked), p_to)
     ), laned AS (
         INSERT INTO {{schema}}outbox_lanes (partition_key, first_position, sequences, positions, size)

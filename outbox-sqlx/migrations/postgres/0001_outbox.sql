@@ -1234,12 +1234,14 @@ BEGIN
     ), left_out AS MATERIALIZED (
         -- The window's rows before the cut not picked: the in-flight keys'
         -- (per-key claims only), and those of keys with a burst set aside
-        -- when the others filled the batch.
+        -- when the others filled the batch. With neither, every row before
+        -- the cut was picked: asked once, not of each row (a drain's claim).
         SELECT s.sequence, s.position, s.partition_key,
                NOT (SELECT young FROM defer)
                AND s.partition_key IN (SELECT key FROM young_keys) AS holds
         FROM stream s
-        WHERE s.sequence NOT IN (SELECT sequence FROM picks)
+        WHERE ((SELECT any_live FROM facts) OR EXISTS (SELECT 1 FROM lane_keys))
+          AND s.sequence NOT IN (SELECT sequence FROM picks)
           AND s.position < coalesce((SELECT cut FROM picked), p_to)
     ), laned AS (
         INSERT INTO outbox_lanes (partition_key, first_position, sequences, positions, size)
@@ -2004,4 +2006,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('64c8c51bc322d66b');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('2a9c4483c5056cab');
