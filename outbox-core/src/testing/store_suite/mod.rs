@@ -13,7 +13,7 @@ use crate::publisher::ErrorClass;
 use crate::store::{
     AttemptKind, ClaimRequest, ClaimedEvent, EnqueueOutcome, EventState, FailReason, Heartbeat,
     HeldBack, Nack, NackAction, OperatorAction, OutboxAdmin, OutboxStore, OutboxWriter,
-    PublisherOutage, RelayId, RelayStatus, Release,
+    PublisherOutage, RelayId, RelayStatus, Release, SettleReport,
 };
 
 /// The lease the suite claims with.
@@ -111,8 +111,7 @@ pub async fn drain_as(store: &(impl OutboxStore + ?Sized), request: &ClaimReques
             return order;
         }
         order.extend(ids(&claimed));
-        let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();
-        let report = store.ack(&leases).await.unwrap();
+        let report = ack_all(store, &claimed).await;
         assert_eq!(
             report.applied,
             claimed.len(),
@@ -122,9 +121,9 @@ pub async fn drain_as(store: &(impl OutboxStore + ?Sized), request: &ClaimReques
     panic!("the outbox never drained");
 }
 
-async fn ack_all(store: &(impl OutboxStore + ?Sized), claimed: &[ClaimedEvent]) {
+async fn ack_all(store: &(impl OutboxStore + ?Sized), claimed: &[ClaimedEvent]) -> SettleReport {
     let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();
-    store.ack(&leases).await.unwrap();
+    store.ack(&leases).await.unwrap()
 }
 
 trait NowPlus {
