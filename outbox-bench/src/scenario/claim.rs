@@ -3,7 +3,8 @@
 //! tick and passed by its cursor) beside 2,000 pending ones. A claim must
 //! cost the same whatever the table has kept. Each measured claim is undone
 //! in SQL (its lease deleted, the cursor put back), so every claim finds
-//! the same backlog in claim order.
+//! the same backlog in claim order. Beside them, the claim that sets a hot
+//! key's burst aside (`claim_aside`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use outbox_sqlx::postgres::PgStore;
 use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::{Executor, PgPool};
 
-use super::{Rounds, Scale, progress};
+use super::{Rounds, Scale, claim_aside, progress};
 use crate::env::{self, Error};
 use crate::report::{Report, TargetCheck};
 use crate::stats::Samples;
@@ -51,6 +52,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             started.elapsed().as_secs_f64()
         ));
     }
+    let aside = claim_aside::prepare(&pool).await?;
     let mut rounds = Rounds::default();
     for round in 0..scale.rounds {
         // Warm the caches the same way for everyone, then alternate one
@@ -58,12 +60,22 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         for (_, store, schema) in &stores {
             claim_and_undo(store.as_ref(), &pool, schema, 3).await?;
         }
+        claim_aside::claim_and_undo(&aside, &pool, 3).await?;
         let mut latencies: Vec<Vec<f64>> = vec![Vec::new(); stores.len()];
+        let mut aside_latencies = Vec::new();
         for _ in 0..claims_per_round {
             for (i, (_, store, schema)) in stores.iter().enumerate() {
                 latencies[i].extend(claim_and_undo(store.as_ref(), &pool, schema, 1).await?);
             }
+            aside_latencies.extend(claim_aside::claim_and_undo(&aside, &pool, 1).await?);
         }
+        let samples = Samples(aside_latencies);
+        rounds.add(claim_aside::NAME, "claim p50 ms", samples.median(), false);
+        progress(format!(
+            "round {round} {}: claim p50 {:.3} ms",
+            claim_aside::NAME,
+            samples.median()
+        ));
         for ((name, _, _), values) in stores.iter().zip(latencies) {
             let samples = Samples(values);
             rounds.add(name, "claim p50 ms", samples.median(), false);

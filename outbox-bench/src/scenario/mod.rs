@@ -4,6 +4,7 @@
 
 pub mod brokers;
 pub mod claim;
+mod claim_aside;
 pub mod dashboard;
 pub mod dialects;
 pub mod drain;
