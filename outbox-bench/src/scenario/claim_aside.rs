@@ -9,6 +9,7 @@
 //! waits for it. Each measured claim is undone in SQL (its lease and the
 //! lanes deleted, the cursor and the window hint put back, the batch in
 //! flight made young again), so every claim finds the same state.
+
 use std::time::{Duration, Instant};
 
 use outbox_core::store::{ClaimRequest, OutboxStore, RelayId};
