@@ -315,6 +315,17 @@ pub fn event_for_key(round: usize, i: usize, key: usize) -> NewEvent {
         .expect("generated events are valid")
 }
 
+/// An event of aggregate `invoice` on the named partition key (a hot key's,
+/// say), numbered `n`.
+pub fn event_on_key(key: &str, invoice: &str, n: usize) -> NewEvent {
+    NewEvent::builder("invoice.paid", "invoice", invoice)
+        .event_id(outbox_core::EventId::random())
+        .partition_key(key)
+        .payload(&serde_json::json!({ "invoice_id": invoice, "amount_cents": n }))
+        .build()
+        .expect("generated events are valid")
+}
+
 /// Events per enqueue transaction when filling a backlog.
 pub const FILL_CHUNK: usize = 5_000;
 

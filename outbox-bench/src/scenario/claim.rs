@@ -175,14 +175,25 @@ async fn claim_and_undo(
         sqlx::query(&format!("DELETE FROM {schema}.outbox_leases"))
             .execute(pool)
             .await?;
-        sqlx::query(&format!(
-            "SELECT {schema}.outbox_cursor_write($1, end_position, tick_snapshot,
-                 system_identifier, moved_at, rebased_at, live_from, kept_from)
-                 FROM {schema}.outbox_cursor_now"
-        ))
-        .bind(position)
-        .execute(pool)
-        .await?;
+        put_cursor_back(pool, schema, position).await?;
     }
     Ok(latencies)
+}
+
+/// Writes the cursor of the store in `schema` back to `position` (a claim
+/// moved it), keeping the rest of the cursor row as it is.
+pub(super) async fn put_cursor_back(
+    pool: &PgPool,
+    schema: &str,
+    position: i64,
+) -> Result<(), Error> {
+    sqlx::query(&format!(
+        "SELECT {schema}.outbox_cursor_write($1, end_position, tick_snapshot,
+             system_identifier, moved_at, rebased_at, live_from, kept_from)
+             FROM {schema}.outbox_cursor_now"
+    ))
+    .bind(position)
+    .execute(pool)
+    .await?;
+    Ok(())
 }

@@ -42,12 +42,7 @@ fn request(owner: &str) -> ClaimRequest {
 }
 
 fn hot_event(i: usize) -> NewEvent {
-    NewEvent::builder("invoice.paid", "invoice", format!("hot-{i}"))
-        .event_id(outbox_core::EventId::random())
-        .partition_key(HOT_KEY)
-        .payload(&serde_json::json!({ "invoice_id": format!("hot-{i}"), "amount_cents": i }))
-        .build()
-        .expect("generated events are valid")
+    env::event_on_key(HOT_KEY, &format!("hot-{i}"), i)
 }
 
 /// The store in its state: 246 keys' events and the hot key's first 10 in
@@ -133,14 +128,7 @@ pub async fn claim_and_undo(
              DELETE FROM {SCHEMA}.outbox_lanes;"
         ))
         .await?;
-        sqlx::query(&format!(
-            "SELECT {SCHEMA}.outbox_cursor_write($1, end_position, tick_snapshot,
-                 system_identifier, moved_at, rebased_at, live_from, kept_from)
-                 FROM {SCHEMA}.outbox_cursor_now;"
-        ))
-        .bind(position)
-        .execute(pool)
-        .await?;
+        super::claim::put_cursor_back(pool, SCHEMA, position).await?;
         sqlx::query(&format!("SELECT setval('{SCHEMA}.outbox_pass_window', $1)"))
             .bind(hint)
             .execute(pool)

@@ -316,12 +316,5 @@ async fn round(
 
 /// Event `n` of the burst, on the hot key.
 fn hot_event(round: usize, n: usize) -> NewEvent {
-    NewEvent::builder("invoice.paid", "invoice", format!("hot-{round}-{n}"))
-        .event_id(EventId::random())
-        .partition_key(HOT_KEY)
-        .payload(
-            &serde_json::json!({ "invoice_id": format!("hot-{round}-{n}"), "amount_cents": n }),
-        )
-        .build()
-        .expect("generated events are valid")
+    env::event_on_key(HOT_KEY, &format!("hot-{round}-{n}"), n)
 }
