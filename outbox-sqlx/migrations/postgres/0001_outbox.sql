@@ -1218,8 +1218,8 @@ BEGIN
         -- are counted per key before a key is looked up among the young
         -- ones: asked of each row, the window was joined to the young keys
         -- row by row (a claim setting a 1,000-row burst aside beside a
-        -- full batch in flight took 19 ms, now 4.5: `outbox-bench claim`,
-        -- `set-aside-1000`).
+        -- full batch in flight took 21 ms, now 7.4: `outbox-bench claim
+        -- --rounds 3`, `set-aside-1000`, BENCHMARKS.md).
         SELECT p_ordered AND (SELECT any_live FROM facts)
                AND coalesce((SELECT sum(g.n) FILTER (WHERE g.n >= 32
                                                        AND g.partition_key IN (SELECT key FROM young_keys))
@@ -2010,4 +2010,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('6f58b1d3b8d9054f');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('a081ed9ac8df2fbf');
