@@ -104,6 +104,13 @@ CREATE INDEX IF NOT EXISTS outbox_events_txid
 -- key's first such row (a loose index scan), never the backlog behind it.
 CREATE INDEX IF NOT EXISTS outbox_events_tracked
     ON outbox_events (partition_key, position) WHERE status IN (4, 5) OR blocks_key;
+-- The rows that can head a key's wait, per key in claim order: tracked
+-- rows and blocking rows, not the rows parked behind a blocking row (always
+-- after it, and none can go before it does). The general pick walks these:
+-- with the parked rows, each claim read up to a batch of them per blocked
+-- key (100 keys with 300 parked each: 66 ms a claim, against 2.5).
+CREATE INDEX IF NOT EXISTS outbox_events_heads
+    ON outbox_events (partition_key, position) WHERE status = 4 OR blocks_key;
 -- Rows blamed for crashes: the crash-loop sweep reads only these.
 CREATE INDEX IF NOT EXISTS outbox_events_unfinished
     ON outbox_events (unfinished_claims) WHERE status = 4 AND unfinished_claims > 0;
@@ -800,12 +807,14 @@ DECLARE
     v_taken     integer[];
 BEGIN
     WITH RECURSIVE tracked_keys(key) AS (
+        -- Parked rows are left out (outbox_events_heads): each is behind
+        -- a blocking row of its key, which says all the pick needs to know.
         (SELECT partition_key FROM outbox_events
-         WHERE p_ordered AND (status IN (4, 5) OR blocks_key)
+         WHERE p_ordered AND (status = 4 OR blocks_key)
          ORDER BY partition_key LIMIT 1)
         UNION ALL
         SELECT (SELECT e.partition_key FROM outbox_events e
-                WHERE (e.status IN (4, 5) OR e.blocks_key) AND e.partition_key > t.key
+                WHERE (e.status = 4 OR e.blocks_key) AND e.partition_key > t.key
                 ORDER BY e.partition_key LIMIT 1)
         FROM tracked_keys t WHERE t.key IS NOT NULL
     ), live_leases AS MATERIALIZED (
@@ -861,8 +870,23 @@ BEGIN
     ), tracked AS (
         -- Per key waiting outside the stream, its first rows in claim
         -- order: tracked rows and lane rows (outbox_lane_head) merged.
+        -- A key whose first tracked row cannot go and comes before its
+        -- lanes (a retry backing off, a blocking row) has nothing in them
+        -- that can: they are not read (a broker outage leaves many keys
+        -- backing off with their later events in lanes).
         SELECT x.*, bool_and(x.ok) OVER (PARTITION BY x.partition_key ORDER BY x.position) AS prefix_ok
-        FROM waiting_keys t CROSS JOIN LATERAL (
+        FROM waiting_keys t
+        LEFT JOIN LATERAL (
+            SELECT e.position,
+                   (e.status = 4 AND NOT e.blocks_key AND e.available_at <= p_now
+                    AND e.sequence NOT IN (SELECT sequence FROM live_rows)) AS ok,
+                   (SELECT min(z.first_position) FROM outbox_lanes z
+                    WHERE z.partition_key = t.key) AS lanes_from
+            FROM outbox_events e
+            WHERE e.partition_key = t.key AND (e.status = 4 OR e.blocks_key)
+            ORDER BY e.position LIMIT 1
+        ) head ON TRUE
+        CROSS JOIN LATERAL (
             SELECT y.* FROM (
                 (SELECT e.sequence, e.partition_key, e.position, e.suspect, e.suspect_span,
                         e.blocks_key,
@@ -870,11 +894,13 @@ BEGIN
                          AND e.sequence NOT IN (SELECT sequence FROM live_rows)) AS ok,
                         NULL::bigint AS lane, NULL::integer AS lane_index
                  FROM outbox_events e
-                 WHERE e.partition_key = t.key AND (e.status IN (4, 5) OR e.blocks_key)
+                 WHERE e.partition_key = t.key AND (e.status = 4 OR e.blocks_key)
                  ORDER BY e.position LIMIT p_limit)
                 UNION ALL
                 SELECT h.sequence, t.key, h.claim_position, FALSE, 0, FALSE, TRUE, h.lane, h.lane_index
-                FROM outbox_lane_head(t.key, p_limit) h
+                FROM outbox_lane_head(t.key,
+                         CASE WHEN NOT head.ok AND head.position < head.lanes_from THEN 0
+                              ELSE p_limit END) h
                 WHERE t.key NOT IN (SELECT key FROM live_keys)
             ) y
             ORDER BY y.position LIMIT p_limit
@@ -1907,19 +1933,24 @@ CREATE OR REPLACE FUNCTION outbox_blocked_keys()
         SELECT DISTINCT ON (b.partition_key) b.partition_key, b.event_id
         FROM outbox_events b WHERE b.status = 3 AND b.blocks_key
         ORDER BY b.partition_key, b.position
-    ), waiting AS (
-        SELECT e.partition_key
+    ), stream_keys AS MATERIALIZED (
+        -- Counted per key first, then matched to the blocked keys once:
+        -- asked of each row, the blocked keys were hashed again for every
+        -- stream row (10,000 blocked keys, 100,000 stream rows: 81 s).
+        SELECT e.partition_key, count(*) AS n
         FROM outbox_stream_pending() AS p(sequence)
         CROSS JOIN LATERAL (SELECT x.partition_key FROM outbox_events x
                             WHERE x.sequence = p.sequence AND x.status = 0 LIMIT 1) e
-        WHERE e.partition_key IN (SELECT partition_key FROM blocked)
+        GROUP BY e.partition_key
+    ), waiting AS (
+        SELECT k.partition_key, k.n FROM stream_keys k JOIN blocked b USING (partition_key)
         UNION ALL
-        SELECT x.partition_key
+        SELECT b.partition_key, x.n
         FROM blocked b
-        CROSS JOIN LATERAL (SELECT y.partition_key FROM outbox_events y
+        CROSS JOIN LATERAL (SELECT count(*) AS n FROM outbox_events y
                             WHERE y.partition_key = b.partition_key AND y.status IN (4, 5)) x
     ), counted AS (
-        SELECT partition_key, count(*) AS backlog FROM waiting GROUP BY partition_key
+        SELECT partition_key, sum(n)::bigint AS backlog FROM waiting GROUP BY partition_key
     )
     SELECT b.partition_key, b.event_id, coalesce(c.backlog, 0)
     FROM blocked b LEFT JOIN counted c ON c.partition_key = b.partition_key
@@ -2010,4 +2041,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('a081ed9ac8df2fbf');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('8cb0aed47cecc93a');

@@ -5,6 +5,7 @@
 //! unordered claims, and every admin read counts its lane as pending.
 #![cfg(feature = "postgres")]
 
+mod parked;
 mod plain_pick;
 #[path = "../support/mod.rs"]
 mod support;
