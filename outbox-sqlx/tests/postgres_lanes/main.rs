@@ -5,10 +5,10 @@
 //! unordered claims, and every admin read counts its lane as pending.
 #![cfg(feature = "postgres")]
 
-mod parked;
 mod plain_pick;
 #[path = "../support/mod.rs"]
 mod support;
+mod waiting;
 
 use std::collections::HashSet;
 use std::time::Duration;
