@@ -3,8 +3,10 @@
 //! tick and passed by its cursor) beside 2,000 pending ones. A claim must
 //! cost the same whatever the table has kept. Each measured claim is undone
 //! in SQL (its lease deleted, the cursor put back), so every claim finds
-//! the same backlog in claim order. Beside them, the claim that sets a hot
-//! key's burst aside (`claim_aside`).
+//! the same backlog in claim order. Beside them, the same backlog beside
+//! keys that wait: blocked by a failed row, or with events delayed
+//! (`claim_waiting`); and the claim that sets a hot key's burst aside
+//! (`claim_aside`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +17,7 @@ use outbox_sqlx::postgres::PgStore;
 use outbox_sqlx::{StoreConfig, TableNames};
 use sqlx::{Executor, PgPool};
 
-use super::{Rounds, Scale, claim_aside, progress};
+use super::{Rounds, Scale, claim_aside, claim_waiting, progress};
 use crate::env::{self, Error};
 use crate::report::{Report, TargetCheck};
 use crate::stats::Samples;
@@ -27,17 +29,21 @@ const BATCH: usize = 256;
 
 /// Runs the scenario.
 pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
-    let sizes: [(&str, i64); 3] = if scale.quick {
+    let sizes: [(&str, i64); 5] = if scale.quick {
         [
             ("retained-0", 0),
             ("retained-10k", 10_000),
             ("retained-100k", 100_000),
+            (claim_waiting::BLOCKED_NAME, 0),
+            (claim_waiting::DELAYED_NAME, 0),
         ]
     } else {
         [
             ("retained-0", 0),
             ("retained-1M", 1_000_000),
             ("retained-10M", 10_000_000),
+            (claim_waiting::BLOCKED_NAME, 0),
+            (claim_waiting::DELAYED_NAME, 0),
         ]
     };
     let claims_per_round = scale.pick(200, 10);
@@ -93,6 +99,13 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         ratio,
         1.2,
     ));
+    for waiting in [claim_waiting::BLOCKED_NAME, claim_waiting::DELAYED_NAME] {
+        report.target(TargetCheck::at_most(
+            format!("claim: {waiting} / retained-0 latency"),
+            m(report, waiting) / m(report, sizes[0].0),
+            1.2,
+        ));
+    }
     pool.close().await;
     Ok(())
 }
@@ -112,6 +125,7 @@ async fn prepare(pool: &PgPool, name: &str, retained: i64) -> Result<(PgStore, S
     // not by migrate(): write them now so the cursor can be read and put back.
     pool.execute(&*format!("SELECT {schema}.outbox_tick()"))
         .await?;
+    claim_waiting::prepare(&store, &schema, name).await?;
     if retained > 0 {
         sqlx::query(&format!(
             "INSERT INTO {schema}.outbox_events (event_id, aggregate_type, aggregate_id,

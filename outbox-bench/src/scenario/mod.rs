@@ -5,6 +5,7 @@
 pub mod brokers;
 pub mod claim;
 mod claim_aside;
+mod claim_waiting;
 pub mod dashboard;
 pub mod dialects;
 pub mod drain;
