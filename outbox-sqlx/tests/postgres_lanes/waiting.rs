@@ -20,6 +20,8 @@ use super::{BATCH, ack, claimed_ids, nack, shared_store};
 const WAITING_KEYS: usize = 10;
 const PARKED_PER_KEY: usize = 300;
 const DELAYED_KEYS: usize = 300;
+const RETRYING_KEYS: usize = 200;
+const BEHIND_RETRY: usize = 2;
 
 fn others() -> Vec<NewEvent> {
     (0..10).map(|k| event(&format!("other-{k}"), 0)).collect()
@@ -29,12 +31,18 @@ fn others() -> Vec<NewEvent> {
 /// `status` (the claims met them in the stream and moved them out).
 async fn claim_until_moved(store: &PgStore, schema: &str, status: i16, expected: usize) {
     let count = format!("SELECT count(*) FROM {schema}.outbox_events WHERE status = {status}");
+    claim_until_counted(store, &count, expected).await;
+}
+
+/// Claims as a relay's would (none taking anything) until `count` (SQL)
+/// says `expected`.
+async fn claim_until_counted(store: &PgStore, count: &str, expected: usize) {
     let mut req = request("relay", BATCH);
     req.poison = PoisonPolicy::Block;
     let mut moved = 0;
     for _ in 0..100 {
         assert!(store.claim_batch(&req).await.unwrap().events.is_empty());
-        moved = sqlx::query_scalar::<_, i64>(&count)
+        moved = sqlx::query_scalar::<_, i64>(count)
             .fetch_one(store.pool())
             .await
             .unwrap() as usize;
@@ -42,17 +50,29 @@ async fn claim_until_moved(store: &PgStore, schema: &str, status: i16, expected:
             return;
         }
     }
-    panic!("{moved} rows of status {status}, not {expected}");
+    panic!("{count}: {moved}, not {expected}");
 }
 
 /// Enqueues [`others`], then claims as the store does, in a transaction of
 /// this test's own (rolled back) whose reads of the events table are
-/// counted; asserts the others are picked and returns the rows read.
+/// counted (the events and the lanes); asserts the others are picked and
+/// returns the rows read.
 /// Then the store's own claim takes the others, and they are acked.
 async fn rows_read_by_a_claim_of_others(store: &PgStore, schema: &str) -> i64 {
     let others = others();
     OutboxWriter::enqueue(store, &others).await.unwrap();
+    // The counters of this connection's transaction: they also hold its
+    // earlier transactions' reads not yet flushed, hence the difference.
+    let reads = format!(
+        "SELECT sum(coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0))::bigint
+         FROM pg_stat_xact_user_tables
+         WHERE relid = '{schema}.outbox_events'::regclass OR relid = '{schema}.outbox_lanes'::regclass"
+    );
     let mut tx = store.pool().begin().await.unwrap();
+    let before: i64 = sqlx::query_scalar(&reads)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
     let picked = sqlx::query(&format!(
         "SELECT count(*) AS n FROM {schema}.outbox_claim('counted', {BATCH}, interval '30 seconds',
              3, true, true)"
@@ -61,14 +81,11 @@ async fn rows_read_by_a_claim_of_others(store: &PgStore, schema: &str) -> i64 {
     .await
     .unwrap()
     .get::<i64, _>("n");
-    let read: i64 = sqlx::query_scalar(
-        "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)
-         FROM pg_stat_xact_user_tables WHERE relid = $1::regclass",
-    )
-    .bind(format!("{schema}.outbox_events"))
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let read = sqlx::query_scalar::<_, i64>(&reads)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap()
+        - before;
     tx.rollback().await.unwrap();
     assert_eq!(picked, others.len() as i64, "the other keys' events go");
     let claimed = store
@@ -154,4 +171,75 @@ async fn a_claim_reads_nothing_of_keys_whose_events_are_all_for_later() {
         ack(&store, &claimed).await;
     }
     assert_eq!(published, DELAYED_KEYS, "every delayed event, once due");
+}
+
+/// Keys whose heads back off after a failed publish (a broker outage),
+/// their later events set aside in lanes behind them: claims meanwhile
+/// read neither, and once the backoff ends each key goes on in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_reads_no_lane_behind_a_retry_backing_off_and_the_key_resumes_in_order() {
+    let clock = ManualClock::at_epoch();
+    let (store, schema) = shared_store(clock.clone()).await;
+    let key = |k: usize| format!("retrying-{k}");
+    let heads: Vec<_> = (0..RETRYING_KEYS).map(|k| event(&key(k), 0)).collect();
+    OutboxWriter::enqueue(&store, &heads).await.unwrap();
+    let mut claimed = Vec::new();
+    while claimed.len() < RETRYING_KEYS {
+        let batch = store.claim_batch(&request("relay", BATCH)).await.unwrap();
+        assert!(!batch.events.is_empty());
+        claimed.extend(batch.events);
+    }
+    for head in &claimed {
+        let retry = NackAction::Retry {
+            after: std::time::Duration::from_secs(60),
+        };
+        nack(&store, head, retry).await;
+    }
+    let behind: Vec<_> = (1..=BEHIND_RETRY)
+        .flat_map(|n| (0..RETRYING_KEYS).map(move |k| event(&key(k), n)))
+        .collect();
+    OutboxWriter::enqueue(&store, &behind).await.unwrap();
+    let laned = format!("SELECT coalesce(sum(size - taken), 0)::bigint FROM {schema}.outbox_lanes");
+    claim_until_counted(&store, &laned, behind.len()).await;
+
+    let read = rows_read_by_a_claim_of_others(&store, &schema).await;
+    assert!(
+        read < 100,
+        "a claim beside {RETRYING_KEYS} keys backing off read {read} rows"
+    );
+
+    clock.advance(std::time::Duration::from_secs(61));
+    let mut published: Vec<NewEvent> = Vec::new();
+    let by_id: std::collections::HashMap<_, _> = heads
+        .iter()
+        .chain(&behind)
+        .map(|e| (e.event_id, e.clone()))
+        .collect();
+    loop {
+        let claimed = store
+            .claim_batch(&request("relay", BATCH))
+            .await
+            .unwrap()
+            .events;
+        if claimed.is_empty() {
+            break;
+        }
+        published.extend(claimed_ids(&claimed).iter().map(|id| by_id[id].clone()));
+        ack(&store, &claimed).await;
+    }
+    assert_eq!(published.len(), heads.len() + behind.len(), "all of them");
+    for k in 0..RETRYING_KEYS {
+        let of_key: Vec<_> = published
+            .iter()
+            .filter(|e| e.partition_key == key(k))
+            .map(|e| e.event_id)
+            .collect();
+        let expected: Vec<_> = heads
+            .iter()
+            .chain(&behind)
+            .filter(|e| e.partition_key == key(k))
+            .map(|e| e.event_id)
+            .collect();
+        assert_eq!(of_key, expected, "key {k} in order");
+    }
 }
