@@ -4,8 +4,8 @@
 //! cost the same whatever the table has kept. Each measured claim is undone
 //! in SQL (its lease deleted, the cursor put back), so every claim finds
 //! the same backlog in claim order. Beside them, the same backlog beside
-//! keys that wait: blocked by a failed row, or with events delayed
-//! (`claim_waiting`); and the claim that sets a hot key's burst aside
+//! keys that wait: blocked by a failed row, with events delayed, or
+//! backing off after a failed publish (`claim_waiting`); and the claim that sets a hot key's burst aside
 //! (`claim_aside`).
 
 use std::sync::Arc;
@@ -29,13 +29,14 @@ const BATCH: usize = 256;
 
 /// Runs the scenario.
 pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
-    let sizes: [(&str, i64); 5] = if scale.quick {
+    let sizes: [(&str, i64); 6] = if scale.quick {
         [
             ("retained-0", 0),
             ("retained-10k", 10_000),
             ("retained-100k", 100_000),
             (claim_waiting::BLOCKED_NAME, 0),
             (claim_waiting::DELAYED_NAME, 0),
+            (claim_waiting::RETRYING_NAME, 0),
         ]
     } else {
         [
@@ -44,6 +45,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             ("retained-10M", 10_000_000),
             (claim_waiting::BLOCKED_NAME, 0),
             (claim_waiting::DELAYED_NAME, 0),
+            (claim_waiting::RETRYING_NAME, 0),
         ]
     };
     let claims_per_round = scale.pick(200, 10);
@@ -99,7 +101,7 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         ratio,
         1.2,
     ));
-    for waiting in [claim_waiting::BLOCKED_NAME, claim_waiting::DELAYED_NAME] {
+    for waiting in claim_waiting::NAMES {
         report.target(TargetCheck::at_most(
             format!("claim: {waiting} / retained-0 latency"),
             m(report, waiting) / m(report, sizes[0].0),

@@ -1,8 +1,10 @@
 //! Keys that wait beside the claim scenario's backlog (part of `claim`):
 //! [`BLOCKED`] keys whose head failed under `PoisonPolicy::Block`, with
 //! [`PARKED`] events parked behind each (they wait for an operator, maybe
-//! for days), or [`DELAYED`] events scheduled an hour later, each on its
-//! own key. Every other key's claim must cost what it costs beside none
+//! for days), [`DELAYED`] events scheduled an hour later, each on its own
+//! key, or [`RETRYING`] keys whose head backs off for an hour after a
+//! failed publish (a broker outage), an event behind each set aside in its
+//! lane. Every other key's claim must cost what it costs beside none
 //! (`retained-0`).
 
 use std::time::Duration;
@@ -19,9 +21,14 @@ use crate::env::{self, Error};
 pub const BLOCKED_NAME: &str = "blocked-100x300";
 /// Contender with delayed events.
 pub const DELAYED_NAME: &str = "delayed-10k";
+/// Contender with keys backing off.
+pub const RETRYING_NAME: &str = "retrying-10k";
+/// Every contender of this module.
+pub const NAMES: [&str; 3] = [BLOCKED_NAME, DELAYED_NAME, RETRYING_NAME];
 const BLOCKED: usize = 100;
 const PARKED: usize = 300;
 const DELAYED: usize = 10_000;
+const RETRYING: usize = 10_000;
 
 fn key(k: usize) -> String {
     format!("blocked-{k}")
@@ -37,6 +44,7 @@ pub async fn prepare(store: &PgStore, schema: &str, name: &str) -> Result<(), Er
     match name {
         BLOCKED_NAME => block_keys(store, schema).await,
         DELAYED_NAME => delay_events(store, schema).await,
+        RETRYING_NAME => back_off_keys(store, schema).await,
         _ => Ok(()),
     }
 }
@@ -60,17 +68,22 @@ async fn claim_until_moved(
     expected: usize,
 ) -> Result<(), Error> {
     let count = format!("SELECT count(*) FROM {schema}.outbox_events WHERE status = {status}");
+    claim_until_counted(store, &count, expected).await
+}
+
+/// Claims until `count` (SQL) says `expected`; none may be claimed.
+async fn claim_until_counted(store: &PgStore, count: &str, expected: usize) -> Result<(), Error> {
     for _ in 0..1_000 {
         let claimed = store.claim_batch(&waiting_request()).await?;
         if !claimed.events.is_empty() {
             return Err("a waiting key's event was claimed".into());
         }
-        let moved: i64 = sqlx::query_scalar(&count).fetch_one(store.pool()).await?;
+        let moved: i64 = sqlx::query_scalar(count).fetch_one(store.pool()).await?;
         if moved as usize == expected {
             return Ok(());
         }
     }
-    Err(format!("claims did not move {expected} rows to status {status}").into())
+    Err(format!("claims did not reach {expected}: {count}").into())
 }
 
 /// [`DELAYED`] events due in an hour, each on its own key.
@@ -117,4 +130,41 @@ async fn block_keys(store: &PgStore, schema: &str) -> Result<(), Error> {
         .collect();
     OutboxWriter::enqueue(store, &behind).await?;
     claim_until_moved(store, schema, 5, BLOCKED * PARKED).await
+}
+
+/// [`RETRYING`] keys whose head a claim took and nacked with a retry in an
+/// hour, then an event behind each, set aside in its key's lane.
+async fn back_off_keys(store: &PgStore, schema: &str) -> Result<(), Error> {
+    let key = |k: usize| format!("retrying-{k}");
+    let heads: Vec<NewEvent> = (0..RETRYING)
+        .map(|k| env::event_on_key(&key(k), &format!("retrying-{k}-0"), k))
+        .collect();
+    OutboxWriter::enqueue(store, &heads).await?;
+    let mut nacked = 0;
+    while nacked < RETRYING {
+        let claimed = store.claim_batch(&waiting_request()).await?;
+        if claimed.events.is_empty() {
+            return Err(format!("claimed {nacked} of {RETRYING} heads").into());
+        }
+        let nacks: Vec<Nack> = claimed
+            .events
+            .iter()
+            .map(|head| Nack {
+                lease: head.lease.clone(),
+                action: NackAction::Retry {
+                    after: Duration::from_secs(3_600),
+                },
+                error_class: ErrorClass::Transient,
+                error: "bench: the broker is away".into(),
+            })
+            .collect();
+        store.nack(&nacks).await?;
+        nacked += claimed.events.len();
+    }
+    let behind: Vec<NewEvent> = (0..RETRYING)
+        .map(|k| env::event_on_key(&key(k), &format!("retrying-{k}-1"), k))
+        .collect();
+    OutboxWriter::enqueue(store, &behind).await?;
+    let laned = format!("SELECT coalesce(sum(size - taken), 0)::bigint FROM {schema}.outbox_lanes");
+    claim_until_counted(store, &laned, RETRYING).await
 }
