@@ -5,7 +5,9 @@
 //! * `parked-key`: a key whose head failed under `PoisonPolicy::Block`,
 //!   with [`OBSTACLE_BACKLOG`] events parked behind it;
 //! * `head-in-flight`: a key whose head another relay holds leased (and
-//!   will not settle during the drain), [`OBSTACLE_BACKLOG`] events behind.
+//!   will not settle during the drain), [`OBSTACLE_BACKLOG`] events behind;
+//! * `delayed-keys`: [`OBSTACLE_BACKLOG`] events scheduled an hour later,
+//!   each on its own key (reminders, say).
 //!
 //! Either key's events stay open; every other event must be delivered at
 //! the clean backlog's rate.
@@ -37,9 +39,10 @@ enum Obstacle {
     None,
     ParkedKey,
     HeadInFlight,
+    DelayedKeys,
 }
 
-const RELAY_CONTENDERS: [(&str, Ordering, Obstacle); 4] = [
+const RELAY_CONTENDERS: [(&str, Ordering, Obstacle); 5] = [
     ("relay-per-key", Ordering::PerKey, Obstacle::None),
     ("relay-unordered", Ordering::Unordered, Obstacle::None),
     (
@@ -51,6 +54,11 @@ const RELAY_CONTENDERS: [(&str, Ordering, Obstacle); 4] = [
         "relay-per-key-head-in-flight",
         Ordering::PerKey,
         Obstacle::HeadInFlight,
+    ),
+    (
+        "relay-per-key-delayed-keys",
+        Ordering::PerKey,
+        Obstacle::DelayedKeys,
     ),
 ];
 
@@ -124,7 +132,11 @@ fn check(report: &mut Report, scenario: &str) {
             per_key / unordered,
         ));
     }
-    for obstacle in ["relay-per-key-parked-key", "relay-per-key-head-in-flight"] {
+    for obstacle in [
+        "relay-per-key-parked-key",
+        "relay-per-key-head-in-flight",
+        "relay-per-key-delayed-keys",
+    ] {
         if let Some(troubled) = m(report, obstacle) {
             report.target(TargetCheck::at_most(
                 format!("{scenario}: cost of {obstacle} (clean / troubled)"),
@@ -191,6 +203,17 @@ where
 {
     let left_open = if obstacle == Obstacle::None {
         0
+    } else if obstacle == Obstacle::DelayedKeys {
+        let later = chrono::Utc::now() + chrono::Duration::hours(1);
+        let events: Vec<NewEvent> = (0..OBSTACLE_BACKLOG)
+            .map(|i| {
+                let mut event = env::event_for_key(round, n + i, usize::MAX - i);
+                event.available_at = Some(later);
+                event
+            })
+            .collect();
+        store.enqueue(&events).await?;
+        OBSTACLE_BACKLOG
     } else {
         let troubled_key = usize::MAX - round;
         let events: Vec<NewEvent> = (0..OBSTACLE_BACKLOG)
