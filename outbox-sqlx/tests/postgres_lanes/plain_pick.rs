@@ -2,18 +2,19 @@
 //! (outbox_pick): on every state where the plain pick decides, both decide
 //! the same; the states include keys in flight, set-aside rows (and their
 //! keys' next claims, which take them back), dominated windows and nothing
-//! in flight at all (the plain pick's shortest way).
+//! in flight at all (the plain pick's shortest way), and keys that wait
+//! outside the stream elsewhere (blocked, backing off, delayed).
 
 use std::time::Duration;
 
-use outbox_core::store::{ClaimedEvent, OutboxStore, OutboxWriter};
+use outbox_core::store::{ClaimedEvent, FailReason, NackAction, OutboxStore, OutboxWriter};
 use outbox_core::testing::event;
 use outbox_core::testing::store_suite::request;
-use outbox_core::{ManualClock, NewEvent, Ordering};
+use outbox_core::{Clock, ManualClock, NewEvent, Ordering, PoisonPolicy};
 use outbox_sqlx::postgres::PgStore;
 
-use crate::ack;
 use crate::support::pg::shared_store;
+use crate::{ack, nack};
 
 /// What a pick decided, as text: its outputs (the deferred positions as a
 /// set), the lanes and the pending rows it left behind; and whether it held
@@ -85,6 +86,9 @@ async fn pick_outcome(
 struct PlainCoverage {
     compared: usize,
     fell_back: usize,
+    /// Compared while rows waited outside the stream (the plain pick's
+    /// case since keys that wait elsewhere no longer leave it).
+    beside_waiting: usize,
     held: usize,
     set_aside: usize,
     dominated: usize,
@@ -105,7 +109,7 @@ async fn compare_picks(store: &PgStore, schema: &str, limit: i32, coverage: &mut
     .fetch_one(store.pool())
     .await
     .unwrap();
-    let (keys_in_flight, taken_beyond, lanes_to_take): (bool, bool, bool) =
+    let (keys_in_flight, taken_beyond, lanes_to_take, waiting): (bool, bool, bool, bool) =
         sqlx::query_as(&format!(
             "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_leases
                         WHERE token >= {schema}.outbox_live_from()
@@ -115,7 +119,8 @@ async fn compare_picks(store: &PgStore, schema: &str, limit: i32, coverage: &mut
                 EXISTS (SELECT 1 FROM {schema}.outbox_lanes z
                         WHERE z.partition_key NOT IN (
                             SELECT unnest(keys) FROM {schema}.outbox_leases
-                            WHERE token >= {schema}.outbox_live_from() AND cardinality(held) > 0))"
+                            WHERE token >= {schema}.outbox_live_from() AND cardinality(held) > 0)),
+                EXISTS (SELECT 1 FROM {schema}.outbox_events WHERE status IN (3, 4, 5))"
         ))
         .bind(from)
         .fetch_one(store.pool())
@@ -134,6 +139,7 @@ async fn compare_picks(store: &PgStore, schema: &str, limit: i32, coverage: &mut
                 .expect("the general pick always decides");
             assert_eq!(plain, general, "pick({args:?})");
             coverage.compared += 1;
+            coverage.beside_waiting += usize::from(waiting);
             coverage.held += usize::from(plain.held);
             coverage.set_aside += usize::from(!plain.lanes.is_empty());
             coverage.dominated += usize::from(plain.decided.ends_with("| t"));
@@ -303,4 +309,118 @@ async fn the_plain_pick_decides_as_the_general_one_on_a_hot_keys_lanes() {
         }
     }
     assert!(coverage.lanes_to_take >= 16, "{coverage:?}");
+}
+
+/// The plain pick beside keys that wait outside the stream: one blocked
+/// by a failed row with events parked behind it, one whose head backs off
+/// with events in its lane, events delayed on keys of their own; then
+/// traffic on other keys and, now and then, on the waiting keys (the
+/// window then holds a key that waits: the general pick's case). The same
+/// decision as the general pick wherever the plain one decides, and then
+/// again once the backoff and the delays are due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_pick_decides_as_the_general_one_beside_keys_that_wait() {
+    let clock = ManualClock::at_epoch();
+    let (store, schema) = shared_store(clock.clone()).await;
+    let mut coverage = PlainCoverage::default();
+    let mut req = request("relay", 100);
+    req.poison = PoisonPolicy::Block;
+    let heads = vec![event("blocked", 0), event("retrying", 0)];
+    OutboxWriter::enqueue(&store, &heads).await.unwrap();
+    let claimed = store.claim_batch(&req).await.unwrap().events;
+    assert_eq!(claimed.len(), 2);
+    for head in &claimed {
+        let action = if head.event.partition_key == "blocked" {
+            NackAction::Fail {
+                reason: FailReason::Permanent,
+                block_key: true,
+            }
+        } else {
+            NackAction::Retry {
+                after: Duration::from_secs(60),
+            }
+        };
+        nack(&store, head, action).await;
+    }
+    let later = clock.now() + chrono::Duration::seconds(30);
+    let mut waiting: Vec<NewEvent> = (1..20).map(|i| event("blocked", i)).collect();
+    waiting.extend((1..20).map(|i| event("retrying", i)));
+    waiting.extend((0..10).map(|i| {
+        let mut delayed = event(&format!("later{i}"), i);
+        delayed.available_at = Some(later);
+        delayed
+    }));
+    OutboxWriter::enqueue(&store, &waiting).await.unwrap();
+    // Claims move them out of the stream: parked, in a lane, tracked.
+    assert!(store.claim_batch(&req).await.unwrap().events.is_empty());
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut random = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut in_flight: Vec<Vec<ClaimedEvent>> = Vec::new();
+    let mut n = 100;
+    for round in 0..30 {
+        let key = |random: &mut dyn FnMut(u64) -> u64| match random(80) {
+            0 => "blocked".to_string(),
+            1 => "retrying".to_string(),
+            2..=9 => "hot".to_string(),
+            _ => format!("k{}", random(40)),
+        };
+        let burst: Vec<NewEvent> = (0..10 + random(60) as usize)
+            .map(|i| event(&key(&mut random), n + i))
+            .collect();
+        n += burst.len();
+        OutboxWriter::enqueue(&store, &burst).await.unwrap();
+        compare_picks(&store, &schema, 10 + random(80) as i32, &mut coverage).await;
+        let mut claim = req.clone();
+        claim.owner = outbox_core::RelayId::new(format!("relay-{}", random(3)));
+        claim.limit = 5 + random(60) as usize;
+        let claimed = store.claim_batch(&claim).await.unwrap().events;
+        assert!(
+            claimed
+                .iter()
+                .all(|c| c.event.partition_key != "blocked" && c.event.partition_key != "retrying"),
+            "nothing of a key that waits, round {round}"
+        );
+        if random(2) == 0 {
+            in_flight.push(claimed);
+        } else {
+            ack(&store, &claimed).await;
+        }
+        if random(2) == 0 && !in_flight.is_empty() {
+            ack(&store, &in_flight.remove(0)).await;
+        }
+        compare_picks(&store, &schema, 10 + random(80) as i32, &mut coverage).await;
+    }
+    assert!(
+        coverage.beside_waiting >= 20 && coverage.fell_back >= 5,
+        "the comparison saw too few of the states it is for: {coverage:?}"
+    );
+    // Everything else drained, then the delays due (the backoff not yet):
+    // tracked rows due on keys of no window, which the plain pick does
+    // not take; it gives way to the general pick, which does.
+    for settled in in_flight.drain(..) {
+        ack(&store, &settled).await;
+    }
+    loop {
+        let claimed = store.claim_batch(&req).await.unwrap().events;
+        if claimed.is_empty() {
+            break;
+        }
+        ack(&store, &claimed).await;
+    }
+    clock.advance(Duration::from_secs(31));
+    // Store time follows the clock at the store's next call.
+    outbox_core::store::OutboxAdmin::stats(&store).await.unwrap();
+    let before = coverage.compared;
+    compare_picks(&store, &schema, 50, &mut coverage).await;
+    assert_eq!(
+        coverage.compared, before,
+        "due tracked rows: the general pick's case"
+    );
+    let due = store.claim_batch(&req).await.unwrap().events;
+    assert_eq!(due.len(), 10, "the delayed events, now due");
 }
