@@ -1153,14 +1153,16 @@ BEGIN
                WHERE NOT p_now >= ALL (o.available_at)) THEN
         RETURN;
     END IF;
-    -- The window's keys (those taken by a claim too: asked of more keys,
-    -- the answer only sends more claims to the general pick).
+    -- Keys that wait matter only where the pick decides: the rows up to
+    -- its cut (picked, or left out before it). Asked here of the window's
+    -- first p_limit positions (the cut of a pick with nothing in flight),
+    -- below of the rows up to the cut itself.
     IF p_ordered AND v_waiting AND EXISTS (
         SELECT 1 FROM (SELECT u.key
-                       FROM {{schema}}outbox_window_runs(p_from, p_to) o
+                       FROM {{schema}}outbox_window_runs(p_from, least(p_to, p_from + p_limit)) o
                        CROSS JOIN LATERAL unnest(o.keys) WITH ORDINALITY AS u(key, i)
                        WHERE o.first_position + u.i - 1 >= p_from
-                         AND o.first_position + u.i - 1 < p_to
+                         AND o.first_position + u.i - 1 < least(p_to, p_from + p_limit)
                        UNION
                        SELECT z.partition_key FROM {{schema}}outbox_lanes z
                        WHERE z.ready_at <= p_now) k
@@ -1183,17 +1185,21 @@ BEGIN
         WITH runs AS MATERIALIZED (
             SELECT o.first_position, o.sequences, o.keys, p_now >= ALL (o.available_at) AS due
             FROM {{schema}}outbox_window_runs(p_from, p_to) o
+        ), firsts AS MATERIALIZED (
+            -- One row past the batch: where the cursor stops after a full one.
+            SELECT r.first_position + u.i - 1 AS position, u.sequence, u.partition_key
+            FROM runs r
+            CROSS JOIN LATERAL unnest(r.sequences, r.keys) WITH ORDINALITY AS u(sequence, partition_key, i)
+            WHERE r.first_position + u.i - 1 >= p_from AND r.first_position + u.i - 1 < p_to
+            ORDER BY 1 LIMIT p_limit + 1
         ), applies AS MATERIALIZED (
             SELECT NOT EXISTS (SELECT 1 FROM {{schema}}outbox_events e
                                WHERE e.status = 4 AND e.available_at <= p_now)
                AND (NOT p_ordered
                     OR NOT EXISTS (SELECT 1 FROM {{schema}}outbox_events e
                                    WHERE e.status = 4 OR e.blocks_key)
-                    OR NOT EXISTS (SELECT 1 FROM (SELECT DISTINCT u.key FROM runs r
-                                                  CROSS JOIN LATERAL unnest(r.keys) WITH ORDINALITY
-                                                      AS u(key, i)
-                                                  WHERE r.first_position + u.i - 1 >= p_from
-                                                    AND r.first_position + u.i - 1 < p_to) k
+                    OR NOT EXISTS (SELECT 1 FROM (SELECT DISTINCT f.partition_key AS key
+                                                  FROM firsts f) k
                                    WHERE EXISTS (SELECT 1 FROM {{schema}}outbox_events e
                                                  WHERE e.partition_key = k.key
                                                    AND (e.status = 4 OR e.blocks_key))))
@@ -1205,13 +1211,6 @@ BEGIN
                AND NOT EXISTS (SELECT 1 FROM {{schema}}outbox_leases
                                WHERE token >= {{schema}}outbox_kept_from() AND max_position >= p_from)
                AND coalesce((SELECT bool_and(due) FROM runs), TRUE) AS ok
-        ), firsts AS MATERIALIZED (
-            -- One row past the batch: where the cursor stops after a full one.
-            SELECT r.first_position + u.i - 1 AS position, u.sequence, u.partition_key
-            FROM runs r
-            CROSS JOIN LATERAL unnest(r.sequences, r.keys) WITH ORDINALITY AS u(sequence, partition_key, i)
-            WHERE r.first_position + u.i - 1 >= p_from AND r.first_position + u.i - 1 < p_to
-            ORDER BY 1 LIMIT p_limit + 1
         ), picked AS MATERIALIZED (
             SELECT array_agg(f.sequence ORDER BY f.position) AS sequences,
                    array_agg(f.position ORDER BY f.position) AS positions,
@@ -1278,20 +1277,6 @@ BEGIN
         FROM {{schema}}outbox_lanes
         WHERE p_ordered AND ready_at <= p_now AND partition_key NOT IN (SELECT key FROM live_keys)
         GROUP BY partition_key
-    ), applies AS MATERIALIZED (
-        SELECT NOT EXISTS (SELECT 1 FROM {{schema}}outbox_events e
-                           WHERE e.status = 4 AND e.available_at <= p_now)
-           AND (NOT p_ordered
-                OR NOT EXISTS (SELECT 1 FROM {{schema}}outbox_events e
-                               WHERE e.status = 4 OR e.blocks_key)
-                OR NOT EXISTS (SELECT 1 FROM (SELECT s.partition_key AS key FROM stream s
-                                              UNION
-                                              SELECT partition_key FROM lane_keys) k
-                               WHERE EXISTS (SELECT 1 FROM {{schema}}outbox_events e
-                                             WHERE e.partition_key = k.key
-                                               AND (e.status = 4 OR e.blocks_key))))
-           AND NOT (NOT p_ordered AND EXISTS (SELECT 1 FROM {{schema}}outbox_lanes))
-           AND coalesce((SELECT bool_and(due) FROM runs), TRUE) AS ok
     ), lane_rows AS MATERIALIZED (
         -- Per such key its first lane rows.
         SELECT x.* FROM lane_keys t CROSS JOIN LATERAL (
@@ -1317,6 +1302,22 @@ BEGIN
                array_agg(DISTINCT partition_key) AS keys, count(*) AS n,
                CASE WHEN count(*) >= p_limit THEN max(position) END AS cut
         FROM picks
+    ), applies AS MATERIALIZED (
+        -- Keys that wait matter only up to the cut (see above).
+        SELECT NOT EXISTS (SELECT 1 FROM {{schema}}outbox_events e
+                           WHERE e.status = 4 AND e.available_at <= p_now)
+           AND (NOT p_ordered
+                OR NOT EXISTS (SELECT 1 FROM {{schema}}outbox_events e
+                               WHERE e.status = 4 OR e.blocks_key)
+                OR NOT EXISTS (SELECT 1 FROM (SELECT s.partition_key AS key FROM stream s
+                                              WHERE s.position <= coalesce((SELECT cut FROM picked), p_to)
+                                              UNION
+                                              SELECT partition_key FROM lane_keys) k
+                               WHERE EXISTS (SELECT 1 FROM {{schema}}outbox_events e
+                                             WHERE e.partition_key = k.key
+                                               AND (e.status = 4 OR e.blocks_key))))
+           AND NOT (NOT p_ordered AND EXISTS (SELECT 1 FROM {{schema}}outbox_lanes))
+           AND coalesce((SELECT bool_and(due) FROM runs), TRUE) AS ok
     ), shape AS MATERIALIZED (
         -- outbox_pick's `shape`: only keys in flight can be young. Rows
         -- are counted per key before a key is looked up among the young
