@@ -414,7 +414,9 @@ async fn the_plain_pick_decides_as_the_general_one_beside_keys_that_wait() {
     }
     clock.advance(Duration::from_secs(31));
     // Store time follows the clock at the store's next call.
-    outbox_core::store::OutboxAdmin::stats(&store).await.unwrap();
+    outbox_core::store::OutboxAdmin::stats(&store)
+        .await
+        .unwrap();
     let before = coverage.compared;
     compare_picks(&store, &schema, 50, &mut coverage).await;
     assert_eq!(
