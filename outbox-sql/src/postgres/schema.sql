@@ -1093,6 +1093,17 @@ BEGIN
 END
 $$;
 
+-- Whether one of `p_keys` waits outside the stream: a tracked row or a
+-- blocking row of the key (its parked rows are behind the latter). The
+-- plain pick gives way to the general one for those keys only where it
+-- decides (see outbox_pick_plain).
+CREATE OR REPLACE FUNCTION {{schema}}outbox_keys_wait(p_keys text[]) RETURNS boolean
+    LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM unnest(p_keys) AS k(key)
+                   WHERE EXISTS (SELECT 1 FROM {{schema}}outbox_events e
+                                 WHERE e.partition_key = k.key AND (e.status = 4 OR e.blocks_key)))
+$$;
+
 -- The pick in the common case, with the stream rows read once: nothing
 -- waits outside the stream but lanes (no tracked, parked or blocking row;
 -- no lane at all for unordered claims) and every row of the window is
@@ -1157,17 +1168,14 @@ BEGIN
     -- its cut (picked, or left out before it). Asked here of the window's
     -- first p_limit positions (the cut of a pick with nothing in flight),
     -- below of the rows up to the cut itself.
-    IF p_ordered AND v_waiting AND EXISTS (
-        SELECT 1 FROM (SELECT u.key
-                       FROM {{schema}}outbox_window_runs(p_from, least(p_to, p_from + p_limit)) o
-                       CROSS JOIN LATERAL unnest(o.keys) WITH ORDINALITY AS u(key, i)
-                       WHERE o.first_position + u.i - 1 >= p_from
-                         AND o.first_position + u.i - 1 < least(p_to, p_from + p_limit)
-                       UNION
-                       SELECT z.partition_key FROM {{schema}}outbox_lanes z
-                       WHERE z.ready_at <= p_now) k
-        WHERE EXISTS (SELECT 1 FROM {{schema}}outbox_events e
-                      WHERE e.partition_key = k.key AND (e.status = 4 OR e.blocks_key))) THEN
+    IF p_ordered AND v_waiting AND {{schema}}outbox_keys_wait(ARRAY(
+           SELECT u.key
+           FROM {{schema}}outbox_window_runs(p_from, least(p_to, p_from + p_limit)) o
+           CROSS JOIN LATERAL unnest(o.keys) WITH ORDINALITY AS u(key, i)
+           WHERE o.first_position + u.i - 1 >= p_from
+             AND o.first_position + u.i - 1 < least(p_to, p_from + p_limit)
+           UNION
+           SELECT z.partition_key FROM {{schema}}outbox_lanes z WHERE z.ready_at <= p_now)) THEN
         RETURN;
     END IF;
     -- Nothing in flight from the window on (no live key; no position
@@ -1198,11 +1206,8 @@ BEGIN
                AND (NOT p_ordered
                     OR NOT EXISTS (SELECT 1 FROM {{schema}}outbox_events e
                                    WHERE e.status = 4 OR e.blocks_key)
-                    OR NOT EXISTS (SELECT 1 FROM (SELECT DISTINCT f.partition_key AS key
-                                                  FROM firsts f) k
-                                   WHERE EXISTS (SELECT 1 FROM {{schema}}outbox_events e
-                                                 WHERE e.partition_key = k.key
-                                                   AND (e.status = 4 OR e.blocks_key))))
+                    OR NOT {{schema}}outbox_keys_wait(ARRAY(SELECT DISTINCT f.partition_key
+                                                             FROM firsts f)))
                AND NOT EXISTS (SELECT 1 FROM {{schema}}outbox_lanes z WHERE z.ready_at <= p_now)
                AND (p_ordered OR NOT EXISTS (SELECT 1 FROM {{schema}}outbox_lanes))
                AND NOT EXISTS (SELECT 1 FROM {{schema}}outbox_leases l
@@ -1309,13 +1314,11 @@ BEGIN
            AND (NOT p_ordered
                 OR NOT EXISTS (SELECT 1 FROM {{schema}}outbox_events e
                                WHERE e.status = 4 OR e.blocks_key)
-                OR NOT EXISTS (SELECT 1 FROM (SELECT s.partition_key AS key FROM stream s
-                                              WHERE s.position <= coalesce((SELECT cut FROM picked), p_to)
-                                              UNION
-                                              SELECT partition_key FROM lane_keys) k
-                               WHERE EXISTS (SELECT 1 FROM {{schema}}outbox_events e
-                                             WHERE e.partition_key = k.key
-                                               AND (e.status = 4 OR e.blocks_key))))
+                OR NOT {{schema}}outbox_keys_wait(ARRAY(
+                       SELECT s.partition_key FROM stream s
+                       WHERE s.position <= coalesce((SELECT cut FROM picked), p_to)
+                       UNION
+                       SELECT partition_key FROM lane_keys)))
            AND NOT (NOT p_ordered AND EXISTS (SELECT 1 FROM {{schema}}outbox_lanes))
            AND coalesce((SELECT bool_and(due) FROM runs), TRUE) AS ok
     ), shape AS MATERIALIZED (

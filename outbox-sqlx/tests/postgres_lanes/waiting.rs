@@ -15,7 +15,7 @@ use outbox_core::{Clock, ManualClock, NewEvent, PoisonPolicy};
 use outbox_sqlx::postgres::PgStore;
 use sqlx::Row;
 
-use super::{BATCH, ack, claimed_ids, nack, shared_store};
+use super::{BATCH, ack, claimed_ids, drain, nack, shared_store};
 
 const WAITING_KEYS: usize = 10;
 const PARKED_PER_KEY: usize = 300;
@@ -157,19 +157,7 @@ async fn a_claim_reads_nothing_of_keys_whose_events_are_all_for_later() {
     );
 
     clock.advance(std::time::Duration::from_secs(3_601));
-    let mut published = 0;
-    loop {
-        let claimed = store
-            .claim_batch(&request("relay", BATCH))
-            .await
-            .unwrap()
-            .events;
-        if claimed.is_empty() {
-            break;
-        }
-        published += claimed.len();
-        ack(&store, &claimed).await;
-    }
+    let published = drain(&store, "relay").await.len();
     assert_eq!(published, DELAYED_KEYS, "every delayed event, once due");
 }
 
@@ -209,24 +197,16 @@ async fn a_claim_reads_no_lane_behind_a_retry_backing_off_and_the_key_resumes_in
     );
 
     clock.advance(std::time::Duration::from_secs(61));
-    let mut published: Vec<NewEvent> = Vec::new();
     let by_id: std::collections::HashMap<_, _> = heads
         .iter()
         .chain(&behind)
         .map(|e| (e.event_id, e.clone()))
         .collect();
-    loop {
-        let claimed = store
-            .claim_batch(&request("relay", BATCH))
-            .await
-            .unwrap()
-            .events;
-        if claimed.is_empty() {
-            break;
-        }
-        published.extend(claimed_ids(&claimed).iter().map(|id| by_id[id].clone()));
-        ack(&store, &claimed).await;
-    }
+    let published: Vec<NewEvent> = drain(&store, "relay")
+        .await
+        .iter()
+        .map(|id| by_id[id].clone())
+        .collect();
     assert_eq!(published.len(), heads.len() + behind.len(), "all of them");
     for k in 0..RETRYING_KEYS {
         let of_key: Vec<_> = published
