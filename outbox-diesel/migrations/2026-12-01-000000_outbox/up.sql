@@ -1143,8 +1143,9 @@ BEGIN
     -- can matter to this claim (as in outbox_pick's waiting_keys): a
     -- tracked row due now, or a key of the window or of a ready lane
     -- that waits. Keys blocked for days, delayed events and retries
-    -- backing off elsewhere leave claims here (each claim beside them
-    -- 3.7 ms in the general pick, 2.4 here: `outbox-bench claim`).
+    -- backing off elsewhere leave claims here (beside 10,000 of them a
+    -- claim took 3.8 ms in the general pick, 2.8-3.1 here, 2.5 beside
+    -- none: `outbox-bench claim`, BENCHMARKS.md).
     IF EXISTS (SELECT 1 FROM outbox_events e
                WHERE e.status = 4 AND e.available_at <= p_now) THEN
         RETURN;
@@ -2123,4 +2124,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('ceb78e48bef3810c');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('13d1fdd35172b4b9');

@@ -149,6 +149,17 @@ async fn compare_picks(store: &PgStore, schema: &str, limit: i32, coverage: &mut
     }
 }
 
+/// A seeded pseudo-random source (xorshift64): `random(n)` is below `n`,
+/// the same sequence every run.
+fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+    move |n| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    }
+}
+
 /// The plain pick (outbox_pick_plain: nothing outside the stream, every
 /// row due) decides as the general pick on every state it takes, claims
 /// and settlements of random sizes over a hot key and many keys, batches
@@ -157,13 +168,7 @@ async fn compare_picks(store: &PgStore, schema: &str, limit: i32, coverage: &mut
 async fn the_plain_pick_decides_as_the_general_one_wherever_it_applies() {
     let clock = ManualClock::at_epoch();
     let (store, schema) = shared_store(clock.clone()).await;
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut random = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    let mut random = xorshift(0x9e37_79b9_7f4a_7c15);
     let mut in_flight: Vec<Vec<ClaimedEvent>> = Vec::new();
     let mut coverage = PlainCoverage::default();
     // First a hot key's young batch in flight with its burst behind it: a
@@ -353,13 +358,7 @@ async fn the_plain_pick_decides_as_the_general_one_beside_keys_that_wait() {
     OutboxWriter::enqueue(&store, &waiting).await.unwrap();
     // Claims move them out of the stream: parked, in a lane, tracked.
     assert!(store.claim_batch(&req).await.unwrap().events.is_empty());
-    let mut state = 0x2545_f491_4f6c_dd1d_u64;
-    let mut random = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    let mut random = xorshift(0x2545_f491_4f6c_dd1d);
     let mut in_flight: Vec<Vec<ClaimedEvent>> = Vec::new();
     let mut n = 100;
     for round in 0..30 {
