@@ -1,44 +1,15 @@
 //! Where events go, and how the producer is configured.
 
-use outbox_core::publisher::PrefixRoutes;
 use std::time::Duration;
 
-/// Chooses the topic for an event type: `{prefix}{event_type}` unless an
-/// override names another topic.
-#[derive(Clone, Debug)]
-pub struct TopicRouter {
-    routes: PrefixRoutes,
-}
-
-impl TopicRouter {
-    /// Topics named `{prefix}{event_type}`.
-    pub fn with_prefix(prefix: impl Into<String>) -> Self {
-        let routes = PrefixRoutes::with_prefix(prefix);
-        Self { routes }
-    }
-
-    /// Sends `event_type` to `topic` instead.
-    pub fn route(mut self, event_type: impl Into<String>, topic: impl Into<String>) -> Self {
-        self.routes.route(event_type, topic);
-        self
-    }
-
-    /// The topic for `event_type`.
-    pub fn topic_for(&self, event_type: &str) -> String {
-        self.routes.destination_for(event_type)
-    }
-
-    /// The routing in a few words, for operators: `orders.<event type>`.
-    pub(crate) fn describe(&self) -> String {
-        self.routes.describe()
-    }
-}
-
-impl Default for TopicRouter {
-    fn default() -> Self {
-        Self::with_prefix("")
-    }
-}
+outbox_core::prefix_router!(
+    /// Chooses the topic for an event type: `{prefix}{event_type}` unless an
+    /// override names another topic.
+    TopicRouter,
+    "topic",
+    topic_for,
+    default ""
+);
 
 /// Producer settings. The defaults make the producer idempotent (no
 /// duplicates from its own retries, order kept with several requests in

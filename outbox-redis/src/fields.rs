@@ -72,14 +72,7 @@ pub struct DecodeError {
     pub reason: String,
 }
 
-impl outbox_core::consume::Consumed for StreamEvent {
-    fn event_id(&self) -> EventId {
-        self.event_id
-    }
-    fn partition_key(&self) -> &str {
-        &self.partition_key
-    }
-}
+outbox_core::consumed_from_fields!(StreamEvent);
 
 impl StreamEvent {
     /// Reads an entry's fields.

@@ -63,14 +63,7 @@ pub(crate) fn receive_count(message: &Message) -> u32 {
         .unwrap_or(1)
 }
 
-impl outbox_core::consume::Consumed for SqsEvent {
-    fn event_id(&self) -> EventId {
-        self.event_id
-    }
-    fn partition_key(&self) -> &str {
-        &self.partition_key
-    }
-}
+outbox_core::consumed_from_fields!(SqsEvent);
 
 impl SqsEvent {
     /// Reads a received message, raw or enveloped.

@@ -122,6 +122,23 @@ pub trait Consumed {
     fn partition_key(&self) -> &str;
 }
 
+/// Implements [`Consumed`] for an event type with the fields
+/// `event_id: EventId` and `partition_key: String`, as every broker
+/// adapter's event has.
+#[macro_export]
+macro_rules! consumed_from_fields {
+    ($event:ty) => {
+        impl $crate::consume::Consumed for $event {
+            fn event_id(&self) -> $crate::EventId {
+                self.event_id
+            }
+            fn partition_key(&self) -> &str {
+                &self.partition_key
+            }
+        }
+    };
+}
+
 pub mod metrics;
 
 /// The pause between retries of an unavailable inbox store, for consumers:

@@ -93,39 +93,29 @@ impl RecordingPublisher {
     /// Waits until `pred` holds for the delivered events. Returns as soon as
     /// a delivery makes it true; never sleeps.
     pub async fn wait_until(&self, pred: impl Fn(&[StoredEvent]) -> bool) {
-        loop {
-            let notified = self.delivered.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if pred(&self.lock().delivered) {
-                return;
-            }
-            notified.await;
-        }
+        self.wait_for(|state| pred(&state.delivered)).await;
     }
 
     /// Waits until `publish` was called at least `n` times (the call may
     /// still be in progress, e.g. hanging on a scripted fault).
     pub async fn wait_for_calls(&self, n: usize) {
-        loop {
-            let notified = self.delivered.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.lock().calls >= n {
-                return;
-            }
-            notified.await;
-        }
+        self.wait_for(|state| state.calls >= n).await;
     }
 
     /// Waits until `n` calls have hung on a scripted fault (a relay stuck
     /// mid-publish, ready to be killed).
     pub async fn wait_for_hangs(&self, n: usize) {
+        self.wait_for(|state| state.hangs >= n).await;
+    }
+
+    /// Waits until `pred` holds for the recorded state, woken by each call
+    /// (every call notifies, delivered or not).
+    async fn wait_for(&self, pred: impl Fn(&Script) -> bool) {
         loop {
             let notified = self.delivered.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.lock().hangs >= n {
+            if pred(&self.lock()) {
                 return;
             }
             notified.await;

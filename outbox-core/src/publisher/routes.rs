@@ -44,6 +44,58 @@ impl PrefixRoutes {
     }
 }
 
+/// Declares a publisher's router over [`PrefixRoutes`]: a type named
+/// `$router` whose destinations are called `$what` (`topic`, `stream`),
+/// with `with_prefix`, `route`, `$for` (the destination of an event type)
+/// and a `Default` of prefix `$default`. Kafka's `TopicRouter` and Redis'
+/// `StreamRouter` are declared by it, so both route alike.
+#[macro_export]
+macro_rules! prefix_router {
+    ($(#[$doc:meta])* $router:ident, $what:literal, $for:ident, default $default:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $router {
+            routes: $crate::publisher::PrefixRoutes,
+        }
+
+        impl $router {
+            #[doc = concat!("Each event type to the ", $what, " `{prefix}{event_type}`.")]
+            pub fn with_prefix(prefix: impl Into<String>) -> Self {
+                let routes = $crate::publisher::PrefixRoutes::with_prefix(prefix);
+                Self { routes }
+            }
+
+            #[doc = concat!("Sends `event_type` to the ", $what, " `destination` instead.")]
+            pub fn route(
+                mut self,
+                event_type: impl Into<String>,
+                destination: impl Into<String>,
+            ) -> Self {
+                self.routes.route(event_type, destination);
+                self
+            }
+
+            #[doc = concat!("The ", $what, " for `event_type`.")]
+            pub fn $for(&self, event_type: &str) -> String {
+                self.routes.destination_for(event_type)
+            }
+
+            /// The routing in a few words, for operators: `orders.<event
+            /// type>`.
+            pub(crate) fn describe(&self) -> String {
+                self.routes.describe()
+            }
+        }
+
+        impl Default for $router {
+            #[doc = concat!("Prefix `", $default, "`.")]
+            fn default() -> Self {
+                Self::with_prefix($default)
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,14 +38,7 @@ pub struct KafkaEvent {
     pub headers: Headers,
 }
 
-impl outbox_core::consume::Consumed for KafkaEvent {
-    fn event_id(&self) -> EventId {
-        self.event_id
-    }
-    fn partition_key(&self) -> &str {
-        &self.partition_key
-    }
-}
+outbox_core::consumed_from_fields!(KafkaEvent);
 
 impl KafkaEvent {
     pub(super) fn decode(message: &BorrowedMessage<'_>) -> Result<Self, String> {

@@ -8,7 +8,7 @@ use outbox_core::store::{AttemptKind, ClaimRequest, CrashVerdict};
 use outbox_core::{PoisonPolicy, StoreError, StoredEvent, UnreadableEvent};
 use serde_json::{Value as Json, json};
 
-use super::driver::{Driver, Exec};
+use super::driver::{Driver, Exec, Param, Row};
 use super::protocol::{Protocol, ReadRow};
 use super::statements::{params, raw_event, with};
 use super::with_in_list;
@@ -144,11 +144,7 @@ impl<D: Driver> Protocol<D> {
         tx: &mut D::Tx,
         leases: &[i64],
     ) -> Result<HashMap<i64, String>, StoreError> {
-        if leases.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let query = with_in_list(&self.queries.lease_owners_of, leases.len());
-        tx.fetch(&query, params(leases))
+        fetch_listed(tx, &self.queries.lease_owners_of, [], leases)
             .await?
             .iter()
             .map(|r| Ok((r.int("lease_id")?, r.text("owner")?)))
@@ -241,11 +237,7 @@ impl<D: Driver> Protocol<D> {
         sequences: &[i64],
         now: i64,
     ) -> Result<Vec<i64>, StoreError> {
-        if sequences.is_empty() {
-            return Ok(Vec::new());
-        }
-        let lock = with_in_list(&self.queries.lock_rows, sequences.len());
-        tx.fetch(&lock, with([now.into()], sequences))
+        fetch_listed(tx, &self.queries.lock_rows, [now.into()], sequences)
             .await?
             .iter()
             .map(|r| r.int("sequence"))
@@ -258,11 +250,7 @@ impl<D: Driver> Protocol<D> {
         tx: &mut D::Tx,
         sequences: &[i64],
     ) -> Result<HashMap<i64, ReadRow>, StoreError> {
-        if sequences.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let read = with_in_list(&self.queries.read_rows, sequences.len());
-        tx.fetch(&read, params(sequences))
+        fetch_listed(tx, &self.queries.read_rows, [], sequences)
             .await?
             .into_iter()
             .map(|mut r| {
@@ -272,4 +260,19 @@ impl<D: Driver> Protocol<D> {
             })
             .collect()
     }
+}
+
+/// The rows of `query` with its `IN (…)` list of `ids`, after the `head`
+/// parameters; no statement (and no rows) for no ids.
+async fn fetch_listed<const N: usize>(
+    tx: &mut (impl Exec + ?Sized),
+    query: &str,
+    head: [Param; N],
+    ids: &[i64],
+) -> Result<Vec<Row>, StoreError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    tx.fetch(&with_in_list(query, ids.len()), with(head, ids))
+        .await
 }

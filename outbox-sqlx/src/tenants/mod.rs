@@ -19,7 +19,7 @@ mod urls;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use sources::Catalog;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub use sources::{CatalogTenants, QueryTenants};
+pub use sources::{CatalogTenants, QueryTenants, TenantDatabase};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use urls::{ServerPlace, ServerStores, TenantPlace, TenantUrls, UrlTenantStores, UrlTenants};
 

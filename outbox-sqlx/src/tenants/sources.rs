@@ -35,18 +35,10 @@ impl<DB: sqlx::Database> QueryTenants<DB> {
 }
 
 #[async_trait]
-impl<DB> outbox_core::tenants::TenantSource for QueryTenants<DB>
-where
-    DB: sqlx::Database,
-    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    String: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
-{
+impl<DB: TenantDatabase> outbox_core::tenants::TenantSource for QueryTenants<DB> {
     async fn tenants(&self) -> Result<std::collections::BTreeSet<TenantId>, StoreError> {
         use crate::error::ResultExt;
-        let names: Vec<String> = sqlx::query_scalar(&self.query)
-            .fetch_all(&self.pool)
+        let names = DB::fetch_texts(&self.pool, &self.query, Vec::new())
             .await
             .store()
             .map_err(|e| e.during("reading tenants", "the tenants query"))?;
@@ -101,7 +93,56 @@ impl<DB: sqlx::Database> CatalogTenants<DB> {
 }
 
 #[async_trait]
-impl<DB> outbox_core::tenants::TenantSource for CatalogTenants<DB>
+impl<DB: TenantDatabase> outbox_core::tenants::TenantSource for CatalogTenants<DB> {
+    async fn tenants(&self) -> Result<std::collections::BTreeSet<TenantId>, StoreError> {
+        use crate::error::ResultExt;
+        let binds = vec![self.pattern.clone(), self.events_table.clone()];
+        let names = DB::fetch_texts(&self.pool, self.catalog.sql, binds)
+            .await
+            .store()
+            .map_err(|e| e.during(self.catalog.during, self.catalog.source))?;
+        tenant_ids(names)
+    }
+}
+
+/// An sqlx database the tenant sources can read their rows from: every
+/// database of sqlx whose pool runs queries and decodes text (PostgreSQL,
+/// MySQL/MariaDB). Implemented for each such database; its one method
+/// carries the sqlx bounds so the sources need not repeat them.
+#[async_trait]
+pub trait TenantDatabase: sqlx::Database {
+    /// The rows of `sql`, with `binds` bound in order, as text columns
+    /// (`None` for SQL NULL).
+    async fn fetch_texts_rows(
+        pool: &sqlx::Pool<Self>,
+        sql: &str,
+        binds: Vec<String>,
+    ) -> Result<Vec<Vec<Option<String>>>, sqlx::Error>;
+
+    /// The first column of each row of `sql`, with `binds` bound in order.
+    async fn fetch_texts(
+        pool: &sqlx::Pool<Self>,
+        sql: &str,
+        binds: Vec<String>,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        Self::fetch_texts_rows(pool, sql, binds)
+            .await?
+            .into_iter()
+            .map(|row| match row.into_iter().next() {
+                Some(Some(text)) => Ok(text),
+                Some(None) => Err(sqlx::Error::Protocol(
+                    "the tenants query returned NULL for a tenant".into(),
+                )),
+                None => Err(sqlx::Error::Protocol(
+                    "the tenants query returned a row without columns".into(),
+                )),
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl<DB> TenantDatabase for DB
 where
     DB: sqlx::Database,
     for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
@@ -109,15 +150,19 @@ where
     String: sqlx::Type<DB> + for<'q> sqlx::Encode<'q, DB> + for<'r> sqlx::Decode<'r, DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
-    async fn tenants(&self) -> Result<std::collections::BTreeSet<TenantId>, StoreError> {
-        use crate::error::ResultExt;
-        let names: Vec<String> = sqlx::query_scalar(self.catalog.sql)
-            .bind(self.pattern.clone())
-            .bind(self.events_table.clone())
-            .fetch_all(&self.pool)
-            .await
-            .store()
-            .map_err(|e| e.during(self.catalog.during, self.catalog.source))?;
-        tenant_ids(names)
+    async fn fetch_texts_rows(
+        pool: &sqlx::Pool<Self>,
+        sql: &str,
+        binds: Vec<String>,
+    ) -> Result<Vec<Vec<Option<String>>>, sqlx::Error> {
+        use sqlx::Row;
+        let mut query = sqlx::query(sql);
+        for bind in binds {
+            query = query.bind(bind);
+        }
+        let rows = query.fetch_all(pool).await?;
+        rows.iter()
+            .map(|row| (0..row.len()).map(|i| row.try_get(i)).collect())
+            .collect()
     }
 }

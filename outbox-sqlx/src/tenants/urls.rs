@@ -11,6 +11,7 @@ use outbox_core::tenants::{TenantId, TenantSource};
 use outbox_core::{StoreError, WakeUp};
 
 use super::TenantStores;
+use super::sources::TenantDatabase;
 use crate::without_password;
 
 /// Where one tenant's outbox is, as its row says.
@@ -93,42 +94,33 @@ impl<DB: sqlx::Database> UrlTenants<DB> {
 }
 
 /// A row's place, or why the row is refused.
-fn place<R>(row: &R) -> Result<(String, TenantPlace), sqlx::Error>
-where
-    R: sqlx::Row,
-    String: sqlx::Type<R::Database> + for<'r> sqlx::Decode<'r, R::Database>,
-    usize: sqlx::ColumnIndex<R>,
-{
-    if !(2..=3).contains(&row.len()) {
-        return Err(sqlx::Error::Protocol(format!(
-            "the tenants query returned {} columns; it must return (tenant, url) or (tenant, url, schema)",
-            row.len()
-        )));
+fn place(row: Vec<Option<String>>) -> Result<(String, TenantPlace), sqlx::Error> {
+    let columns = row.len();
+    let mut row = row.into_iter();
+    match (row.next(), row.next(), row.next()) {
+        (Some(Some(tenant)), Some(Some(url)), schema) if columns <= 3 => Ok((
+            tenant,
+            TenantPlace {
+                url,
+                schema: schema.flatten(),
+            },
+        )),
+        (Some(_), Some(_), _) if columns <= 3 => Err(sqlx::Error::Protocol(
+            "the tenants query returned NULL for a tenant or its URL".into(),
+        )),
+        _ => Err(sqlx::Error::Protocol(format!(
+            "the tenants query returned {columns} columns; it must return (tenant, url) or (tenant, url, schema)"
+        ))),
     }
-    let tenant = row.try_get(0)?;
-    let url = row.try_get(1)?;
-    let schema = match row.len() {
-        3 => row.try_get::<Option<String>, _>(2)?,
-        _ => None,
-    };
-    Ok((tenant, TenantPlace { url, schema }))
 }
 
 #[async_trait]
-impl<DB> TenantSource for UrlTenants<DB>
-where
-    DB: sqlx::Database,
-    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    String: sqlx::Type<DB> + for<'r> sqlx::Decode<'r, DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
-{
+impl<DB: TenantDatabase> TenantSource for UrlTenants<DB> {
     async fn tenants(&self) -> Result<BTreeSet<TenantId>, StoreError> {
         use crate::error::ResultExt;
-        let rows = sqlx::query(&self.query)
-            .fetch_all(&self.pool)
+        let rows = DB::fetch_texts_rows(&self.pool, &self.query, Vec::new())
             .await
-            .and_then(|rows| rows.iter().map(place).collect::<Result<Vec<_>, _>>())
+            .and_then(|rows| rows.into_iter().map(place).collect::<Result<Vec<_>, _>>())
             .store()
             .map_err(|e| e.during("reading tenants", "the tenants query"))?;
         let mut places = HashMap::with_capacity(rows.len());
