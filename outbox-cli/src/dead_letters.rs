@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outbox_core::dead_letter::{DeadLetter, Replay, ReplayRefused};
+use outbox_core::dead_letter::{DeadLetter, DeadLetterQueue, ReplayRefused};
 use outbox_kafka::KafkaDeadLetters;
 use outbox_redis::RedisDeadLetters;
 use outbox_sns::SqsDeadLetters;
@@ -74,116 +74,78 @@ impl DeadLetters {
 
     /// Runs `action` and prints its answer.
     pub async fn run(&self, action: DeadLetterAction, output: Output) -> Result<(), CliError> {
-        match action {
-            DeadLetterAction::List { limit, after } => {
-                let listed = self.list(after.as_deref(), limit).await?;
-                if output == Output::Json {
-                    let list: Vec<Value> = listed.iter().map(|d| json_of(d, false)).collect();
-                    println!("{}", Value::Array(list));
-                    return Ok(());
-                }
-                if listed.is_empty() {
-                    println!("no dead letters in {}", self.where_());
-                }
-                for dead in &listed {
-                    println!("{}", summary_line(dead));
-                }
-                Ok(())
+        match self {
+            Self::Redis(queue) => run_on(queue, action, output).await,
+            Self::Kafka(queue) => run_on(queue, action, output).await,
+            Self::Sqs(_) if matches!(&action, DeadLetterAction::List { after: Some(_), .. }) => {
+                Err(CliError::usage(
+                    "--after: SQS has no order to page by; raise --limit instead",
+                ))
             }
-            DeadLetterAction::Show { id, payload } => {
-                let Some(dead) = self.get(&id).await? else {
-                    return Err(CliError::failure(format!(
-                        "no dead letter {id} in {}",
-                        self.where_()
-                    )));
-                };
-                if output == Output::Json {
-                    println!("{}", json_of(&dead, payload));
-                } else {
-                    print!("{}", detail_text(&dead, payload));
-                }
-                Ok(())
+            Self::Sqs(queue) => run_on(queue, action, output).await,
+        }
+    }
+}
+
+/// Runs `action` on `queue` and prints its answer.
+async fn run_on<Q: DeadLetterQueue>(
+    queue: &Q,
+    action: DeadLetterAction,
+    output: Output,
+) -> Result<(), CliError> {
+    let failed = |error: Q::Error| match Q::refusal(&error) {
+        Some(ReplayRefused::Unattributed) => CliError::usage(error),
+        _ => CliError::failure(error),
+    };
+    match action {
+        DeadLetterAction::List { limit, after } => {
+            let listed = queue.list(after.as_deref(), limit).await.map_err(failed)?;
+            if output == Output::Json {
+                let list: Vec<Value> = listed.iter().map(|d| json_of(d, false)).collect();
+                println!("{}", Value::Array(list));
+                return Ok(());
             }
-            DeadLetterAction::Replay {
-                id,
-                reason,
-                operator,
-            } => {
-                let replay = self.replay(&id, &operator, &reason).await?;
-                if output == Output::Json {
-                    println!("{}", json!({"id": id, "replay": replay}));
-                } else {
-                    println!(
-                        "replayed {id} as {} by {} ({})",
-                        replay.new_id, replay.operator, replay.reason
-                    );
-                }
-                Ok(())
+            if listed.is_empty() {
+                println!("no dead letters in {}", queue.location());
             }
+            for dead in &listed {
+                println!("{}", summary_line(dead));
+            }
+            Ok(())
         }
-    }
-
-    fn where_(&self) -> String {
-        match self {
-            Self::Redis(d) => d.dead_letter_stream().to_owned(),
-            Self::Kafka(d) => d.dead_letter_topic().to_owned(),
-            Self::Sqs(_) => "the dead-letter queue".to_owned(),
+        DeadLetterAction::Show { id, payload } => {
+            let Some(dead) = queue.get(&id).await.map_err(failed)? else {
+                return Err(CliError::failure(format!(
+                    "no dead letter {id} in {}",
+                    queue.location()
+                )));
+            };
+            if output == Output::Json {
+                println!("{}", json_of(&dead, payload));
+            } else {
+                print!("{}", detail_text(&dead, payload));
+            }
+            Ok(())
         }
-    }
-
-    async fn list(&self, after: Option<&str>, limit: usize) -> Result<Vec<DeadLetter>, CliError> {
-        match self {
-            Self::Redis(d) => d.list(after, limit).await.map_err(redis_error),
-            Self::Kafka(d) => d.list(after, limit).await.map_err(kafka_error),
-            Self::Sqs(_) if after.is_some() => Err(CliError::usage(
-                "--after: SQS has no order to page by; raise --limit instead",
-            )),
-            Self::Sqs(d) => d.list(limit).await.map_err(sqs_error),
+        DeadLetterAction::Replay {
+            id,
+            reason,
+            operator,
+        } => {
+            let replay = queue
+                .replay(&id, &operator, &reason)
+                .await
+                .map_err(failed)?;
+            if output == Output::Json {
+                println!("{}", json!({"id": id, "replay": replay}));
+            } else {
+                println!(
+                    "replayed {id} as {} by {} ({})",
+                    replay.new_id, replay.operator, replay.reason
+                );
+            }
+            Ok(())
         }
-    }
-
-    async fn get(&self, id: &str) -> Result<Option<DeadLetter>, CliError> {
-        match self {
-            Self::Redis(d) => d.get(id).await.map_err(redis_error),
-            Self::Kafka(d) => d.get(id).await.map_err(kafka_error),
-            Self::Sqs(d) => d.get(id).await.map_err(sqs_error),
-        }
-    }
-
-    async fn replay(&self, id: &str, operator: &str, reason: &str) -> Result<Replay, CliError> {
-        match self {
-            Self::Redis(d) => d.replay(id, operator, reason).await.map_err(redis_error),
-            Self::Kafka(d) => d.replay(id, operator, reason).await.map_err(kafka_error),
-            Self::Sqs(d) => d.replay(id, operator, reason).await.map_err(sqs_error),
-        }
-    }
-}
-
-fn refused(refused: ReplayRefused) -> CliError {
-    match refused {
-        ReplayRefused::Unattributed => CliError::usage(refused),
-        _ => CliError::failure(refused),
-    }
-}
-
-fn redis_error(error: outbox_redis::DeadLetterError) -> CliError {
-    match error {
-        outbox_redis::DeadLetterError::Refused(r) => refused(r),
-        other => CliError::failure(other),
-    }
-}
-
-fn kafka_error(error: outbox_kafka::DeadLetterError) -> CliError {
-    match error {
-        outbox_kafka::DeadLetterError::Refused(r) => refused(r),
-        other => CliError::failure(other),
-    }
-}
-
-fn sqs_error(error: outbox_sns::DeadLetterError) -> CliError {
-    match error {
-        outbox_sns::DeadLetterError::Refused(r) => refused(r),
-        other => CliError::failure(other),
     }
 }
 

@@ -85,3 +85,45 @@ pub fn check_attribution(operator: &str, reason: &str) -> Result<(), ReplayRefus
 /// Metadata names the adapters add to a dead letter (`dlq.error`, …):
 /// left out of [`DeadLetter::headers`] and of a replayed message.
 pub const METADATA_PREFIX: &str = "dlq.";
+
+/// A broker's dead letters of one source, read and replayed alike on
+/// every broker: the Redis, Kafka and SQS adapters implement it, and the
+/// CLI's `outbox dead-letters` drives each through it.
+#[async_trait::async_trait]
+pub trait DeadLetterQueue: Send + Sync {
+    /// The broker's error; a refused replay is one of its values.
+    type Error: std::error::Error + From<ReplayRefused> + Send + Sync + 'static;
+
+    /// Where the dead letters are (a stream, a topic, a queue), for
+    /// operators' messages.
+    fn location(&self) -> String;
+
+    /// Up to `limit` dead letters in the broker's order, after the dead
+    /// letter `after` (exclusive) when given. A broker without an order to
+    /// page by (SQS) refuses `after`.
+    async fn list(&self, after: Option<&str>, limit: usize)
+    -> Result<Vec<DeadLetter>, Self::Error>;
+
+    /// The dead letter `id`, if there is one.
+    async fn get(&self, id: &str) -> Result<Option<DeadLetter>, Self::Error>;
+
+    /// [`replay`](Self::replay) once its attribution is checked: puts the
+    /// dead letter back where its consumer reads, once, and records who
+    /// did it and why.
+    async fn replay_attributed(
+        &self,
+        id: &str,
+        operator: &str,
+        reason: &str,
+    ) -> Result<Replay, Self::Error>;
+
+    /// Puts the dead letter `id` back where its consumer reads, once,
+    /// recording `operator` and `reason` (both required).
+    async fn replay(&self, id: &str, operator: &str, reason: &str) -> Result<Replay, Self::Error> {
+        check_attribution(operator, reason)?;
+        self.replay_attributed(id, operator, reason).await
+    }
+
+    /// The refusal `error` is, if it is one (nothing was written).
+    fn refusal(error: &Self::Error) -> Option<&ReplayRefused>;
+}

@@ -23,7 +23,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use outbox_core::chrono::{DateTime, TimeZone, Utc};
-use outbox_core::dead_letter::{self, DeadLetter, METADATA_PREFIX, Replay, ReplayRefused};
+use outbox_core::dead_letter::{
+    DeadLetter, DeadLetterQueue, METADATA_PREFIX, Replay, ReplayRefused,
+};
 use outbox_core::event::wire::names;
 use outbox_core::serde_json::{self, json};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -86,10 +88,26 @@ impl KafkaDeadLetters {
     pub fn dead_letter_topic(&self) -> &str {
         &self.dead
     }
+}
+
+#[async_trait::async_trait]
+impl DeadLetterQueue for KafkaDeadLetters {
+    type Error = DeadLetterError;
+
+    fn location(&self) -> String {
+        self.dead.clone()
+    }
+
+    fn refusal(error: &DeadLetterError) -> Option<&ReplayRefused> {
+        match error {
+            DeadLetterError::Refused(refused) => Some(refused),
+            _ => None,
+        }
+    }
 
     /// Up to `limit` dead letters in (partition, offset) order, after the
     /// dead letter `after` (exclusive) when given.
-    pub async fn list(
+    async fn list(
         &self,
         after: Option<&str>,
         limit: usize,
@@ -106,7 +124,7 @@ impl KafkaDeadLetters {
     }
 
     /// The dead letter `id` (`partition/offset`), if there is one.
-    pub async fn get(&self, id: &str) -> Result<Option<DeadLetter>, DeadLetterError> {
+    async fn get(&self, id: &str) -> Result<Option<DeadLetter>, DeadLetterError> {
         let Some(message) = self.message(id).await? else {
             return Ok(None);
         };
@@ -116,13 +134,12 @@ impl KafkaDeadLetters {
 
     /// Produces the dead letter `id` to its source topic, once, recording
     /// `operator` and `reason`.
-    pub async fn replay(
+    async fn replay_attributed(
         &self,
         id: &str,
         operator: &str,
         reason: &str,
     ) -> Result<Replay, DeadLetterError> {
-        dead_letter::check_attribution(operator, reason)?;
         let Some(message) = self.message(id).await? else {
             return Err(ReplayRefused::NotFound(id.to_owned()).into());
         };
@@ -201,7 +218,9 @@ impl KafkaDeadLetters {
         .await?;
         Ok(replay)
     }
+}
 
+impl KafkaDeadLetters {
     async fn message(&self, id: &str) -> Result<Option<OwnedMessage>, DeadLetterError> {
         let (partition, offset) = parse_id(id)?;
         let (client, dead) = (self.client.clone(), self.dead.clone());

@@ -21,7 +21,7 @@ pub mod testing;
 pub use config::{KafkaPublisherConfig, TopicRouter};
 pub use consumer::{
     CommitWatch, ConsumerError, ConsumerReport, Handler, HandlerError, KafkaConsumer,
-    KafkaConsumerConfig, KafkaEvent, SHUTDOWN_COMMIT_LIMIT,
+    KafkaConsumerConfig, KafkaCounts, KafkaEvent, SHUTDOWN_COMMIT_LIMIT,
 };
 pub use context::BrokerHealth;
 pub use dead_letters::{DeadLetterError, KafkaDeadLetters};

@@ -417,7 +417,7 @@ mod outage {
         if report.duplicates > 0 {
             eprintln!("copies published again or a lost session; the inbox absorbed {report:?}");
         }
-        assert!(report.committed_at_shutdown >= 1, "{report:?}");
+        assert!(report.broker.committed_at_shutdown >= 1, "{report:?}");
 
         let sentinel = event("sentinel", 999);
         OutboxWriter::enqueue(&*setup.store, std::slice::from_ref(&sentinel))

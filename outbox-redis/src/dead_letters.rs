@@ -12,7 +12,9 @@
 //! name the stream with a hash tag, `{billing}:invoice.paid`.)
 
 use outbox_core::chrono::{DateTime, TimeZone, Utc};
-use outbox_core::dead_letter::{self, DeadLetter, METADATA_PREFIX, Replay, ReplayRefused};
+use outbox_core::dead_letter::{
+    DeadLetter, DeadLetterQueue, METADATA_PREFIX, Replay, ReplayRefused,
+};
 use outbox_core::event::wire::names;
 use redis::aio::ConnectionManager;
 use redis::streams::{StreamId, StreamRangeReply};
@@ -78,10 +80,26 @@ impl RedisDeadLetters {
     pub fn dead_letter_stream(&self) -> &str {
         &self.dead
     }
+}
+
+#[async_trait::async_trait]
+impl DeadLetterQueue for RedisDeadLetters {
+    type Error = DeadLetterError;
+
+    fn location(&self) -> String {
+        self.dead.clone()
+    }
+
+    fn refusal(error: &DeadLetterError) -> Option<&ReplayRefused> {
+        match error {
+            DeadLetterError::Refused(refused) => Some(refused),
+            _ => None,
+        }
+    }
 
     /// Up to `limit` dead letters, oldest first, after the entry `after`
     /// (exclusive) when given.
-    pub async fn list(
+    async fn list(
         &self,
         after: Option<&str>,
         limit: usize,
@@ -108,7 +126,7 @@ impl RedisDeadLetters {
     }
 
     /// The dead letter `id`, if there is one.
-    pub async fn get(&self, id: &str) -> Result<Option<DeadLetter>, DeadLetterError> {
+    async fn get(&self, id: &str) -> Result<Option<DeadLetter>, DeadLetterError> {
         let mut redis = self.connection.clone();
         let reply: StreamRangeReply = redis.xrange(&self.dead, id, id).await?;
         let Some(entry) = reply.ids.first() else {
@@ -120,13 +138,12 @@ impl RedisDeadLetters {
 
     /// Puts the dead letter `id` back on the stream, once, recording
     /// `operator` and `reason`.
-    pub async fn replay(
+    async fn replay_attributed(
         &self,
         id: &str,
         operator: &str,
         reason: &str,
     ) -> Result<Replay, DeadLetterError> {
-        dead_letter::check_attribution(operator, reason)?;
         let mut redis = self.connection.clone();
         let (outcome, record): (String, String) = redis::Script::new(REPLAY)
             .key(&self.dead)
@@ -148,7 +165,9 @@ impl RedisDeadLetters {
             _ => Err(ReplayRefused::NotFound(id.to_owned()).into()),
         }
     }
+}
 
+impl RedisDeadLetters {
     fn dead_letter(&self, entry: &StreamId, record: Option<&str>) -> DeadLetter {
         let text = |name: &str| match entry.map.get(name) {
             Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),

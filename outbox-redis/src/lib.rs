@@ -18,6 +18,7 @@ pub use config::{StreamRouter, Trim};
 pub use connection::{ConnectionSettings, LazyConnection};
 pub use consumer::{
     ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, RedisConsumer,
+    RedisCounts,
 };
 pub use dead_letters::{DeadLetterError, RedisDeadLetters};
 pub use fields::{DecodeError, StreamEvent};

@@ -123,18 +123,13 @@ impl ConsumerConfig {
 }
 
 /// What a consumer did, returned when it stops.
+pub type ConsumerReport = outbox_core::consume::ConsumerReport<SqsCounts>;
+
+/// What an SQS consumer counts beside every consumer's counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ConsumerReport {
+pub struct SqsCounts {
     /// Messages received (redeliveries included).
     pub received: u64,
-    /// Effects committed.
-    pub applied: u64,
-    /// Redeliveries the inbox recognised (deleted without effect).
-    pub duplicates: u64,
-    /// Messages sent to the dead-letter queue.
-    pub dead_lettered: u64,
-    /// Retryable inbox-store errors ridden out on the message in hand.
-    pub store_retries: u64,
     /// SQS errors ridden out (the consumer waited, then received again).
     pub sqs_retries: u64,
     /// Messages handed back unhandled (a failure or shutdown mid-batch).
@@ -228,7 +223,7 @@ where
                 Err(Failure::Refused(message)) => return Err(ConsumerError::Sqs(message)),
                 Err(Failure::Sqs(class, message)) => (class, message),
             };
-            self.report.sqs_retries += 1;
+            self.report.broker.sqs_retries += 1;
             let pause = self.consuming.step_failed();
             tracing::warn!(error = %message, class = class.as_str(), ?pause, "sqs failed; consumer waiting");
             pause_unless_shut_down(pause, &shutdown).await;
@@ -282,7 +277,7 @@ where
         if messages.is_empty() {
             return Ok(());
         }
-        self.report.received += messages.len() as u64;
+        self.report.broker.received += messages.len() as u64;
         let receipts: Vec<String> = messages
             .iter()
             .filter_map(|m| m.receipt_handle().map(str::to_owned))
@@ -311,10 +306,10 @@ where
         // The keeper stops before anything is settled: an extension still
         // in flight could otherwise land after a hand-back and hide one of
         // a group's messages while SQS delivers the ones behind it.
-        self.report.visibility_extensions += keeper.stop().await;
+        self.report.broker.visibility_extensions += keeper.stop().await;
         settle::delete(&self.client, &self.config.queue_url, &settled).await;
         let rest = &messages[settled.len()..];
-        self.report.handed_back += rest.len() as u64;
+        self.report.broker.handed_back += rest.len() as u64;
         settle::hand_back(&self.client, &self.config.queue_url, rest).await;
         outcome
     }

@@ -28,7 +28,9 @@ use aws_sdk_sqs::types::{
     MessageSystemAttributeName,
 };
 use outbox_core::chrono::{TimeZone, Utc};
-use outbox_core::dead_letter::{self, DeadLetter, METADATA_PREFIX, Replay, ReplayRefused};
+use outbox_core::dead_letter::{
+    DeadLetter, DeadLetterQueue, METADATA_PREFIX, Replay, ReplayRefused,
+};
 use outbox_core::serde_json::{self, Value};
 
 use crate::attributes::names;
@@ -52,6 +54,10 @@ pub enum DeadLetterError {
     /// SQS failed.
     #[error("sqs: {0}")]
     Sqs(String),
+    /// A list asked to start after a dead letter: SQS has no order to page
+    /// by (raise the limit instead).
+    #[error("SQS has no order to page dead letters by; raise the limit instead")]
+    Unordered,
     /// A message in the dead-letter queue is not a consumer's wrapper.
     #[error("dead letter {id} is not a consumer's wrapper: {reason}")]
     Unwrapped {
@@ -84,11 +90,34 @@ impl SqsDeadLetters {
             queue_url: dead_letter_queue_url.to_owned(),
         }
     }
+}
+
+#[async_trait::async_trait]
+impl DeadLetterQueue for SqsDeadLetters {
+    type Error = DeadLetterError;
+
+    fn location(&self) -> String {
+        self.queue_url.clone()
+    }
+
+    fn refusal(error: &DeadLetterError) -> Option<&ReplayRefused> {
+        match error {
+            DeadLetterError::Refused(refused) => Some(refused),
+            _ => None,
+        }
+    }
 
     /// Up to `limit` dead letters (SQS gives no order; sorted by the time
     /// they were dead-lettered). Messages that are not a consumer's
     /// wrapper are listed with their body as the error.
-    pub async fn list(&self, limit: usize) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    async fn list(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, DeadLetterError> {
+        if after.is_some() {
+            return Err(DeadLetterError::Unordered);
+        }
         let held = self.receive(limit, None).await?;
         let mut listed: Vec<DeadLetter> = held.iter().map(read_dead_letter).collect();
         self.release(&held).await?;
@@ -97,7 +126,7 @@ impl SqsDeadLetters {
     }
 
     /// The dead letter `id`, if the queue has it.
-    pub async fn get(&self, id: &str) -> Result<Option<DeadLetter>, DeadLetterError> {
+    async fn get(&self, id: &str) -> Result<Option<DeadLetter>, DeadLetterError> {
         let held = self.receive(SCAN_LIMIT, Some(id)).await?;
         let found = held
             .iter()
@@ -109,13 +138,12 @@ impl SqsDeadLetters {
 
     /// Sends the dead letter `id` back to its source queue, once, recording
     /// `operator` and `reason`, and deletes it.
-    pub async fn replay(
+    async fn replay_attributed(
         &self,
         id: &str,
         operator: &str,
         reason: &str,
     ) -> Result<Replay, DeadLetterError> {
-        dead_letter::check_attribution(operator, reason)?;
         let held = self.receive(SCAN_LIMIT, Some(id)).await?;
         let (found, others): (Vec<Message>, Vec<Message>) =
             held.into_iter().partition(|m| m.message_id() == Some(id));
@@ -129,7 +157,9 @@ impl SqsDeadLetters {
         }
         result
     }
+}
 
+impl SqsDeadLetters {
     async fn send_back(
         &self,
         id: &str,

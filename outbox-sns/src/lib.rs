@@ -13,7 +13,7 @@ mod visibility;
 
 pub use config::TopicRouter;
 pub use consumer::{
-    ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, SqsConsumer,
+    ConsumerConfig, ConsumerError, ConsumerReport, Handler, HandlerError, SqsConsumer, SqsCounts,
 };
 pub use dead_letters::{DeadLetterError, SqsDeadLetters};
 pub use error::{classify_code, classify_sdk_error};

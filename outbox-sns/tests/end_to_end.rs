@@ -105,7 +105,7 @@ async fn a_relay_killed_after_publish_is_absorbed_by_fifo_deduplication() {
         report.duplicates, 0,
         "deduplication dropped the republish: {report:?}"
     );
-    assert_eq!(report.received, 20, "{report:?}");
+    assert_eq!(report.broker.received, 20, "{report:?}");
 }
 
 /// The same with the consumer running while the event is republished: the

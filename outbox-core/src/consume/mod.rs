@@ -21,8 +21,10 @@ use tokio_util::sync::CancellationToken;
 mod consumer_error;
 /// What every broker's consumer holds beside its client.
 mod consuming;
+mod report;
 
 pub use consuming::{Consuming, pause_unless_shut_down};
+pub use report::{ConsumerReport, Handled};
 
 use crate::error::StoreError;
 use crate::event::{EventId, Headers};

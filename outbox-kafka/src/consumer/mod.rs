@@ -23,13 +23,15 @@
 //! position (its session was lost, or a rebalance came before the last
 //! commit) resumes at its own position: the consumer seeks there, stores
 //! it for the next commit, and passes over older messages it already
-//! applied ([`ConsumerReport::resumed`], `skipped_behind`), instead of
+//! applied ([`KafkaCounts::resumed`], `skipped_behind`), instead of
 //! sending each to its inbox again.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::consume::{Applied, Consuming, default_store_outage, pause_unless_shut_down};
+use outbox_core::consume::{
+    Applied, Consuming, Handled, default_store_outage, pause_unless_shut_down,
+};
 use outbox_core::relay::OutagePolicy;
 use outbox_core::{InboxStore, RetryPolicy};
 use rdkafka::ClientConfig;
@@ -118,16 +120,11 @@ impl KafkaConsumerConfig {
 }
 
 /// What a consumer did, returned when it stops.
+pub type ConsumerReport = outbox_core::consume::ConsumerReport<KafkaCounts>;
+
+/// What a Kafka consumer counts beside every consumer's counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ConsumerReport {
-    /// Effects committed.
-    pub applied: u64,
-    /// Redeliveries the inbox recognised.
-    pub duplicates: u64,
-    /// Messages sent to a dead-letter topic.
-    pub dead_lettered: u64,
-    /// Retryable inbox-store errors ridden out on the message in hand.
-    pub store_retries: u64,
+pub struct KafkaCounts {
     /// Partitions whose last offset the graceful shutdown committed.
     pub committed_at_shutdown: u64,
     /// Times a partition came back to this consumer at an offset behind its
@@ -149,14 +146,6 @@ impl From<KafkaError> for ConsumerError {
     fn from(error: KafkaError) -> Self {
         Self::Kafka(error)
     }
-}
-
-enum Handled {
-    Applied,
-    Duplicate,
-    DeadLettered,
-    /// Shutdown came first: not stored, so delivered again later.
-    Interrupted,
 }
 
 /// Reads a consumer group and applies each event once through an inbox.
@@ -286,18 +275,15 @@ where
                         .await?
                 }
             };
-            match handled {
-                Handled::Applied => self.report.applied += 1,
-                Handled::Duplicate => self.report.duplicates += 1,
-                Handled::DeadLettered => self.report.dead_lettered += 1,
-                Handled::Interrupted => break,
+            if !self.report.count(handled) {
+                break;
             }
             // Only now: the effect committed, or the message was dead-lettered.
             self.consumer.store_offset_from_message(&message)?;
             uncommitted = true;
             self.stored.insert(partition, message.offset() + 1);
         }
-        self.report.committed_at_shutdown = self.commit_at_shutdown().await;
+        self.report.broker.committed_at_shutdown = self.commit_at_shutdown().await;
         Ok(self.report)
     }
 
@@ -309,12 +295,12 @@ where
     /// it, so the next commit hands the position on to whoever reads the
     /// partition after. Returns whether it stored an offset.
     fn resume_at(&mut self, partition: (String, i32), next: i64) -> bool {
-        self.report.skipped_behind += 1;
+        self.report.broker.skipped_behind += 1;
         let (topic, number) = (partition.0.clone(), partition.1);
         if !self.resuming.insert(partition) {
             return false;
         }
-        self.report.resumed += 1;
+        self.report.broker.resumed += 1;
         tracing::info!(%topic, partition = number, next, "partition handed back behind this consumer's position; resuming at its own");
         // Asynchronous (no wait): messages already fetched still arrive and
         // are passed over one by one.

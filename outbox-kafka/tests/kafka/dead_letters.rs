@@ -3,6 +3,7 @@
 //! UTF-8.
 
 use super::*;
+use outbox_core::dead_letter::DeadLetterQueue;
 
 /// A handler that rejects an event: it goes to `{topic}.dlq` with its
 /// original headers and the error, and the consumer moves on.

@@ -103,18 +103,13 @@ impl ConsumerConfig {
 }
 
 /// What a consumer did, returned when it stops.
+pub type ConsumerReport = outbox_core::consume::ConsumerReport<RedisCounts>;
+
+/// What a Redis consumer counts beside every consumer's counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ConsumerReport {
-    /// Effects committed.
-    pub applied: u64,
-    /// Redeliveries the inbox recognised (acknowledged without effect).
-    pub duplicates: u64,
-    /// Entries moved to a dead-letter stream.
-    pub dead_lettered: u64,
+pub struct RedisCounts {
     /// Entries reclaimed from idle consumers.
     pub reclaimed: u64,
-    /// Retryable inbox-store errors ridden out on the entry in hand.
-    pub store_retries: u64,
     /// Redis errors ridden out (the consumer waited and re-read its pending entries).
     pub redis_retries: u64,
 }

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use outbox_core::consume::{Applied, Applier, Consuming, pause_unless_shut_down};
+use outbox_core::consume::{Applied, Applier, Consuming, Handled, pause_unless_shut_down};
 use outbox_core::{ErrorClass, EventId, Headers, InboxStore};
 use redis::aio::ConnectionManager;
 use redis::streams::{
@@ -42,17 +42,6 @@ pub use outbox_core::consume::Handler;
 
 mod config;
 pub use config::*;
-
-// By hand, not `#[from]`: that would also make the inner error this error's
-// `source` and repeat it in reports.
-
-enum Handled {
-    Applied,
-    Duplicate,
-    DeadLettered,
-    /// Shutdown came first: not acknowledged, delivered again later.
-    Interrupted,
-}
 
 /// Which entries the next read asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,7 +178,7 @@ where
             if class == ErrorClass::Permanent {
                 return Err(ConsumerError::Redis(error));
             }
-            self.report.redis_retries += 1;
+            self.report.broker.redis_retries += 1;
             let pause = self.consuming.step_failed();
             if class == ErrorClass::Outage {
                 tracing::warn!(%error, ?pause, "redis unavailable; consumer waiting");
@@ -273,7 +262,7 @@ where
                 )
                 .await?;
             for entry in reply.claimed {
-                self.report.reclaimed += 1;
+                self.report.broker.reclaimed += 1;
                 let deliveries = self.deliveries(&stream, &entry.id).await?;
                 self.process(&stream, entry, deliveries, shutdown).await?;
             }
@@ -390,11 +379,8 @@ where
                 }
             }
         };
-        match outcome {
-            Handled::Applied => self.report.applied += 1,
-            Handled::Duplicate => self.report.duplicates += 1,
-            Handled::DeadLettered => self.report.dead_lettered += 1,
-            Handled::Interrupted => return Ok(()),
+        if !self.report.count(outcome) {
+            return Ok(());
         }
         // Only now, after the effect committed (or the entry was dead-lettered).
         let _: usize = self

@@ -150,7 +150,7 @@ async fn an_entry_delivered_too_often_is_dead_lettered() {
     stop.cancel();
     let report = survivor.await.unwrap().unwrap();
     assert_eq!(
-        (report.reclaimed, report.dead_lettered),
+        (report.broker.reclaimed, report.dead_lettered),
         (1, 1),
         "{report:?}"
     );

@@ -512,7 +512,10 @@ async fn a_consumer_built_while_redis_is_down_applies_once_it_is_back() {
     stop.cancel();
     let report = run.await.unwrap().unwrap();
     assert_eq!(report.applied, 1);
-    assert!(report.redis_retries > 0, "it met the outage: {report:?}");
+    assert!(
+        report.broker.redis_retries > 0,
+        "it met the outage: {report:?}"
+    );
 }
 
 /// A database index the server does not have is configuration: an outage,

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use outbox_core::dead_letter::ReplayRefused;
+use outbox_core::dead_letter::{DeadLetterQueue, ReplayRefused};
 use outbox_core::memory::MemoryInbox;
 use outbox_core::testing::{Downstream, event};
 use outbox_core::{CancellationToken, Publisher, RetryPolicy, StoredEvent};

@@ -2,6 +2,7 @@
 //! rejected, and the dead-letter queue's listing, showing and replay.
 
 use super::*;
+use outbox_core::dead_letter::DeadLetterQueue;
 
 /// A message SQS has delivered more than `max_receives` times goes to the
 /// dead-letter queue with the reason, the original body and attributes;
@@ -126,7 +127,7 @@ pub(super) async fn a_dead_letter_is_listed_shown_and_replayed_once() {
         let dead_letters = SqsDeadLetters::new(setup.aws.sqs.clone(), &setup.dead_letter_url);
         let listed = within("a dead letter", async {
             loop {
-                let listed = dead_letters.list(10).await.unwrap();
+                let listed = dead_letters.list(None, 10).await.unwrap();
                 if !listed.is_empty() {
                     return listed;
                 }
@@ -195,6 +196,16 @@ pub(super) async fn a_dead_letter_is_listed_shown_and_replayed_once() {
             vec![events[1].event_id, events[0].event_id],
             "{case}"
         );
-        assert!(dead_letters.list(10).await.unwrap().is_empty(), "{case}");
+        assert!(
+            dead_letters.list(None, 10).await.unwrap().is_empty(),
+            "{case}"
+        );
+        assert!(
+            matches!(
+                dead_letters.list(Some(&dead.id), 10).await,
+                Err(outbox_sns::DeadLetterError::Unordered)
+            ),
+            "SQS has no order to page by: {case}"
+        );
     }
 }

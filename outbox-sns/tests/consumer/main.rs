@@ -246,7 +246,7 @@ async fn faults_mid_batch_and_a_restart_keep_group_order_and_apply_once() {
         proxy.injected()
     );
     assert!(
-        first.sqs_retries + second.sqs_retries >= 1,
+        first.broker.sqs_retries + second.broker.sqs_retries >= 1,
         "{first:?} {second:?}"
     );
     assert!(
@@ -290,8 +290,8 @@ async fn a_failure_mid_batch_hands_the_rest_back_in_group_order() {
         .collect();
     assert_exactly_once_in_key_order(&effects.applied(), &expected);
     assert_eq!(report.dead_lettered, 1, "{report:?}");
-    assert!(report.handed_back >= 7, "{report:?}");
-    assert_eq!(report.sqs_retries, 1, "{report:?}");
+    assert!(report.broker.handed_back >= 7, "{report:?}");
+    assert_eq!(report.broker.sqs_retries, 1, "{report:?}");
     let dead = setup.dead_letters(1).await;
     assert_eq!(
         dead[0]["attributes"]["event_id"],
@@ -337,9 +337,12 @@ async fn a_handler_slower_than_the_visibility_timeout_keeps_its_message() {
     slow.wait_for(1).await;
     let slow_report = stop(slow_token, slow_handle).await;
     let other_report = stop(other_token, other_handle).await;
-    assert_eq!(other_report.received, 0, "{other_report:?}");
+    assert_eq!(other_report.broker.received, 0, "{other_report:?}");
     assert_eq!(slow_report.applied, 1, "{slow_report:?}");
-    assert!(slow_report.visibility_extensions >= 2, "{slow_report:?}");
+    assert!(
+        slow_report.broker.visibility_extensions >= 2,
+        "{slow_report:?}"
+    );
 }
 
 async fn visible(aws: &Aws, queue_url: &str) -> usize {
