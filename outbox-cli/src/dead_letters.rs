@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outbox_core::dead_letter::{DeadLetter, DeadLetterQueue, ReplayRefused};
+use outbox_core::dead_letter::{DeadLetter, DeadLetterQueue, check_attribution};
 use outbox_kafka::KafkaDeadLetters;
 use outbox_redis::RedisDeadLetters;
 use outbox_sns::SqsDeadLetters;
@@ -93,10 +93,7 @@ async fn run_on<Q: DeadLetterQueue>(
     action: DeadLetterAction,
     output: Output,
 ) -> Result<(), CliError> {
-    let failed = |error: Q::Error| match Q::refusal(&error) {
-        Some(ReplayRefused::Unattributed) => CliError::usage(error),
-        _ => CliError::failure(error),
-    };
+    let failed = |error: Q::Error| CliError::failure(error);
     match action {
         DeadLetterAction::List { limit, after } => {
             let listed = queue.list(after.as_deref(), limit).await.map_err(failed)?;
@@ -132,6 +129,9 @@ async fn run_on<Q: DeadLetterQueue>(
             reason,
             operator,
         } => {
+            // A missing attribution is the command line's fault, asked
+            // before the broker is.
+            check_attribution(&operator, &reason).map_err(CliError::usage)?;
             let replay = queue
                 .replay(&id, &operator, &reason)
                 .await

@@ -123,7 +123,4 @@ pub trait DeadLetterQueue: Send + Sync {
         check_attribution(operator, reason)?;
         self.replay_attributed(id, operator, reason).await
     }
-
-    /// The refusal `error` is, if it is one (nothing was written).
-    fn refusal(error: &Self::Error) -> Option<&ReplayRefused>;
 }

@@ -98,13 +98,6 @@ impl DeadLetterQueue for KafkaDeadLetters {
         self.dead.clone()
     }
 
-    fn refusal(error: &DeadLetterError) -> Option<&ReplayRefused> {
-        match error {
-            DeadLetterError::Refused(refused) => Some(refused),
-            _ => None,
-        }
-    }
-
     /// Up to `limit` dead letters in (partition, offset) order, after the
     /// dead letter `after` (exclusive) when given.
     async fn list(

@@ -90,13 +90,6 @@ impl DeadLetterQueue for RedisDeadLetters {
         self.dead.clone()
     }
 
-    fn refusal(error: &DeadLetterError) -> Option<&ReplayRefused> {
-        match error {
-            DeadLetterError::Refused(refused) => Some(refused),
-            _ => None,
-        }
-    }
-
     /// Up to `limit` dead letters, oldest first, after the entry `after`
     /// (exclusive) when given.
     async fn list(

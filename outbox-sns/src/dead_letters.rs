@@ -100,13 +100,6 @@ impl DeadLetterQueue for SqsDeadLetters {
         self.queue_url.clone()
     }
 
-    fn refusal(error: &DeadLetterError) -> Option<&ReplayRefused> {
-        match error {
-            DeadLetterError::Refused(refused) => Some(refused),
-            _ => None,
-        }
-    }
-
     /// Up to `limit` dead letters (SQS gives no order; sorted by the time
     /// they were dead-lettered). Messages that are not a consumer's
     /// wrapper are listed with their body as the error.
