@@ -26,7 +26,9 @@ def lock_key(name: str) -> int:
     return h - (1 << 64) if h >= (1 << 63) else h
 
 
-template = (templates / "postgres/schema.sql").read_text()
+# The PostgreSQL template is split by concept (outbox_sql::postgres::SCHEMA
+# joins the files in their names' order, as here).
+template = "".join(part.read_text() for part in sorted((templates / "postgres/schema").glob("*.sql")))
 producer_lock = lock_key("outbox_events") ^ 0x0B5E55ED
 producer_bits = producer_lock % (1 << 64)
 rendered = (

@@ -17,8 +17,19 @@ pub use statements::{Statements, claim_row, raw_event};
 use crate::config::StoreConfig;
 
 /// The schema template, written with the default names and placeholders
-/// ([`schema_sql`] renders it).
-pub const SCHEMA: &str = include_str!("schema.sql");
+/// ([`schema_sql`] renders it): the files of `schema/`, one concept each,
+/// in their names' order (`scripts/render-migrations.py` joins them the
+/// same way).
+pub const SCHEMA: &str = concat!(
+    include_str!("schema/01_tables.sql"),
+    include_str!("schema/02_enqueue_and_tick.sql"),
+    include_str!("schema/03_recovery.sql"),
+    include_str!("schema/04_pick.sql"),
+    include_str!("schema/05_pick_plain.sql"),
+    include_str!("schema/06_claim.sql"),
+    include_str!("schema/07_settle.sql"),
+    include_str!("schema/08_admin.sql"),
+);
 
 /// The schema version the template creates.
 pub const SCHEMA_VERSION: i32 = 2;

@@ -2,7 +2,7 @@
 //! runs when, with which parameters, and what its rows mean.
 //!
 //! The claim, tick, settlement and blame logic is SQL (the functions of
-//! `schema.sql`); what is left for Rust is binding their parameters,
+//! `schema/*.sql`); what is left for Rust is binding their parameters,
 //! batching settlements, sorting a claim's rows, the idle probe and the
 //! connections kept for claims and settlements.
 

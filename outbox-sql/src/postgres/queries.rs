@@ -1,6 +1,6 @@
 //! Every PostgreSQL statement, built once from validated table names. The
 //! protocol itself (tick, claim, settlements) lives in the functions that
-//! `schema.sql` installs; these statements call them or read the tables.
+//! `schema/*.sql` install; these statements call them or read the tables.
 
 use crate::admin_queries::{self, AdminQueries};
 use crate::config::TableNames;
