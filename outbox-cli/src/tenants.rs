@@ -4,15 +4,21 @@
 //! and their sum. A tenant whose read fails gets its error on its line;
 //! the others are still read.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_core::StoreError;
 use outbox_core::store::EventTypeStats;
+use outbox_core::tenants::TenantId;
 use outbox_core::tenants::TenantSource;
 use outbox_sqlx::StoreConfig;
-use outbox_sqlx::mysql::{MySqlDatabaseTenants, MySqlTenantStores, MySqlUrlTenants};
-use outbox_sqlx::postgres::{PgSchemaTenants, PgTenantStores, PgUrlTenants};
-use outbox_sqlx::tenants::{TenantStores, UrlTenantStores};
+use outbox_sqlx::TableNames;
+use outbox_sqlx::mysql::{MySqlDatabaseTenants, MySqlTenantStores};
+use outbox_sqlx::postgres::{PgSchemaTenants, PgTenantStores};
+use outbox_sqlx::tenants::{
+    CatalogTenants, ServerStores, TenantDatabase, TenantStores, UrlTenantStores, UrlTenants,
+};
 use serde_json::{Value, json};
 
 use crate::args::Output;
@@ -85,6 +91,46 @@ fn store_of<T: TenantStores>(stores: T, wrap: fn(T::Store) -> Store) -> StoreOf 
     Arc::new(move |t| Ok(wrap(stores.store(t)?)))
 }
 
+/// How one dialect finds its tenants on a server and opens their stores.
+struct Dialect<DB: sqlx::Database, T: ServerStores> {
+    /// The tenants whose schema (database) is `LIKE` a pattern.
+    catalog: fn(sqlx::Pool<DB>, String) -> CatalogTenants<DB>,
+    /// Every tenant's store on the server's pool.
+    stores: fn(sqlx::Pool<DB>, StoreConfig) -> T,
+    /// The stores of a server named by a tenant's URL.
+    lazy: fn(&str, u32, StoreConfig) -> Result<T, StoreError>,
+    /// The store as `status` reads it.
+    wrap: fn(T::Store) -> Store,
+}
+
+impl<DB: TenantDatabase, T: ServerStores> Dialect<DB, T> {
+    /// The tenants `which` names on `pool`'s server, and how to open each
+    /// one's store (with the tables named as `tables`).
+    async fn tenants(
+        self,
+        pool: sqlx::Pool<DB>,
+        tables: TableNames,
+        which: Which,
+    ) -> Result<(BTreeSet<TenantId>, StoreOf), CliError> {
+        let config = StoreConfig::with_tables(tables.clone());
+        match which {
+            Which::SchemasLike(pattern) => {
+                let tenants = (self.catalog)(pool.clone(), pattern).with_tables(&tables);
+                let stores = (self.stores)(pool, config);
+                Ok((tenants.tenants().await?, store_of(stores, self.wrap)))
+            }
+            Which::Urls(query) => {
+                let tenants = UrlTenants::<DB>::new(pool, query);
+                let lazy = self.lazy;
+                let stores = UrlTenantStores::new(tenants.urls(), move |url| {
+                    lazy(url, URL_CONNECTIONS, config.clone())
+                });
+                Ok((tenants.tenants().await?, store_of(stores, self.wrap)))
+            }
+        }
+    }
+}
+
 /// Prints every tenant's line and the sum.
 pub async fn status(
     store: &Store,
@@ -97,36 +143,28 @@ pub async fn status(
             "--all-tenants and --tenant-urls read every tenant's schema: remove --schema",
         ));
     }
-    let (tenants, stores): (_, StoreOf) = match (store, which) {
-        (Store::Postgres(pg), Which::SchemasLike(pattern)) => {
-            let names = pg.config().tables.clone();
-            let tenants = PgSchemaTenants::new(pg.pool().clone(), pattern).with_tables(&names);
-            let stores = PgTenantStores::new(pg.pool().clone(), StoreConfig::with_tables(names));
-            (tenants.tenants().await?, store_of(stores, Store::Postgres))
+    let (tenants, stores) = match store {
+        Store::Postgres(pg) => {
+            let tables = pg.config().tables.clone();
+            let on_pool = Dialect {
+                catalog: |pool, pattern| PgSchemaTenants::new(pool, pattern),
+                stores: PgTenantStores::new,
+                lazy: PgTenantStores::lazy,
+                wrap: Store::Postgres,
+            };
+            on_pool.tenants(pg.pool().clone(), tables, which).await?
         }
-        (Store::Postgres(pg), Which::Urls(query)) => {
-            let config = StoreConfig::with_tables(pg.config().tables.clone());
-            let tenants = PgUrlTenants::new(pg.pool().clone(), query);
-            let stores = UrlTenantStores::new(tenants.urls(), move |url| {
-                PgTenantStores::lazy(url, URL_CONNECTIONS, config.clone())
-            });
-            (tenants.tenants().await?, store_of(stores, Store::Postgres))
+        Store::MySql(my) => {
+            let tables = my.config().tables.clone();
+            let on_pool = Dialect {
+                catalog: |pool, pattern| MySqlDatabaseTenants::new(pool, pattern),
+                stores: MySqlTenantStores::new,
+                lazy: MySqlTenantStores::lazy,
+                wrap: Store::MySql,
+            };
+            on_pool.tenants(my.pool().clone(), tables, which).await?
         }
-        (Store::MySql(my), Which::SchemasLike(pattern)) => {
-            let names = my.config().tables.clone();
-            let tenants = MySqlDatabaseTenants::new(my.pool().clone(), pattern).with_tables(&names);
-            let stores = MySqlTenantStores::new(my.pool().clone(), StoreConfig::with_tables(names));
-            (tenants.tenants().await?, store_of(stores, Store::MySql))
-        }
-        (Store::MySql(my), Which::Urls(query)) => {
-            let config = StoreConfig::with_tables(my.config().tables.clone());
-            let tenants = MySqlUrlTenants::new(my.pool().clone(), query);
-            let stores = UrlTenantStores::new(tenants.urls(), move |url| {
-                MySqlTenantStores::lazy(url, URL_CONNECTIONS, config.clone())
-            });
-            (tenants.tenants().await?, store_of(stores, Store::MySql))
-        }
-        (Store::Sqlite(_), _) => {
+        Store::Sqlite(_) => {
             return Err(CliError::usage(
                 "--all-tenants, --tenant-urls: PostgreSQL (a schema per tenant) or MySQL/MariaDB (a database per tenant) only",
             ));
