@@ -51,37 +51,16 @@ pub trait InboxDialect: Clone + std::fmt::Debug + Send + Sync + 'static {
 /// synced.
 macro_rules! protocol_inbox {
     ($store:ty, $connection:ty) => {
-        #[async_trait::async_trait]
-        impl $crate::inbox::InboxDialect for $store {
-            type Connection = $connection;
-            type Pooled = diesel_async::pooled_connection::deadpool::Object<$connection>;
+        outbox_sql::protocol_inbox_dialect! {
+            $store: $crate::inbox::InboxDialect {
+                type Connection = $connection;
+                type Pooled = diesel_async::pooled_connection::deadpool::Object<$connection>;
 
-            fn inbox_table(&self) -> String {
-                self.config().tables.inbox()
+                async fn inbox_connection(&self) -> Result<Self::Pooled, outbox_core::StoreError> {
+                    self.synced_conn().await
+                }
             }
-
-            async fn inbox_connection(&self) -> Result<Self::Pooled, outbox_core::StoreError> {
-                self.synced_conn().await
-            }
-
-            async fn claim_on(
-                &self,
-                conn: &mut $connection,
-                consumer: &str,
-                event_id: outbox_core::EventId,
-            ) -> Result<bool, outbox_core::StoreError> {
-                self.protocol
-                    .inbox_claim(&mut super::driver::Diesel(conn), consumer, event_id)
-                    .await
-            }
-
-            async fn purge_inbox(
-                &self,
-                older_than: std::time::Duration,
-                batch_size: usize,
-            ) -> Result<u64, outbox_core::StoreError> {
-                self.protocol.inbox_purge(older_than, batch_size).await
-            }
+            claims on $connection as |conn| super::driver::Diesel(conn)
         }
     };
 }

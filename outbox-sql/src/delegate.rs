@@ -126,3 +126,43 @@ macro_rules! __forward_to_field {
         }
     };
 }
+
+/// Implements a driver crate's `InboxDialect` for `$store`, whose
+/// `protocol` field (a dialect's `Protocol` over the crate's driver) holds
+/// the inbox statements: the inbox table's name, a claim written on the
+/// caller's connection `$conn` (wrapped for the protocol as `$exec`) and
+/// the purge are the same for every store of every driver crate; `$items`
+/// are the crate's own (its associated types, how a transaction begins).
+#[macro_export]
+macro_rules! protocol_inbox_dialect {
+    (
+        $store:ty: $dialect:path { $($items:tt)* }
+        claims on $connection:ty as |$conn:ident| $exec:expr
+    ) => {
+        #[$crate::__private::async_trait]
+        impl $dialect for $store {
+            $($items)*
+
+            fn inbox_table(&self) -> String {
+                self.config().tables.inbox()
+            }
+
+            async fn claim_on(
+                &self,
+                $conn: &mut $connection,
+                consumer: &str,
+                event_id: $crate::__private::EventId,
+            ) -> Result<bool, $crate::__private::StoreError> {
+                self.protocol.inbox_claim(&mut $exec, consumer, event_id).await
+            }
+
+            async fn purge_inbox(
+                &self,
+                older_than: ::std::time::Duration,
+                batch_size: usize,
+            ) -> Result<u64, $crate::__private::StoreError> {
+                self.protocol.inbox_purge(older_than, batch_size).await
+            }
+        }
+    };
+}

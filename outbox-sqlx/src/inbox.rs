@@ -54,39 +54,18 @@ macro_rules! protocol_inbox {
         });
     };
     ($store:ty, $database:ty, $connection:ty, |$this:ident| $begin:block) => {
-        #[async_trait::async_trait]
-        impl $crate::inbox::InboxDialect for $store {
-            type Database = $database;
+        outbox_sql::protocol_inbox_dialect! {
+            $store: $crate::inbox::InboxDialect {
+                type Database = $database;
 
-            fn inbox_table(&self) -> String {
-                self.config().tables.inbox()
+                async fn begin_inbox(
+                    &self,
+                ) -> Result<sqlx::Transaction<'static, $database>, outbox_core::StoreError> {
+                    let $this = self;
+                    $begin
+                }
             }
-
-            async fn begin_inbox(
-                &self,
-            ) -> Result<sqlx::Transaction<'static, $database>, outbox_core::StoreError> {
-                let $this = self;
-                $begin
-            }
-
-            async fn claim_on(
-                &self,
-                conn: &mut $connection,
-                consumer: &str,
-                event_id: outbox_core::EventId,
-            ) -> Result<bool, outbox_core::StoreError> {
-                self.protocol
-                    .inbox_claim(&mut super::driver::Sqlx::caller(conn), consumer, event_id)
-                    .await
-            }
-
-            async fn purge_inbox(
-                &self,
-                older_than: std::time::Duration,
-                batch_size: usize,
-            ) -> Result<u64, outbox_core::StoreError> {
-                self.protocol.inbox_purge(older_than, batch_size).await
-            }
+            claims on $connection as |conn| super::driver::Sqlx::caller(conn)
         }
     };
 }
