@@ -103,6 +103,22 @@ struct Dialect<DB: sqlx::Database, T: ServerStores> {
     wrap: fn(T::Store) -> Store,
 }
 
+/// PostgreSQL: a schema per tenant.
+const POSTGRES: Dialect<sqlx::Postgres, PgTenantStores> = Dialect {
+    catalog: |pool, pattern| PgSchemaTenants::new(pool, pattern),
+    stores: PgTenantStores::new,
+    lazy: PgTenantStores::lazy,
+    wrap: Store::Postgres,
+};
+
+/// MySQL/MariaDB: a database per tenant.
+const MYSQL: Dialect<sqlx::MySql, MySqlTenantStores> = Dialect {
+    catalog: |pool, pattern| MySqlDatabaseTenants::new(pool, pattern),
+    stores: MySqlTenantStores::new,
+    lazy: MySqlTenantStores::lazy,
+    wrap: Store::MySql,
+};
+
 impl<DB: TenantDatabase, T: ServerStores> Dialect<DB, T> {
     /// The tenants `which` names on `pool`'s server, and how to open each
     /// one's store (with the tables named as `tables`).
@@ -146,23 +162,11 @@ pub async fn status(
     let (tenants, stores) = match store {
         Store::Postgres(pg) => {
             let tables = pg.config().tables.clone();
-            let on_pool = Dialect {
-                catalog: |pool, pattern| PgSchemaTenants::new(pool, pattern),
-                stores: PgTenantStores::new,
-                lazy: PgTenantStores::lazy,
-                wrap: Store::Postgres,
-            };
-            on_pool.tenants(pg.pool().clone(), tables, which).await?
+            POSTGRES.tenants(pg.pool().clone(), tables, which).await?
         }
         Store::MySql(my) => {
             let tables = my.config().tables.clone();
-            let on_pool = Dialect {
-                catalog: |pool, pattern| MySqlDatabaseTenants::new(pool, pattern),
-                stores: MySqlTenantStores::new,
-                lazy: MySqlTenantStores::lazy,
-                wrap: Store::MySql,
-            };
-            on_pool.tenants(my.pool().clone(), tables, which).await?
+            MYSQL.tenants(my.pool().clone(), tables, which).await?
         }
         Store::Sqlite(_) => {
             return Err(CliError::usage(
