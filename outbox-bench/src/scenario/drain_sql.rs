@@ -7,7 +7,12 @@
 //! * `head-in-flight`: a key whose head another relay holds leased (and
 //!   will not settle during the drain), [`OBSTACLE_BACKLOG`] events behind;
 //! * `delayed-keys`: [`OBSTACLE_BACKLOG`] events scheduled an hour later,
-//!   each on its own key (reminders, say).
+//!   each on its own key (reminders, say);
+//! * `blocked-keys`: 10,000 keys (500 with `--quick`) whose head failed under
+//!   `PoisonPolicy::Block`, an event parked behind each (what a week of
+//!   unattended failures leaves);
+//! * `backoff-keys`: as many keys whose head backs off an hour
+//!   after a failed publish, an event behind each (a destination down).
 //!
 //! Either key's events stay open; every other event must be delivered at
 //! the clean backlog's rate.
@@ -40,9 +45,11 @@ enum Obstacle {
     ParkedKey,
     HeadInFlight,
     DelayedKeys,
+    BlockedKeys,
+    BackoffKeys,
 }
 
-const RELAY_CONTENDERS: [(&str, Ordering, Obstacle); 5] = [
+const RELAY_CONTENDERS: [(&str, Ordering, Obstacle); 7] = [
     ("relay-per-key", Ordering::PerKey, Obstacle::None),
     ("relay-unordered", Ordering::Unordered, Obstacle::None),
     (
@@ -59,6 +66,16 @@ const RELAY_CONTENDERS: [(&str, Ordering, Obstacle); 5] = [
         "relay-per-key-delayed-keys",
         Ordering::PerKey,
         Obstacle::DelayedKeys,
+    ),
+    (
+        "relay-per-key-blocked-keys",
+        Ordering::PerKey,
+        Obstacle::BlockedKeys,
+    ),
+    (
+        "relay-per-key-backoff-keys",
+        Ordering::PerKey,
+        Obstacle::BackoffKeys,
     ),
 ];
 
@@ -78,13 +95,17 @@ pub fn name(dialect: &str) -> String {
 pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     for dialect in ["mariadb", "sqlite"] {
         let n = scale.pick(if dialect == "mariadb" { 50_000 } else { 20_000 }, 2_000);
+        // Keys that wait in `blocked-keys` and `backoff-keys`, two events
+        // each: what a week of unattended failures can leave.
+        let waiting_keys = scale.pick(10_000, 500);
         let mut rounds = Rounds::default();
         for round in 0..scale.rounds {
             for (contender, ordering, obstacle) in RELAY_CONTENDERS {
                 if !scale.includes(contender) {
                     continue;
                 }
-                let elapsed = relay(dialect, ordering, obstacle, round, n).await?;
+                let sizes = Sizes { n, waiting_keys };
+                let elapsed = relay(dialect, ordering, obstacle, round, sizes).await?;
                 record(&mut rounds, round, dialect, contender, n, elapsed);
             }
             if dialect != "mariadb" {
@@ -136,6 +157,8 @@ fn check(report: &mut Report, scenario: &str) {
         "relay-per-key-parked-key",
         "relay-per-key-head-in-flight",
         "relay-per-key-delayed-keys",
+        "relay-per-key-blocked-keys",
+        "relay-per-key-backoff-keys",
     ] {
         if let Some(troubled) = m(report, obstacle) {
             report.target(TargetCheck::at_most(
@@ -160,17 +183,25 @@ fn check(report: &mut Report, scenario: &str) {
     }
 }
 
+/// A round's backlog (`n` events) and the keys that wait beside it.
+#[derive(Clone, Copy)]
+struct Sizes {
+    n: usize,
+    waiting_keys: usize,
+}
+
 /// One relay contender's drain on `dialect`.
 async fn relay(
     dialect: &str,
     ordering: Ordering,
     obstacle: Obstacle,
     round: usize,
-    n: usize,
+    sizes: Sizes,
 ) -> Result<Duration, Error> {
+    let n = sizes.n;
     let config = RelayConfig {
         poison: match obstacle {
-            Obstacle::ParkedKey => PoisonPolicy::Block,
+            Obstacle::ParkedKey | Obstacle::BlockedKeys => PoisonPolicy::Block,
             _ => PoisonPolicy::Skip,
         },
         ..relay_run::config(BATCH, ordering)
@@ -179,14 +210,14 @@ async fn relay(
     if dialect == "mariadb" {
         let store = Arc::new(env::mysql_store(8).await?);
         env::mysql_reset(&store).await?;
-        let left_open = prepare(store.as_ref(), obstacle, round, n).await?;
+        let left_open = prepare(store.as_ref(), obstacle, round, sizes).await?;
         let elapsed =
             relay_run::drain_leaving(store.clone(), publisher, config, n as u64, left_open).await;
         store.pool().close().await;
         elapsed
     } else {
         let store = Arc::new(env::sqlite_store(std::path::Path::new("target/bench/sqlite")).await?);
-        let left_open = prepare(store.as_ref(), obstacle, round, n).await?;
+        let left_open = prepare(store.as_ref(), obstacle, round, sizes).await?;
         let elapsed =
             relay_run::drain_leaving(store.clone(), publisher, config, n as u64, left_open).await;
         store.pool().close().await;
@@ -197,10 +228,16 @@ async fn relay(
 /// Sets up the obstacle (its key's events first, its head claimed and
 /// failed or held), then enqueues the `n` events of the backlog. Returns
 /// how many events the drain must leave open.
-async fn prepare<S>(store: &S, obstacle: Obstacle, round: usize, n: usize) -> Result<usize, Error>
+async fn prepare<S>(
+    store: &S,
+    obstacle: Obstacle,
+    round: usize,
+    sizes: Sizes,
+) -> Result<usize, Error>
 where
     S: OutboxStore + OutboxAdmin + OutboxWriter,
 {
+    let n = sizes.n;
     let left_open = if obstacle == Obstacle::None {
         0
     } else if obstacle == Obstacle::DelayedKeys {
@@ -214,6 +251,8 @@ where
             .collect();
         store.enqueue(&events).await?;
         OBSTACLE_BACKLOG
+    } else if matches!(obstacle, Obstacle::BlockedKeys | Obstacle::BackoffKeys) {
+        wait_keys(store, obstacle, round, sizes).await?
     } else {
         let troubled_key = usize::MAX - round;
         let events: Vec<NewEvent> = (0..OBSTACLE_BACKLOG)
@@ -255,6 +294,71 @@ where
         store.enqueue(&events).await?;
     }
     Ok(left_open)
+}
+
+/// `sizes.waiting_keys` keys of two events each, whose heads are claimed
+/// and failed blocking their key (`BlockedKeys`) or retried an hour later
+/// (`BackoffKeys`). Returns the events left open.
+async fn wait_keys<S>(
+    store: &S,
+    obstacle: Obstacle,
+    round: usize,
+    sizes: Sizes,
+) -> Result<usize, Error>
+where
+    S: OutboxStore + OutboxWriter,
+{
+    let (n, keys) = (sizes.n, sizes.waiting_keys);
+    let events: Vec<NewEvent> = (0..2 * keys)
+        .map(|i| env::event_for_key(round, n + i, usize::MAX - i % keys))
+        .collect();
+    for chunk in events.chunks(FILL_CHUNK) {
+        store.enqueue(chunk).await?;
+    }
+    // Each claim takes heads of keys not yet in flight; the events behind
+    // them wait for their key.
+    let mut heads = Vec::with_capacity(keys);
+    while heads.len() < keys {
+        let claimed = store
+            .claim_batch(&ClaimRequest {
+                owner: RelayId::new("bench-troubled"),
+                limit: BATCH.min(keys - heads.len()),
+                lease_duration: Duration::from_secs(600),
+                ordering: Ordering::PerKey,
+                poison: PoisonPolicy::Block,
+                crash_loop_limit: 5,
+            })
+            .await?;
+        if claimed.events.is_empty() {
+            return Err(format!("claimed {} of {keys} heads", heads.len()).into());
+        }
+        heads.extend(claimed.events);
+    }
+    let (action, error_class) = if obstacle == Obstacle::BlockedKeys {
+        let fail = NackAction::Fail {
+            reason: FailReason::Permanent,
+            block_key: true,
+        };
+        (fail, ErrorClass::Permanent)
+    } else {
+        let later = NackAction::Retry {
+            after: Duration::from_secs(3_600),
+        };
+        (later, ErrorClass::Transient)
+    };
+    for chunk in heads.chunks(BATCH) {
+        let nacks: Vec<Nack> = chunk
+            .iter()
+            .map(|head| Nack {
+                lease: head.lease.clone(),
+                action: action.clone(),
+                error_class,
+                error: "bench: the key's destination refuses it".into(),
+            })
+            .collect();
+        store.nack(&nacks).await?;
+    }
+    Ok(2 * keys)
 }
 
 /// One seed contender's drain on MariaDB.
