@@ -251,24 +251,20 @@ where
             .collect();
         store.enqueue(&events).await?;
         OBSTACLE_BACKLOG
-    } else if matches!(obstacle, Obstacle::BlockedKeys | Obstacle::BackoffKeys) {
-        wait_keys(store, obstacle, round, sizes).await?
+    } else if let Some(settle) = waiting(obstacle) {
+        let keys = sizes.waiting_keys;
+        let events: Vec<NewEvent> = (0..2 * keys)
+            .map(|i| env::event_for_key(round, n + i, usize::MAX - i % keys))
+            .collect();
+        wait_keys(store, &events, keys, settle).await?;
+        events.len()
     } else {
         let troubled_key = usize::MAX - round;
         let events: Vec<NewEvent> = (0..OBSTACLE_BACKLOG)
             .map(|i| env::event_for_key(round, n + i, troubled_key))
             .collect();
         store.enqueue(&events).await?;
-        let claimed = store
-            .claim_batch(&ClaimRequest {
-                owner: RelayId::new("bench-troubled"),
-                limit: 1,
-                lease_duration: Duration::from_secs(600),
-                ordering: Ordering::PerKey,
-                poison: PoisonPolicy::Block,
-                crash_loop_limit: 5,
-            })
-            .await?;
+        let claimed = store.claim_batch(&troubled_claim(1)).await?;
         let [head] = claimed.events.as_slice() else {
             return Err(format!("claimed {} troubled heads", claimed.events.len()).into());
         };
@@ -296,22 +292,51 @@ where
     Ok(left_open)
 }
 
-/// `sizes.waiting_keys` keys of two events each, whose heads are claimed
-/// and failed blocking their key (`BlockedKeys`) or retried an hour later
-/// (`BackoffKeys`). Returns the events left open.
+/// A claim of up to `limit` troubled heads, leased for longer than a
+/// drain lasts.
+fn troubled_claim(limit: usize) -> ClaimRequest {
+    ClaimRequest {
+        owner: RelayId::new("bench-troubled"),
+        limit,
+        lease_duration: Duration::from_secs(600),
+        ordering: Ordering::PerKey,
+        poison: PoisonPolicy::Block,
+        crash_loop_limit: 5,
+    }
+}
+
+/// How `BlockedKeys` and `BackoffKeys` settle their keys' heads: failed
+/// blocking the key, or retried an hour later.
+fn waiting(obstacle: Obstacle) -> Option<(NackAction, ErrorClass)> {
+    match obstacle {
+        Obstacle::BlockedKeys => Some((
+            NackAction::Fail {
+                reason: FailReason::Permanent,
+                block_key: true,
+            },
+            ErrorClass::Permanent,
+        )),
+        Obstacle::BackoffKeys => Some((
+            NackAction::Retry {
+                after: Duration::from_secs(3_600),
+            },
+            ErrorClass::Transient,
+        )),
+        _ => None,
+    }
+}
+
+/// Enqueues `events` (two on each of `keys` keys), claims every key's head
+/// and settles each as `settle` says, so the event behind it waits.
 async fn wait_keys<S>(
     store: &S,
-    obstacle: Obstacle,
-    round: usize,
-    sizes: Sizes,
-) -> Result<usize, Error>
+    events: &[NewEvent],
+    keys: usize,
+    (action, error_class): (NackAction, ErrorClass),
+) -> Result<(), Error>
 where
     S: OutboxStore + OutboxWriter,
 {
-    let (n, keys) = (sizes.n, sizes.waiting_keys);
-    let events: Vec<NewEvent> = (0..2 * keys)
-        .map(|i| env::event_for_key(round, n + i, usize::MAX - i % keys))
-        .collect();
     for chunk in events.chunks(FILL_CHUNK) {
         store.enqueue(chunk).await?;
     }
@@ -320,32 +345,13 @@ where
     let mut heads = Vec::with_capacity(keys);
     while heads.len() < keys {
         let claimed = store
-            .claim_batch(&ClaimRequest {
-                owner: RelayId::new("bench-troubled"),
-                limit: BATCH.min(keys - heads.len()),
-                lease_duration: Duration::from_secs(600),
-                ordering: Ordering::PerKey,
-                poison: PoisonPolicy::Block,
-                crash_loop_limit: 5,
-            })
+            .claim_batch(&troubled_claim(BATCH.min(keys - heads.len())))
             .await?;
         if claimed.events.is_empty() {
             return Err(format!("claimed {} of {keys} heads", heads.len()).into());
         }
         heads.extend(claimed.events);
     }
-    let (action, error_class) = if obstacle == Obstacle::BlockedKeys {
-        let fail = NackAction::Fail {
-            reason: FailReason::Permanent,
-            block_key: true,
-        };
-        (fail, ErrorClass::Permanent)
-    } else {
-        let later = NackAction::Retry {
-            after: Duration::from_secs(3_600),
-        };
-        (later, ErrorClass::Transient)
-    };
     for chunk in heads.chunks(BATCH) {
         let nacks: Vec<Nack> = chunk
             .iter()
@@ -358,7 +364,7 @@ where
             .collect();
         store.nack(&nacks).await?;
     }
-    Ok(2 * keys)
+    Ok(())
 }
 
 /// One seed contender's drain on MariaDB.
