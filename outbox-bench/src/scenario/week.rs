@@ -2,7 +2,8 @@
 //! `status` (stats, held back, blocked keys: what every `/metrics` scrape
 //! and `health` read) over a retained history of 1,000,000 published
 //! events, with the planner's statistics from when the table was empty
-//! (stale) and fresh; the time 200 keys take to come back after the relay
+//! (stale) and fresh; `status` beside 10,000 keys blocked by a failed event
+//! (an event parked behind each) and 1,000 waiting; the time 200 keys take to come back after the relay
 //! holding them dies (a lease of 10 s); a claim's cost after ten minutes
 //! of 1,000 events/s while another application's transaction holds the
 //! server's xmin back, against ten minutes with none; and what the purge
@@ -13,8 +14,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use outbox_core::store::{ClaimRequest, OutboxAdmin, OutboxStore, RelayId};
-use outbox_core::{CancellationToken, NewEvent, Ordering, PoisonPolicy, Relay, RelayConfig};
+use outbox_core::store::{
+    ClaimRequest, FailReason, Nack, NackAction, OutboxAdmin, OutboxStore, RelayId,
+};
+use outbox_core::{
+    CancellationToken, ErrorClass, NewEvent, Ordering, PoisonPolicy, Relay, RelayConfig,
+};
 use outbox_sqlx::postgres::PgStore;
 use sqlx::Executor;
 
@@ -34,6 +39,8 @@ const STATUS_READS: usize = 5;
 const DEAD_KEYS: usize = 200;
 /// Events per second the producers offer while the purge runs.
 const RATE: u64 = 1_000;
+/// Keys blocked beside the backlog in `status-blocked-keys`.
+const BLOCKED_KEYS: usize = 10_000;
 
 /// Runs the scenario.
 pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
@@ -51,6 +58,15 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             rounds.add("status-fresh-stats", "slowest ms", fresh, false);
             progress(format!(
                 "round {round} status over {retained} retained: slowest {stale:.1} ms with stale statistics, {fresh:.1} ms fresh"
+            ));
+        }
+        if scale.includes("status-blocked-keys") {
+            let backlog = scale.pick(1_000, 200);
+            let keys = scale.pick(BLOCKED_KEYS, 200);
+            let slowest = status_beside_blocked_keys(&store, round, keys, backlog).await?;
+            rounds.add("status-blocked-keys", "slowest ms", slowest, false);
+            progress(format!(
+                "round {round} status beside {keys} blocked keys and {backlog} waiting: slowest {slowest:.1} ms"
             ));
         }
         if scale.includes("resume-200-keys") {
@@ -95,6 +111,15 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             200.0,
         ));
     }
+    report.target(TargetCheck::at_most(
+        format!(
+            "status ms beside {} blocked keys and {} waiting (worst round)",
+            scale.pick(BLOCKED_KEYS, 200),
+            scale.pick(1_000, 200)
+        ),
+        worst(report, "status-blocked-keys", "slowest ms"),
+        200.0,
+    ));
     let resumed = worst(report, "resume-200-keys", "after lease s");
     report.target(TargetCheck::at_most(
         format!("{DEAD_KEYS} keys of a dead relay: s after its lease (worst round)"),
@@ -158,6 +183,62 @@ async fn status_over_history(
     pool.execute("ALTER TABLE bench_events RESET (autovacuum_enabled)")
         .await?;
     filled
+}
+
+/// `keys` keys blocked by a failed event under `PoisonPolicy::Block`, an
+/// event parked behind each, then a backlog of `backlog` events on other
+/// keys; returns the slowest `status`. (Its blocked-keys read once hashed
+/// the blocked keys again for every backlog row: 81 s beside a backlog of
+/// 100,000.)
+async fn status_beside_blocked_keys(
+    store: &Arc<PgStore>,
+    round: usize,
+    keys: usize,
+    backlog: usize,
+) -> Result<f64, Error> {
+    env::pg_reset(store.pool()).await?;
+    let key = |i: usize| usize::MAX - i % keys;
+    env::fill_writer(store.as_ref(), 2 * keys, |i| {
+        env::event_for_key(round, backlog + i, key(i))
+    })
+    .await?;
+    let mut blocked = 0;
+    while blocked < keys {
+        let heads = store
+            .claim_batch(&ClaimRequest {
+                owner: RelayId::new("bench-blocking"),
+                limit: 1_000.min(keys - blocked),
+                lease_duration: Duration::from_secs(600),
+                ordering: Ordering::PerKey,
+                poison: PoisonPolicy::Block,
+                crash_loop_limit: 5,
+            })
+            .await?;
+        if heads.events.is_empty() {
+            return Err(format!("blocked {blocked} of {keys} keys").into());
+        }
+        blocked += heads.events.len();
+        let fail: Vec<Nack> = heads
+            .events
+            .iter()
+            .map(|head| Nack {
+                lease: head.lease.clone(),
+                action: NackAction::Fail {
+                    reason: FailReason::Permanent,
+                    block_key: true,
+                },
+                error_class: ErrorClass::Permanent,
+                error: "bench: the key's head cannot be published".into(),
+            })
+            .collect();
+        store.nack(&fail).await?;
+    }
+    env::fill_writer(store.as_ref(), backlog, |i| env::event(round, i)).await?;
+    let blocked_keys = store.blocked_keys().await?;
+    if blocked_keys.len() != keys {
+        return Err(format!("status lists {} of {keys} blocked keys", blocked_keys.len()).into());
+    }
+    slowest_status(store.as_ref()).await
 }
 
 /// The slowest of [`STATUS_READS`] `status` reads (stats, held back,
