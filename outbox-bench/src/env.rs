@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use outbox_core::{NewEvent, StoreError};
+use outbox_core::store::{ClaimRequest, ClaimedEvent, Nack, NackAction, OutboxStore, RelayId};
+use outbox_core::{ErrorClass, NewEvent, Ordering, PoisonPolicy, StoreError};
 use outbox_sqlx::mysql::MySqlStore;
 use outbox_sqlx::postgres::PgStore;
 use outbox_sqlx::sqlite::SqliteStore;
@@ -423,4 +424,57 @@ pub async fn pg_wal_bytes_since(pool: &PgPool, position: &str) -> Result<f64, Er
     .fetch_one(pool)
     .await?;
     Ok(bytes)
+}
+
+/// Claims the heads of `keys` keys with pending events for a relay that
+/// never settles them itself (leased for ten minutes, per key, up to 1,000
+/// a claim): how a bench sets keys up to fail, block or back off.
+pub async fn claim_heads<S>(store: &S, keys: usize) -> Result<Vec<ClaimedEvent>, Error>
+where
+    S: OutboxStore + ?Sized,
+{
+    let mut heads = Vec::with_capacity(keys);
+    while heads.len() < keys {
+        let claimed = store
+            .claim_batch(&ClaimRequest {
+                owner: RelayId::new("bench-troubled"),
+                limit: 1_000.min(keys - heads.len()),
+                lease_duration: Duration::from_secs(600),
+                ordering: Ordering::PerKey,
+                poison: PoisonPolicy::Block,
+                crash_loop_limit: 5,
+            })
+            .await?;
+        if claimed.events.is_empty() {
+            return Err(format!("claimed {} of {keys} heads", heads.len()).into());
+        }
+        heads.extend(claimed.events);
+    }
+    Ok(heads)
+}
+
+/// Nacks every one of `claimed` with `action`, the publish having failed
+/// with `error`, 1,000 a call.
+pub async fn nack_all<S>(
+    store: &S,
+    claimed: &[ClaimedEvent],
+    action: NackAction,
+    error: (ErrorClass, &str),
+) -> Result<(), Error>
+where
+    S: OutboxStore + ?Sized,
+{
+    for chunk in claimed.chunks(1_000) {
+        let nacks: Vec<Nack> = chunk
+            .iter()
+            .map(|head| Nack {
+                lease: head.lease.clone(),
+                action: action.clone(),
+                error_class: error.0,
+                error: error.1.into(),
+            })
+            .collect();
+        store.nack(&nacks).await?;
+    }
+    Ok(())
 }

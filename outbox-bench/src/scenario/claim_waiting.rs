@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use outbox_core::store::{
-    ClaimRequest, ClaimedEvent, FailReason, Nack, NackAction, OutboxStore, OutboxWriter, RelayId,
+    ClaimRequest, FailReason, NackAction, OutboxStore, OutboxWriter, RelayId,
 };
 use outbox_core::{ErrorClass, NewEvent, Ordering, PoisonPolicy};
 use outbox_sqlx::postgres::PgStore;
@@ -100,27 +100,6 @@ async fn delay_events(store: &PgStore, schema: &str) -> Result<(), Error> {
     claim_until_moved(store, schema, 4, DELAYED).await
 }
 
-/// Nacks every one of `claimed` with `action`, the publish having failed
-/// with `error`.
-async fn nack_all(
-    store: &PgStore,
-    claimed: &[ClaimedEvent],
-    action: NackAction,
-    error: (ErrorClass, &str),
-) -> Result<(), Error> {
-    let nacks: Vec<Nack> = claimed
-        .iter()
-        .map(|head| Nack {
-            lease: head.lease.clone(),
-            action: action.clone(),
-            error_class: error.0,
-            error: error.1.into(),
-        })
-        .collect();
-    store.nack(&nacks).await?;
-    Ok(())
-}
-
 /// Blocks [`BLOCKED`] keys of `store` and parks [`PARKED`] events behind each,
 /// moved out of the stream by claims as a relay's would (the cursor ends
 /// past them).
@@ -140,7 +119,7 @@ async fn block_keys(store: &PgStore, schema: &str) -> Result<(), Error> {
         ErrorClass::Permanent,
         "bench: the key's head cannot be published",
     );
-    nack_all(store, &claimed.events, fail, error).await?;
+    env::nack_all(store, &claimed.events, fail, error).await?;
     let behind: Vec<NewEvent> = (1..=PARKED)
         .flat_map(|n| (0..BLOCKED).map(move |k| blocked_event(k, n)))
         .collect();
@@ -166,7 +145,7 @@ async fn back_off_keys(store: &PgStore, schema: &str) -> Result<(), Error> {
             after: Duration::from_secs(3_600),
         };
         let error = (ErrorClass::Transient, "bench: the broker is away");
-        nack_all(store, &claimed.events, retry, error).await?;
+        env::nack_all(store, &claimed.events, retry, error).await?;
         nacked += claimed.events.len();
     }
     let behind: Vec<NewEvent> = (0..RETRYING)

@@ -20,9 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::store::{
-    ClaimRequest, FailReason, Nack, NackAction, OutboxAdmin, OutboxStore, RelayId,
-};
+use outbox_core::store::{FailReason, Nack, NackAction, OutboxAdmin, OutboxStore};
 use outbox_core::{ErrorClass, NewEvent, Ordering, OutboxWriter, PoisonPolicy, RelayConfig};
 
 use super::{Rounds, Scale, progress, rate};
@@ -264,9 +262,9 @@ where
             .map(|i| env::event_for_key(round, n + i, troubled_key))
             .collect();
         store.enqueue(&events).await?;
-        let claimed = store.claim_batch(&troubled_claim(1)).await?;
-        let [head] = claimed.events.as_slice() else {
-            return Err(format!("claimed {} troubled heads", claimed.events.len()).into());
+        let claimed = env::claim_heads(store, 1).await?;
+        let [head] = claimed.as_slice() else {
+            return Err(format!("claimed {} troubled heads", claimed.len()).into());
         };
         if obstacle == Obstacle::ParkedKey {
             store
@@ -290,19 +288,6 @@ where
         store.enqueue(&events).await?;
     }
     Ok(left_open)
-}
-
-/// A claim of up to `limit` troubled heads, leased for longer than a
-/// drain lasts.
-fn troubled_claim(limit: usize) -> ClaimRequest {
-    ClaimRequest {
-        owner: RelayId::new("bench-troubled"),
-        limit,
-        lease_duration: Duration::from_secs(600),
-        ordering: Ordering::PerKey,
-        poison: PoisonPolicy::Block,
-        crash_loop_limit: 5,
-    }
 }
 
 /// How `BlockedKeys` and `BackoffKeys` settle their keys' heads: failed
@@ -342,28 +327,9 @@ where
     }
     // Each claim takes heads of keys not yet in flight; the events behind
     // them wait for their key.
-    let mut heads = Vec::with_capacity(keys);
-    while heads.len() < keys {
-        let claimed = store
-            .claim_batch(&troubled_claim(BATCH.min(keys - heads.len())))
-            .await?;
-        if claimed.events.is_empty() {
-            return Err(format!("claimed {} of {keys} heads", heads.len()).into());
-        }
-        heads.extend(claimed.events);
-    }
-    for chunk in heads.chunks(BATCH) {
-        let nacks: Vec<Nack> = chunk
-            .iter()
-            .map(|head| Nack {
-                lease: head.lease.clone(),
-                action: action.clone(),
-                error_class,
-                error: "bench: the key's destination refuses it".into(),
-            })
-            .collect();
-        store.nack(&nacks).await?;
-    }
+    let heads = env::claim_heads(store, keys).await?;
+    let error = (error_class, "bench: the key's destination refuses it");
+    env::nack_all(store, &heads, action, error).await?;
     Ok(())
 }
 

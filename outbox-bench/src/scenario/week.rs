@@ -14,9 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use outbox_core::store::{
-    ClaimRequest, FailReason, Nack, NackAction, OutboxAdmin, OutboxStore, RelayId,
-};
+use outbox_core::store::{ClaimRequest, FailReason, NackAction, OutboxAdmin, OutboxStore, RelayId};
 use outbox_core::{
     CancellationToken, ErrorClass, NewEvent, Ordering, PoisonPolicy, Relay, RelayConfig,
 };
@@ -202,37 +200,16 @@ async fn status_beside_blocked_keys(
         env::event_for_key(round, backlog + i, key(i))
     })
     .await?;
-    let mut blocked = 0;
-    while blocked < keys {
-        let heads = store
-            .claim_batch(&ClaimRequest {
-                owner: RelayId::new("bench-blocking"),
-                limit: 1_000.min(keys - blocked),
-                lease_duration: Duration::from_secs(600),
-                ordering: Ordering::PerKey,
-                poison: PoisonPolicy::Block,
-                crash_loop_limit: 5,
-            })
-            .await?;
-        if heads.events.is_empty() {
-            return Err(format!("blocked {blocked} of {keys} keys").into());
-        }
-        blocked += heads.events.len();
-        let fail: Vec<Nack> = heads
-            .events
-            .iter()
-            .map(|head| Nack {
-                lease: head.lease.clone(),
-                action: NackAction::Fail {
-                    reason: FailReason::Permanent,
-                    block_key: true,
-                },
-                error_class: ErrorClass::Permanent,
-                error: "bench: the key's head cannot be published".into(),
-            })
-            .collect();
-        store.nack(&fail).await?;
-    }
+    let heads = env::claim_heads(store.as_ref(), keys).await?;
+    let fail = NackAction::Fail {
+        reason: FailReason::Permanent,
+        block_key: true,
+    };
+    let error = (
+        ErrorClass::Permanent,
+        "bench: the key's head cannot be published",
+    );
+    env::nack_all(store.as_ref(), &heads, fail, error).await?;
     env::fill_writer(store.as_ref(), backlog, |i| env::event(round, i)).await?;
     let blocked_keys = store.blocked_keys().await?;
     if blocked_keys.len() != keys {
