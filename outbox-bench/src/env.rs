@@ -478,3 +478,31 @@ where
     }
     Ok(())
 }
+
+/// Fails every one of `claimed`, blocking its key (`PoisonPolicy::Block`).
+pub async fn block_all<S>(store: &S, claimed: &[ClaimedEvent]) -> Result<(), Error>
+where
+    S: OutboxStore + ?Sized,
+{
+    let fail = NackAction::Fail {
+        reason: outbox_core::store::FailReason::Permanent,
+        block_key: true,
+    };
+    let error = (
+        ErrorClass::Permanent,
+        "bench: the key's head cannot be published",
+    );
+    nack_all(store, claimed, fail, error).await
+}
+
+/// Retries every one of `claimed` an hour later (its key backs off).
+pub async fn back_off_all<S>(store: &S, claimed: &[ClaimedEvent]) -> Result<(), Error>
+where
+    S: OutboxStore + ?Sized,
+{
+    let retry = NackAction::Retry {
+        after: Duration::from_secs(3_600),
+    };
+    let error = (ErrorClass::Transient, "bench: the broker is away");
+    nack_all(store, claimed, retry, error).await
+}

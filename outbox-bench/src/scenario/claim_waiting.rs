@@ -9,10 +9,8 @@
 
 use std::time::Duration;
 
-use outbox_core::store::{
-    ClaimRequest, FailReason, NackAction, OutboxStore, OutboxWriter, RelayId,
-};
-use outbox_core::{ErrorClass, NewEvent, Ordering, PoisonPolicy};
+use outbox_core::store::{ClaimRequest, OutboxStore, OutboxWriter, RelayId};
+use outbox_core::{NewEvent, Ordering, PoisonPolicy};
 use outbox_sqlx::postgres::PgStore;
 
 use crate::env::{self, Error};
@@ -111,15 +109,7 @@ async fn block_keys(store: &PgStore, schema: &str) -> Result<(), Error> {
     if claimed.events.len() != BLOCKED {
         return Err(format!("claimed {} of {BLOCKED} heads", claimed.events.len()).into());
     }
-    let fail = NackAction::Fail {
-        reason: FailReason::Permanent,
-        block_key: true,
-    };
-    let error = (
-        ErrorClass::Permanent,
-        "bench: the key's head cannot be published",
-    );
-    env::nack_all(store, &claimed.events, fail, error).await?;
+    env::block_all(store, &claimed.events).await?;
     let behind: Vec<NewEvent> = (1..=PARKED)
         .flat_map(|n| (0..BLOCKED).map(move |k| blocked_event(k, n)))
         .collect();
@@ -141,11 +131,7 @@ async fn back_off_keys(store: &PgStore, schema: &str) -> Result<(), Error> {
         if claimed.events.is_empty() {
             return Err(format!("claimed {nacked} of {RETRYING} heads").into());
         }
-        let retry = NackAction::Retry {
-            after: Duration::from_secs(3_600),
-        };
-        let error = (ErrorClass::Transient, "bench: the broker is away");
-        env::nack_all(store, &claimed.events, retry, error).await?;
+        env::back_off_all(store, &claimed.events).await?;
         nacked += claimed.events.len();
     }
     let behind: Vec<NewEvent> = (0..RETRYING)

@@ -249,12 +249,12 @@ where
             .collect();
         store.enqueue(&events).await?;
         OBSTACLE_BACKLOG
-    } else if let Some(settle) = waiting(obstacle) {
+    } else if matches!(obstacle, Obstacle::BlockedKeys | Obstacle::BackoffKeys) {
         let keys = sizes.waiting_keys;
         let events: Vec<NewEvent> = (0..2 * keys)
             .map(|i| env::event_for_key(round, n + i, usize::MAX - i % keys))
             .collect();
-        wait_keys(store, &events, keys, settle).await?;
+        wait_keys(store, &events, keys, obstacle == Obstacle::BlockedKeys).await?;
         events.len()
     } else {
         let troubled_key = usize::MAX - round;
@@ -290,35 +290,10 @@ where
     Ok(left_open)
 }
 
-/// How `BlockedKeys` and `BackoffKeys` settle their keys' heads: failed
-/// blocking the key, or retried an hour later.
-fn waiting(obstacle: Obstacle) -> Option<(NackAction, ErrorClass)> {
-    match obstacle {
-        Obstacle::BlockedKeys => Some((
-            NackAction::Fail {
-                reason: FailReason::Permanent,
-                block_key: true,
-            },
-            ErrorClass::Permanent,
-        )),
-        Obstacle::BackoffKeys => Some((
-            NackAction::Retry {
-                after: Duration::from_secs(3_600),
-            },
-            ErrorClass::Transient,
-        )),
-        _ => None,
-    }
-}
-
 /// Enqueues `events` (two on each of `keys` keys), claims every key's head
-/// and settles each as `settle` says, so the event behind it waits.
-async fn wait_keys<S>(
-    store: &S,
-    events: &[NewEvent],
-    keys: usize,
-    (action, error_class): (NackAction, ErrorClass),
-) -> Result<(), Error>
+/// and fails it blocking its key (`block`) or retries it an hour later, so
+/// the event behind it waits.
+async fn wait_keys<S>(store: &S, events: &[NewEvent], keys: usize, block: bool) -> Result<(), Error>
 where
     S: OutboxStore + OutboxWriter,
 {
@@ -328,8 +303,11 @@ where
     // Each claim takes heads of keys not yet in flight; the events behind
     // them wait for their key.
     let heads = env::claim_heads(store, keys).await?;
-    let error = (error_class, "bench: the key's destination refuses it");
-    env::nack_all(store, &heads, action, error).await?;
+    if block {
+        env::block_all(store, &heads).await?;
+    } else {
+        env::back_off_all(store, &heads).await?;
+    }
     Ok(())
 }
 

@@ -14,10 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use outbox_core::store::{ClaimRequest, FailReason, NackAction, OutboxAdmin, OutboxStore, RelayId};
-use outbox_core::{
-    CancellationToken, ErrorClass, NewEvent, Ordering, PoisonPolicy, Relay, RelayConfig,
-};
+use outbox_core::store::{ClaimRequest, OutboxAdmin, OutboxStore, RelayId};
+use outbox_core::{CancellationToken, NewEvent, Ordering, PoisonPolicy, Relay, RelayConfig};
 use outbox_sqlx::postgres::PgStore;
 use sqlx::Executor;
 
@@ -201,15 +199,7 @@ async fn status_beside_blocked_keys(
     })
     .await?;
     let heads = env::claim_heads(store.as_ref(), keys).await?;
-    let fail = NackAction::Fail {
-        reason: FailReason::Permanent,
-        block_key: true,
-    };
-    let error = (
-        ErrorClass::Permanent,
-        "bench: the key's head cannot be published",
-    );
-    env::nack_all(store.as_ref(), &heads, fail, error).await?;
+    env::block_all(store.as_ref(), &heads).await?;
     env::fill_writer(store.as_ref(), backlog, |i| env::event(round, i)).await?;
     let blocked_keys = store.blocked_keys().await?;
     if blocked_keys.len() != keys {
