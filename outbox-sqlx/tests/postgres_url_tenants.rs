@@ -235,6 +235,16 @@ async fn a_tenants_query_of_the_wrong_shape_is_refused_by_name() {
     );
     let error = twice.tenants().await.unwrap_err().to_string();
     assert!(error.contains("lists tenant a twice"), "{error}");
+    // A NULL tenant or URL is refused by name, not read as text.
+    let null_url = PgUrlTenants::new(shared.clone(), "SELECT 'a', NULL::text");
+    let error = null_url.tenants().await.unwrap_err().to_string();
+    assert!(
+        error.contains("returned NULL for a tenant or its URL"),
+        "{error}"
+    );
+    let null_tenant = outbox_sqlx::tenants::QueryTenants::new(shared.clone(), "SELECT NULL::text");
+    let error = null_tenant.tenants().await.unwrap_err().to_string();
+    assert!(error.contains("returned NULL for a tenant"), "{error}");
     // A URL that is no URL fails its tenant alone, at its start.
     let source = PgUrlTenants::new(shared, "SELECT 'a', 'not a url'");
     assert_eq!(source.tenants().await.unwrap().len(), 1);
