@@ -52,7 +52,9 @@ impl AdminQueries {
             blocked_keys: format!(
                 "SELECT b.partition_key, b.event_id,
                      (SELECT COUNT(*) FROM {events} p
-                      WHERE p.partition_key = b.partition_key AND p.status = 0) AS backlog
+                      WHERE p.partition_key = b.partition_key AND p.status = 0)
+                     + (SELECT COUNT(*) FROM {events} p
+                        WHERE p.partition_key = b.partition_key AND p.status = 4) AS backlog
                  FROM {events} b
                  WHERE b.status = 3 AND b.blocks_key AND NOT EXISTS (
                      SELECT 1 FROM {events} e2
@@ -199,14 +201,15 @@ fn row_stats(names: &TableNames, now: &str) -> String {
                  THEN e.available_at END) AS oldest,
              CAST(SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at > {now})
                  AS SIGNED) AS parked,
-             CAST(SUM(e.status = 0 AND b.partition_key IS NOT NULL) AS SIGNED) AS blocked,
+             CAST(SUM(e.status = 4 OR (e.status = 0 AND b.partition_key IS NOT NULL))
+                 AS SIGNED) AS blocked,
              CAST(SUM(e.status = 1) AS SIGNED) AS in_flight,
              CAST(SUM(e.status = 3) AS SIGNED) AS failed
          FROM {events} e
          LEFT JOIN (SELECT DISTINCT partition_key FROM {events}
                     WHERE status = 3 AND blocks_key) b
              ON b.partition_key = e.partition_key AND e.status = 0
-         WHERE e.status IN (0, 1, 3)
+         WHERE e.status IN (0, 1, 3, 4)
          GROUP BY e.event_type ORDER BY e.event_type"
     )
 }
@@ -221,7 +224,8 @@ fn row_held_back(names: &TableNames, now: &str) -> String {
               WHERE status = 3 AND blocks_key) AS blocked_keys,
              (SELECT COUNT(*) FROM {events} p
               WHERE p.status = 0 AND p.partition_key IN (
-                  SELECT partition_key FROM {events} WHERE status = 3 AND blocks_key)) AS blocked_waiting,
+                  SELECT partition_key FROM {events} WHERE status = 3 AND blocks_key))
+             + (SELECT COUNT(*) FROM {events} WHERE status = 4) AS blocked_waiting,
              (SELECT COUNT(DISTINCT partition_key) FROM {events}
               WHERE status = 0 AND available_at > {now}) AS backoff_keys,
              (SELECT COUNT(*) FROM {events} p

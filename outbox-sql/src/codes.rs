@@ -3,7 +3,8 @@
 use outbox_core::store::{AttemptKind, FailReason};
 use outbox_core::{ErrorClass, StoreError};
 
-/// Row status: waiting to be claimed (or parked, or delayed).
+/// Row status: waiting to be claimed (or delayed, or behind its key's
+/// head).
 pub const PENDING: i16 = 0;
 /// Row status: leased by a relay.
 pub const IN_FLIGHT: i16 = 1;
@@ -12,6 +13,12 @@ pub const PUBLISHED: i16 = 2;
 /// Row status: failed for good (the PostgreSQL statements spell the code
 /// out in their SQL text).
 pub const FAILED: i16 = 3;
+/// Row status (MySQL, SQLite): pending, parked behind a failed row that
+/// blocks its key. A per-key claim that meets such a row sets it aside,
+/// so later claims never step over it; an operator's requeue, skip or
+/// supersede (or a claim that finds the block gone) sets it back to
+/// [`PENDING`]. (PostgreSQL's statements spell their own codes.)
+pub const PARKED: i16 = 4;
 
 /// The text stored for an attempt kind.
 pub fn attempt_kind_code(kind: AttemptKind) -> &'static str {

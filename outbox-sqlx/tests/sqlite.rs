@@ -2,6 +2,8 @@
 //! files of their own under the system temp directory.
 #![cfg(feature = "sqlite")]
 
+#[path = "sqlite/parked.rs"]
+mod parked;
 mod support;
 
 use std::sync::Arc;

@@ -20,6 +20,7 @@ macro_rules! store_conformance_tests {
             skip_policy_lets_the_key_continue,
             failed_events_page_by_type_key_and_sequence,
             block_policy_parks_the_key_until_an_operator_acts,
+            parked_events_come_back_with_every_operator_action,
             requeue_appends_history,
             supersede_takes_the_place_of_the_failed_event,
             operators_act_on_many_failed_events_at_once,

@@ -15,21 +15,24 @@ use crate::history::superseded_detail;
 use crate::param::{limit, micros};
 
 impl<D: Driver> Protocol<D> {
-    /// Locks a failed, not superseded event; its attempts, `None` if there
-    /// is none.
+    /// Locks a failed, not superseded event; its attempts and key, `None`
+    /// if there is none.
     async fn lock_failed(
         &self,
         tx: &mut D::Tx,
         event_id: EventId,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<Option<(i64, String)>, StoreError> {
         let rows = tx
             .fetch(&self.queries.select_failed, vec![event_id.into()])
             .await?;
-        rows.first().map(|r| r.int("attempts")).transpose()
+        rows.first()
+            .map(|r| Ok((r.int("attempts")?, r.text("partition_key")?)))
+            .transpose()
     }
 
     /// Runs an operator's `query` (a requeue binds store time first) on a
-    /// failed event and records it in the event's history.
+    /// failed event, sets back the rows parked behind it, and records it in
+    /// the event's history.
     pub(crate) async fn operator_update(
         &self,
         query: &str,
@@ -38,7 +41,7 @@ impl<D: Driver> Protocol<D> {
         action: &OperatorAction,
     ) -> Result<(), StoreError> {
         let mut tx = self.driver.begin(false).await?;
-        let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
+        let Some((attempts, key)) = self.lock_failed(&mut tx, event_id).await? else {
             drop(tx);
             return Err(explain_miss(self, event_id).await);
         };
@@ -49,6 +52,7 @@ impl<D: Driver> Protocol<D> {
         }
         bound.push(event_id.into());
         tx.execute(query, bound).await?;
+        self.unpark_key(&mut tx, &key).await?;
         let attempts = if requeue { 0 } else { attempts };
         self.record_operator(&mut tx, event_id, kind, None, action, attempts)
             .await?;
@@ -65,7 +69,7 @@ impl<D: Driver> Protocol<D> {
         action: &OperatorAction,
     ) -> Result<EnqueueOutcome, StoreError> {
         let mut tx = self.driver.begin(false).await?;
-        let Some(attempts) = self.lock_failed(&mut tx, event_id).await? else {
+        let Some((attempts, _)) = self.lock_failed(&mut tx, event_id).await? else {
             drop(tx);
             return Err(explain_miss(self, event_id).await);
         };

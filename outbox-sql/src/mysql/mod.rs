@@ -2,6 +2,7 @@
 
 mod admin;
 pub mod driver;
+mod park;
 mod protocol;
 mod queries;
 mod recovery;

@@ -19,6 +19,7 @@ use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent, Unre
 use serde_json::{Value as Json, json};
 
 use super::driver::{Driver, Exec, Param, from_micros};
+use super::park::HEAL_PARKED_EVERY;
 use super::statements::{FORGET_OWNERS_EVERY, Statements, limit, micros, params, with};
 use super::{MAX_LISTED_KEYS, with_in_list, with_keys_in_flight};
 use crate::blame::{blame, new_lease_id, suspect_span};
@@ -145,6 +146,9 @@ impl<D: Driver> Protocol<D> {
         let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
 
         let ordered = request.ordering == Ordering::PerKey;
+        if ordered && claims % HEAL_PARKED_EVERY == 0 {
+            self.heal_parked(&mut tx).await?;
+        }
         // Keys in flight beyond the statement's list are left out below.
         let listed = keys_in_flight.len().min(MAX_LISTED_KEYS);
         let query = if ordered {
@@ -166,18 +170,7 @@ impl<D: Driver> Protocol<D> {
             bound.extend([now.into(), now.into()]);
         }
         bound.push(limit(request.limit));
-        let candidates: Vec<(i64, String, Option<u32>)> = tx
-            .fetch(&query, bound)
-            .await?
-            .iter()
-            .map(|r| {
-                Ok((
-                    r.int("sequence")?,
-                    r.text("partition_key")?,
-                    suspect_span(r.bool("suspect")?, r.int("suspect_span")?),
-                ))
-            })
-            .collect::<Result<_, StoreError>>()?;
+        let candidates = self.candidates(&mut tx, &query, bound).await?;
         let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
         let locked = self.lock_claimable(&mut tx, &sequences, now).await?;
         // A row skipped as locked (a settlement in progress), a crash
@@ -254,8 +247,13 @@ impl<D: Driver> Protocol<D> {
                 .is_empty()
             {
                 let ids: Vec<String> = held.iter().map(|h| h.event_id.to_string()).collect();
+                let keys = with_in_list(&self.queries.superseded_keys, ids.len());
+                let keys = tx.fetch(&keys, params(&ids)).await?;
                 let unblock = with_in_list(&self.queries.unblock_superseded, ids.len());
                 tx.execute(&unblock, params(&ids)).await?;
+                for r in keys {
+                    self.unpark_key(&mut *tx, &r.text("partition_key")?).await?;
+                }
             }
         }
         let settled = held.into_iter().map(|h| h.event_id).collect();

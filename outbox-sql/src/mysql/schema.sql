@@ -20,7 +20,10 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_events (
     headers           TEXT NOT NULL,
     created_at        BIGINT NOT NULL,
     available_at      BIGINT NOT NULL,
-    -- 0 pending, 1 in flight, 2 published, 3 failed
+    -- 0 pending, 1 in flight, 2 published, 3 failed, 4 pending but parked
+    -- behind a failed row that blocks its key (set aside by the claim that
+    -- met it, so no later claim steps over it; set back when the block is
+    -- lifted)
     status            TINYINT NOT NULL DEFAULT 0,
     blocks_key        BOOLEAN NOT NULL DEFAULT FALSE,
     -- A failed event superseded under Block keeps blocking its key for

@@ -14,8 +14,8 @@ use crate::param::{limit, micros};
 use crate::validate::{check_event, headers_json};
 
 impl<D: Driver> Protocol<D> {
-    /// Runs an operator's `query` on a failed event and records it in the
-    /// event's history.
+    /// Runs an operator's `query` on a failed event, sets back the rows
+    /// parked behind it, and records it in the event's history.
     pub(crate) async fn operator_update(
         &self,
         query: &str,
@@ -31,13 +31,16 @@ impl<D: Driver> Protocol<D> {
             return Err(explain_miss(self, event_id).await);
         };
         let attempts = row.int("attempts")?;
+        self.unpark_key(&mut tx, &row.text("partition_key")?)
+            .await?;
         self.record_operator(&mut tx, event_id, kind, None, action, attempts)
             .await?;
         D::commit(tx).await
     }
 
-    /// Enqueues the replacement in its original's place and marks the
-    /// original superseded.
+    /// Enqueues the replacement in its original's place, marks the
+    /// original superseded (it blocks no more) and sets back the rows
+    /// parked behind it.
     pub(crate) async fn supersede_now(
         &self,
         event_id: EventId,
@@ -78,6 +81,8 @@ impl<D: Driver> Protocol<D> {
         };
         let mark = vec![event_id.into(), replacement.event_id.into()];
         tx.execute(&self.queries.supersede_mark, mark).await?;
+        self.unpark_key(&mut tx, &old.text("partition_key")?)
+            .await?;
         let detail = superseded_detail(&replacement, action);
         let kind = AttemptKind::Superseded;
         self.record_operator(&mut tx, event_id, kind, Some(&detail), action, attempts)

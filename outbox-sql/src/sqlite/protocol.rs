@@ -23,6 +23,10 @@ pub struct Statements {
     pub config: StoreConfig,
     /// The statements for the settings' names.
     pub queries: Arc<Queries>,
+    /// Claims made through this store (and its clones): every
+    /// [`HEAL_PARKED_EVERY`](super::relay::HEAL_PARKED_EVERY)th sets back
+    /// rows parked behind a block lifted by other means.
+    pub(super) claims: Arc<std::sync::atomic::AtomicU64>,
 }
 
 dialect_protocol!();
@@ -143,7 +147,11 @@ impl<D: Driver> Protocol<D> {
         let queries = Arc::new(Queries::new(&config.tables));
         Ok(Self {
             driver,
-            statements: Statements { config, queries },
+            statements: Statements {
+                config,
+                queries,
+                claims: Arc::default(),
+            },
         })
     }
 

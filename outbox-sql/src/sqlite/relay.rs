@@ -11,13 +11,21 @@ use outbox_core::store::{
 use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent};
 use serde_json::json;
 
-use super::{Driver, Exec, Protocol, Row, raw_event};
+use super::{Driver, Exec, Param, Protocol, Row, raw_event};
 use crate::blame::{InFlight, blame, new_lease_id, reap, suspect_span};
 use crate::choose::{ReadRows, choose, leased, nack_state};
 use crate::codes;
 use crate::history::HistoryEntry;
 use crate::param::{limit, micros};
 use crate::settle::report_by_ids;
+
+/// How often (in claims of one store) a claim sets back rows parked
+/// behind a block lifted by other means (an earlier release, SQL by hand):
+/// the statement reads every parked row, so most claims skip it.
+pub const HEAL_PARKED_EVERY: u64 = 64;
+
+/// At most this many times one claim parks what it found and reads again.
+const PARK_ROUNDS: usize = 16;
 
 /// A row's crash suspicion (`suspect`, `suspect_span`), as blame reads it.
 fn suspect(row: &Row) -> Result<Option<u32>, StoreError> {
@@ -87,12 +95,15 @@ impl<D: Driver> Protocol<D> {
             Ordering::PerKey => (&self.queries.claim_per_key, true),
             Ordering::Unordered => (&self.queries.claim_unordered, false),
         };
-        let candidates: Vec<(i64, String, Option<u32>)> = tx
-            .fetch(query, vec![now.into(), limit(request.limit)])
-            .await?
-            .iter()
-            .map(|r| Ok((r.int("sequence")?, r.text("partition_key")?, suspect(r)?)))
-            .collect::<Result<_, StoreError>>()?;
+        let claims = self
+            .claims
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if ordered && claims % HEAL_PARKED_EVERY == 0 {
+            tx.execute(&self.queries.heal_parked, Vec::new()).await?;
+        }
+        let candidates = self
+            .candidates(&mut tx, query, vec![now.into(), limit(request.limit)])
+            .await?;
         let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
         let mut rows = ReadRows::new();
         let read = vec![json!(sequences).to_string().into()];
@@ -257,6 +268,47 @@ impl<D: Driver> Protocol<D> {
         ];
         tx.execute(&self.queries.heartbeat, params).await?;
         D::commit(tx).await
+    }
+
+    /// The claim's candidates for `query` with `bound`: rows marked
+    /// `parked` (behind a failed row that blocks their key) are parked and
+    /// the read runs again, until a read finds none (or [`PARK_ROUNDS`]).
+    async fn candidates(
+        &self,
+        tx: &mut D::Tx,
+        query: &str,
+        bound: Vec<Param>,
+    ) -> Result<Vec<(i64, String, Option<u32>)>, StoreError> {
+        for round in 1.. {
+            let mut candidates = Vec::new();
+            let mut parked = Vec::new();
+            for r in tx.fetch(query, bound.clone()).await? {
+                if r.bool("parked")? {
+                    parked.push(r.int("sequence")?);
+                } else {
+                    candidates.push((r.int("sequence")?, r.text("partition_key")?, suspect(&r)?));
+                }
+            }
+            if parked.is_empty() || round == PARK_ROUNDS {
+                return Ok(candidates);
+            }
+            let park = vec![json!(parked).to_string().into()];
+            tx.execute(&self.queries.park_rows, park).await?;
+        }
+        unreachable!("the rounds end at PARK_ROUNDS")
+    }
+
+    /// Sets the parked rows of `key` back to pending (its blocking row was
+    /// requeued, skipped or superseded; a claim parks them again if
+    /// another one still blocks them).
+    pub(super) async fn unpark_key(
+        &self,
+        conn: &mut (impl Exec + ?Sized),
+        key: &str,
+    ) -> Result<(), StoreError> {
+        conn.execute(&self.queries.unpark_key, vec![key.into()])
+            .await?;
+        Ok(())
     }
 
     /// Leases that expired with rows in flight: the rows go back to

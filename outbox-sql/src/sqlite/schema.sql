@@ -24,7 +24,10 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     headers           TEXT NOT NULL,
     created_at        INTEGER NOT NULL,
     available_at      INTEGER NOT NULL,
-    -- 0 pending, 1 in flight, 2 published, 3 failed
+    -- 0 pending, 1 in flight, 2 published, 3 failed, 4 pending but parked
+    -- behind a failed row that blocks its key (set aside by the claim that
+    -- met it, so no later claim steps over it; set back when the block is
+    -- lifted)
     status            INTEGER NOT NULL DEFAULT 0,
     blocks_key        INTEGER NOT NULL DEFAULT 0,
     superseded_by     TEXT,
@@ -57,6 +60,9 @@ CREATE INDEX IF NOT EXISTS outbox_events_key_due
     ON outbox_events (partition_key, available_at) WHERE status = 0;
 CREATE INDEX IF NOT EXISTS outbox_events_key_blocking
     ON outbox_events (partition_key) WHERE blocks_key;
+-- A key's parked rows: set back by the operator action that lifts its block.
+CREATE INDEX IF NOT EXISTS outbox_events_key_parked
+    ON outbox_events (partition_key) WHERE status = 4;
 -- Rows blamed for crashes: the crash-loop sweep reads only these.
 CREATE INDEX IF NOT EXISTS outbox_events_unfinished
     ON outbox_events (unfinished_claims) WHERE status = 0 AND unfinished_claims > 0;

@@ -6,6 +6,7 @@
 #[path = "../mysql_floor/mod.rs"]
 mod floor;
 mod lease_owners;
+mod parked;
 #[path = "../support/mod.rs"]
 mod support;
 mod tenants;

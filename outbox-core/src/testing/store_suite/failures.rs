@@ -234,6 +234,67 @@ pub async fn block_policy_parks_the_key_until_an_operator_acts<F: StoreFactory>(
     ));
 }
 
+/// The events parked behind a blocking failure, those enqueued before it
+/// and after it (a store may set them aside when a claim meets them), wait
+/// through many claims, count as blocked, read as pending, and come back in
+/// order with whichever action lifts the block: requeue, skip, or the
+/// publication of a replacement.
+pub async fn parked_events_come_back_with_every_operator_action<F: StoreFactory>(factory: &F) {
+    let store = factory.create(ManualClock::at_epoch()).await;
+    let keys = ["requeued", "skipped", "superseded"];
+    let before: Vec<[NewEvent; 2]> = keys.iter().map(|k| [event(k, 1), event(k, 2)]).collect();
+    let (firsts, seconds): (Vec<_>, Vec<_>) = before.iter().cloned().map(|[a, b]| (a, b)).unzip();
+    enqueue_all(&*store, &[firsts, seconds].concat()).await;
+    let heads = claim(&*store, &request("r1", 3)).await;
+    assert_eq!(heads.len(), 3, "each key's head");
+    let nacks: Vec<Nack> = heads.iter().map(|h| fail(h, true)).collect();
+    store.nack(&nacks).await.unwrap();
+    // Claims meet the parked events (and may set them aside) while other
+    // keys flow; more events arrive behind the blocks meanwhile.
+    let mut after = Vec::new();
+    for round in 0..3 {
+        let other = event("other", round);
+        let late: Vec<NewEvent> = keys.iter().map(|k| event(k, 3 + round)).collect();
+        enqueue_all(&*store, &[late.clone(), vec![other.clone()]].concat()).await;
+        after.push(late);
+        let claimed = claim(&*store, &request("r1", 100)).await;
+        assert_eq!(ids(&claimed), vec![other.event_id], "round {round}");
+        ack_all(&*store, &claimed).await;
+    }
+    let waiting: u64 = store.stats().await.unwrap().iter().map(|s| s.blocked).sum();
+    assert_eq!(waiting, 12, "four parked events on each of three keys");
+    let blocked = store.blocked_keys().await.unwrap();
+    assert_eq!(
+        blocked.iter().map(|b| b.backlog).collect::<Vec<_>>(),
+        vec![4; 3]
+    );
+    assert!(matches!(
+        state(&*store, before[0][1].event_id).await,
+        EventState::Pending { .. }
+    ));
+    let backlog = |k: usize| -> Vec<EventId> {
+        let late = after.iter().map(|l| l[k].event_id);
+        std::iter::once(before[k][1].event_id).chain(late).collect()
+    };
+
+    let op = OperatorAction::new("dana", "fixed");
+    store.requeue(heads[0].event.event_id, &op).await.unwrap();
+    let head = vec![heads[0].event.event_id];
+    assert_eq!(drain(&*store).await, [head, backlog(0)].concat());
+    store.skip(heads[1].event.event_id, &op).await.unwrap();
+    assert_eq!(drain(&*store).await, backlog(1));
+    let fixed = event_with_payload("superseded", 1, serde_json::json!({ "fixed": true }));
+    store
+        .supersede(heads[2].event.event_id, fixed.clone(), &op)
+        .await
+        .unwrap();
+    assert_eq!(
+        drain(&*store).await,
+        [vec![fixed.event_id], backlog(2)].concat()
+    );
+    assert!(store.blocked_keys().await.unwrap().is_empty());
+}
+
 /// Requeue moves a failed event back with a fresh budget; history is only
 /// appended to.
 pub async fn requeue_appends_history<F: StoreFactory>(factory: &F) {

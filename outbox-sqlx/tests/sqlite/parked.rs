@@ -1,0 +1,103 @@
+//! Rows behind a failed row that blocks their key leave the live index:
+//! a per-key claim that meets them parks them (status 4, outside the
+//! claim's partial index), so no later claim steps over them again. A
+//! block lifted by hand, not through the store, lets them come back all
+//! the same.
+
+use outbox_core::store::{FailReason, Nack, NackAction, OutboxStore};
+use outbox_core::testing::{event, store_suite};
+use outbox_core::{ErrorClass, EventId, ManualClock, OutboxWriter};
+use outbox_sqlx::StoreConfig;
+use outbox_sqlx::sqlite::SqliteStore;
+
+/// How many rows of `key` have each status, in status order.
+async fn statuses(store: &SqliteStore, key: &str) -> Vec<(i64, i64)> {
+    sqlx::query_as(
+        "SELECT status, COUNT(*) FROM outbox_events
+         WHERE partition_key = ?1 GROUP BY status ORDER BY status",
+    )
+    .bind(key)
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+async fn claim_ids(store: &SqliteStore, limit: usize) -> Vec<EventId> {
+    let claimed = store
+        .claim_batch(&store_suite::request("r", limit))
+        .await
+        .unwrap()
+        .events;
+    let leases: Vec<_> = claimed.iter().map(|c| c.lease.clone()).collect();
+    store.ack(&leases).await.unwrap();
+    claimed.iter().map(|c| c.event.event_id).collect()
+}
+
+/// Blocks key `blocked` with `behind` events parked behind its head, and
+/// lets one claim meet them beside an event of another key.
+async fn block_with(store: &SqliteStore, behind: usize) -> EventId {
+    let head = event("blocked", 0);
+    OutboxWriter::enqueue(store, std::slice::from_ref(&head))
+        .await
+        .unwrap();
+    let claimed = store
+        .claim_batch(&store_suite::request("r", 1))
+        .await
+        .unwrap()
+        .events;
+    let fail = Nack {
+        lease: claimed[0].lease.clone(),
+        action: NackAction::Fail {
+            reason: FailReason::Permanent,
+            block_key: true,
+        },
+        error_class: ErrorClass::Permanent,
+        error: "rejected".into(),
+    };
+    store.nack(&[fail]).await.unwrap();
+    let backlog: Vec<_> = (1..=behind).map(|n| event("blocked", n)).collect();
+    OutboxWriter::enqueue(store, &backlog).await.unwrap();
+    let other = event("other", 0);
+    OutboxWriter::enqueue(store, std::slice::from_ref(&other))
+        .await
+        .unwrap();
+    assert_eq!(claim_ids(store, 10).await, vec![other.event_id]);
+    head.event_id
+}
+
+/// The rows behind the block, those there when a claim met them and those
+/// enqueued since, are parked by the claims that meet them.
+#[tokio::test]
+async fn claims_park_the_rows_behind_a_blocking_failure() {
+    let store = super::store_on(ManualClock::at_epoch()).await;
+    block_with(&store, 50).await;
+    assert_eq!(statuses(&store, "blocked").await, vec![(3, 1), (4, 50)]);
+    OutboxWriter::enqueue(&store, &[event("blocked", 51), event("other", 1)])
+        .await
+        .unwrap();
+    assert_eq!(
+        claim_ids(&store, 10).await.len(),
+        1,
+        "the other key's event"
+    );
+    assert_eq!(statuses(&store, "blocked").await, vec![(3, 1), (4, 51)]);
+}
+
+/// A block lifted by SQL (the failed head marked published by hand): a
+/// store handle's first claim sets the parked rows back, in order.
+#[tokio::test]
+async fn rows_parked_behind_a_block_lifted_by_hand_come_back() {
+    let store = super::store_on(ManualClock::at_epoch()).await;
+    let head = block_with(&store, 3).await;
+    sqlx::query(
+        "UPDATE outbox_events SET status = 2, blocks_key = 0, published_at = 0
+         WHERE event_id = ?1",
+    )
+    .bind(head.to_string())
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let restarted = SqliteStore::new(store.pool().clone(), StoreConfig::default()).unwrap();
+    assert_eq!(claim_ids(&restarted, 10).await.len(), 3);
+    assert_eq!(statuses(&store, "blocked").await, vec![(2, 4)]);
+}
