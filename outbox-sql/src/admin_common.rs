@@ -48,7 +48,7 @@ pub fn attempt_record(row: &Row) -> Result<AttemptRecord, StoreError> {
 pub fn event_state(r: &Row) -> Result<EventState, StoreError> {
     let attempts = r.int("attempts")? as u32;
     Ok(match i16::try_from(r.int("status")?).unwrap_or(-1) {
-        codes::PENDING | codes::PARKED => EventState::Pending {
+        codes::PENDING | codes::PARKED | codes::WAITING => EventState::Pending {
             available_at: r.time("available_at")?,
             attempts,
         },

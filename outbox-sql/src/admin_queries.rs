@@ -191,14 +191,18 @@ fn row_event_state(names: &TableNames, param: &str) -> String {
 }
 
 /// Per event type, counted over the rows (MySQL, SQLite; `now`: store time).
+/// Rows set aside behind a row of their key not yet due (status 5) are
+/// claimable, as the rows behind a key's row in flight are: they wait for
+/// their key, not for an operator.
 fn row_stats(names: &TableNames, now: &str) -> String {
     let events = names.events();
+    let claimable = format!(
+        "(e.status = 5 OR (e.status = 0 AND b.partition_key IS NULL AND e.available_at <= {now}))"
+    );
     format!(
         "SELECT e.event_type,
-             CAST(SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at <= {now})
-                 AS SIGNED) AS claimable,
-             MIN(CASE WHEN e.status = 0 AND b.partition_key IS NULL AND e.available_at <= {now}
-                 THEN e.available_at END) AS oldest,
+             CAST(SUM({claimable}) AS SIGNED) AS claimable,
+             MIN(CASE WHEN {claimable} THEN e.available_at END) AS oldest,
              CAST(SUM(e.status = 0 AND b.partition_key IS NULL AND e.available_at > {now})
                  AS SIGNED) AS parked,
              CAST(SUM(e.status = 4 OR (e.status = 0 AND b.partition_key IS NOT NULL))
@@ -209,7 +213,7 @@ fn row_stats(names: &TableNames, now: &str) -> String {
          LEFT JOIN (SELECT DISTINCT partition_key FROM {events}
                     WHERE status = 3 AND blocks_key) b
              ON b.partition_key = e.partition_key AND e.status = 0
-         WHERE e.status IN (0, 1, 3, 4)
+         WHERE e.status IN (0, 1, 3, 4, 5)
          GROUP BY e.event_type ORDER BY e.event_type"
     )
 }
@@ -230,7 +234,8 @@ fn row_held_back(names: &TableNames, now: &str) -> String {
               WHERE status = 0 AND available_at > {now}) AS backoff_keys,
              (SELECT COUNT(*) FROM {events} p
               WHERE p.status = 0 AND p.partition_key IN (
-                  SELECT partition_key FROM {events} WHERE status = 0 AND available_at > {now})) AS backoff_waiting,
+                  SELECT partition_key FROM {events} WHERE status = 0 AND available_at > {now}))
+             + (SELECT COUNT(*) FROM {events} WHERE status = 5) AS backoff_waiting,
              (SELECT MIN(available_at) FROM {events}
               WHERE status = 0 AND available_at > {now}) AS next_due,
              (SELECT COUNT(DISTINCT lease_id) FROM {events}

@@ -19,6 +19,11 @@ pub const FAILED: i16 = 3;
 /// supersede (or a claim that finds the block gone) sets it back to
 /// [`PENDING`]. (PostgreSQL's statements spell their own codes.)
 pub const PARKED: i16 = 4;
+/// Row status (MySQL, SQLite): pending, waiting behind an earlier row of
+/// its key that is not yet due (a retry's backoff, a delay). A per-key
+/// claim that meets such a row sets it aside; the lease of a row of its
+/// key sets it back to [`PENDING`].
+pub const WAITING: i16 = 5;
 
 /// The text stored for an attempt kind.
 pub fn attempt_kind_code(kind: AttemptKind) -> &'static str {

@@ -13,7 +13,7 @@ mod testing;
 pub use crate::admin_queries::EVENT_COLUMNS;
 pub use driver::{Driver, Exec, Param, Row, Value};
 pub use protocol::Protocol;
-pub use queries::{MAX_LISTED_KEYS, Queries, with_in_list, with_keys_in_flight};
+pub use queries::{MAX_LISTED_KEYS, Queries, with_in_list, with_key_ranges, with_keys_in_flight};
 pub use statements::{FORGET_OWNERS_EVERY, Statements, raw_event};
 
 use crate::config::TableNames;

@@ -1,17 +1,20 @@
-//! Rows parked behind a failed row that blocks their key (status 4): a
-//! per-key claim sets aside the rows it finds held back by one, so later
-//! claims read past none of them; an operator's requeue, skip or a
-//! published replacement sets them back, and claims now and then set back
-//! any whose block was lifted by other means.
+//! Rows set aside by the per-key claim that found them held back, so
+//! later claims read past none of them: parked behind a failed row that
+//! blocks their key (status 4), or waiting behind a row of their key not
+//! yet due (status 5). An operator's requeue or skip or a published
+//! replacement sets parked rows back; the lease of a key's row sets its
+//! waiting rows back; claims now and then set back any whose block or
+//! wait ended by other means.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use outbox_core::StoreError;
 
 use super::driver::{Driver, Exec, Param};
 use super::protocol::Protocol;
-use super::statements::{limit, params};
-use super::with_in_list;
+use super::statements::{limit, params, with};
+use super::{with_in_list, with_key_ranges};
+use crate::blame::suspect_span;
 
 /// How often (in claims of one store) a claim looks for parked rows
 /// whose block is gone (lifted by an earlier release or by hand): the
@@ -28,6 +31,11 @@ pub const PARK_ROUNDS: usize = 16;
 /// A claim's candidate rows: `(sequence, key, suspect span)`.
 pub(super) type Candidates = Vec<(i64, String, Option<u32>)>;
 
+/// Status of a row parked behind a blocking failure.
+const PARKED: i64 = crate::codes::PARKED as i64;
+/// Status of a row waiting behind a row of its key not yet due.
+const WAITING: i64 = crate::codes::WAITING as i64;
+
 impl<D: Driver> Protocol<D> {
     /// Parks `held` (rows a claim found behind a blocking row, as
     /// `(sequence, key)`) where a blocking row, not superseded, still comes
@@ -35,11 +43,10 @@ impl<D: Driver> Protocol<D> {
     /// finished first or unparks these after this claim commits. Rows
     /// behind a superseded blocking row stay pending (its replacement may
     /// be among them). Returns how many were parked.
-    pub(super) async fn park(
-        &self,
-        tx: &mut D::Tx,
-        held: &[(i64, String)],
-    ) -> Result<u64, StoreError> {
+    async fn park(&self, tx: &mut D::Tx, held: &[(i64, String)]) -> Result<u64, StoreError> {
+        if held.is_empty() {
+            return Ok(0);
+        }
         let mut keys: Vec<&str> = held.iter().map(|(_, k)| k.as_str()).collect();
         keys.sort_unstable();
         keys.dedup();
@@ -56,8 +63,49 @@ impl<D: Driver> Protocol<D> {
         if parked.is_empty() {
             return Ok(0);
         }
-        let query = with_in_list(&self.queries.park_rows, parked.len());
-        tx.execute(&query, params(&parked)).await
+        self.set_aside(tx, &parked, PARKED).await
+    }
+
+    /// Sets `sequences` aside in `status`, where still pending.
+    async fn set_aside(
+        &self,
+        tx: &mut D::Tx,
+        sequences: &[i64],
+        status: i64,
+    ) -> Result<u64, StoreError> {
+        if sequences.is_empty() {
+            return Ok(0);
+        }
+        let query = with_in_list(&self.queries.park_rows, sequences.len());
+        tx.execute(&query, with([status.into()], sequences)).await
+    }
+
+    /// Sets back the rows waiting behind the keys of `candidates` not in
+    /// `done` (each key's rows after its first candidate: its head is due
+    /// now, so they are claimable behind it in this batch), and adds those
+    /// keys to `done`. Returns how many rows came back.
+    async fn unpark_waiting(
+        &self,
+        tx: &mut D::Tx,
+        candidates: &Candidates,
+        done: &mut HashSet<String>,
+    ) -> Result<u64, StoreError> {
+        let mut first: HashMap<&str, i64> = HashMap::new();
+        for (sequence, key, _) in candidates {
+            if !done.contains(key) {
+                first.entry(key.as_str()).or_insert(*sequence);
+            }
+        }
+        if first.is_empty() {
+            return Ok(0);
+        }
+        let query = with_key_ranges(&self.queries.unpark_waiting, first.len());
+        let mut bound = Vec::with_capacity(first.len() * 2);
+        for (key, sequence) in first {
+            done.insert(key.to_owned());
+            bound.extend([Param::from(key), sequence.into()]);
+        }
+        tx.execute(&query, bound).await
     }
 
     /// Sets the parked rows of `key` back to pending (its blocking row was
@@ -73,13 +121,21 @@ impl<D: Driver> Protocol<D> {
         Ok(())
     }
 
-    /// Sets back rows parked behind no blocking row any more.
-    pub(super) async fn heal_parked(&self, tx: &mut D::Tx) -> Result<(), StoreError> {
-        let rows = tx
+    /// Sets back rows parked behind no blocking row any more, and rows
+    /// waiting behind no row of their key that is not yet due at `now`.
+    pub(super) async fn heal_parked(&self, tx: &mut D::Tx, now: i64) -> Result<(), StoreError> {
+        let parked = tx
             .fetch(&self.queries.parked_unblocked, vec![limit(HEAL_MOST)])
             .await?;
-        let sequences = rows
+        let waiting = tx
+            .fetch(
+                &self.queries.waiting_unheld,
+                vec![now.into(), limit(HEAL_MOST)],
+            )
+            .await?;
+        let sequences = parked
             .iter()
+            .chain(&waiting)
             .map(|r| r.int("sequence"))
             .collect::<Result<Vec<_>, _>>()?;
         if !sequences.is_empty() {
@@ -90,29 +146,49 @@ impl<D: Driver> Protocol<D> {
     }
 
     /// The claim's candidates for `query` with `bound` (its limit last):
-    /// rows marked `parked` are parked and the read runs again, until a
-    /// read parks none (or [`PARK_ROUNDS`] reads).
+    /// rows marked `parked` are set aside, and (per key, where rows wait)
+    /// the waiting rows of the candidates' keys come back; the read runs
+    /// again while any row changed (at most [`PARK_ROUNDS`] reads).
     pub(super) async fn candidates(
         &self,
         tx: &mut D::Tx,
         query: &str,
         bound: Vec<Param>,
+        ordered: bool,
     ) -> Result<Candidates, StoreError> {
+        let waiting_somewhere = ordered
+            && !tx
+                .fetch(&self.queries.any_waiting, Vec::new())
+                .await?
+                .is_empty();
+        let mut unparked = HashSet::new();
         for round in 1.. {
             let mut candidates = Vec::new();
             let mut held = Vec::new();
+            let mut waiting = Vec::new();
             for r in tx.fetch(query, bound.clone()).await? {
                 let sequence = r.int("sequence")?;
                 let key = r.text("partition_key")?;
-                if r.bool("parked")? {
-                    held.push((sequence, key));
-                } else {
-                    let span =
-                        crate::blame::suspect_span(r.bool("suspect")?, r.int("suspect_span")?);
-                    candidates.push((sequence, key, span));
+                match r.int("parked")? {
+                    0 => {
+                        let span = suspect_span(r.bool("suspect")?, r.int("suspect_span")?);
+                        candidates.push((sequence, key, span));
+                    }
+                    PARKED => held.push((sequence, key)),
+                    _ => waiting.push(sequence),
                 }
             }
-            if held.is_empty() || round == PARK_ROUNDS || self.park(tx, &held).await? == 0 {
+            if round == PARK_ROUNDS {
+                return Ok(candidates);
+            }
+            // Back first: a row this read set aside is held by a row of
+            // its key not yet due, whatever its key's first candidate.
+            let mut changed = 0;
+            if waiting_somewhere {
+                changed += self.unpark_waiting(tx, &candidates, &mut unparked).await?;
+            }
+            changed += self.park(tx, &held).await? + self.set_aside(tx, &waiting, WAITING).await?;
+            if changed == 0 {
                 return Ok(candidates);
             }
         }

@@ -147,7 +147,7 @@ impl<D: Driver> Protocol<D> {
 
         let ordered = request.ordering == Ordering::PerKey;
         if ordered && claims % HEAL_PARKED_EVERY == 0 {
-            self.heal_parked(&mut tx).await?;
+            self.heal_parked(&mut tx, now).await?;
         }
         // Keys in flight beyond the statement's list are left out below.
         let listed = keys_in_flight.len().min(MAX_LISTED_KEYS);
@@ -159,7 +159,13 @@ impl<D: Driver> Protocol<D> {
         } else {
             Cow::Borrowed(self.queries.claim_candidates_unordered.as_str())
         };
-        let mut bound = vec![now.into()];
+        // `now` twice for the parked status (per key), once for the
+        // claimable condition, then the keys in flight and the limit.
+        let mut bound = if ordered {
+            vec![now.into(), now.into(), now.into()]
+        } else {
+            vec![now.into()]
+        };
         if ordered {
             bound.extend(
                 keys_in_flight
@@ -167,10 +173,9 @@ impl<D: Driver> Protocol<D> {
                     .take(listed)
                     .map(|k| Param::from(k.as_str())),
             );
-            bound.extend([now.into(), now.into()]);
         }
         bound.push(limit(request.limit));
-        let candidates = self.candidates(&mut tx, &query, bound).await?;
+        let candidates = self.candidates(&mut tx, &query, bound, ordered).await?;
         let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
         let locked = self.lock_claimable(&mut tx, &sequences, now).await?;
         // A row skipped as locked (a settlement in progress), a crash

@@ -38,6 +38,9 @@ pub struct Queries {
     pub lock_rows: String,
     pub blockers_of: String,
     pub park_rows: String,
+    pub any_waiting: String,
+    pub unpark_waiting: String,
+    pub waiting_unheld: String,
     pub unpark_key: String,
     pub parked_unblocked: String,
     pub unpark_rows: String,
@@ -76,6 +79,14 @@ fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// `query` with its `{ranges}` replaced by `n` key ranges, each binding a
+/// key then a sequence: the key's rows after that one, read from the
+/// key's index (not its history before).
+pub fn with_key_ranges(query: &str, n: usize) -> String {
+    let range = "(partition_key = ? AND blocks_key = FALSE AND sequence > ?)";
+    query.replace("{ranges}", &vec![range; n.max(1)].join(" OR "))
+}
+
 /// At most this many keys in flight are listed in a per-key claim's
 /// `NOT IN` (a statement takes at most 65,535 parameters); the claim leaves
 /// out the rest's candidates itself, as it reads them.
@@ -107,7 +118,8 @@ impl Queries {
         let by_key = format!("{}_events_key", names.prefix());
         let by_key_due = format!("{}_events_key_due", names.prefix());
         // An earlier row of the key that holds it back: pending and not
-        // due (`backing_off`, binds `now` twice), or failed and blocking
+        // due (`backing_off`, binds `now` twice: the candidates' first
+        // parameters), or failed and blocking
         // (`blocked`, unless `c` replaces it). Each kind is its own probe
         // reading one index entry or a few: the key's latest due time, and
         // only if that is ahead, its rows not due yet; its failed rows. One
@@ -148,22 +160,23 @@ impl Queries {
                                    AND (p.superseded_by IS NULL
                                         OR p.superseded_by <> c.event_id))))"
         );
-        // Per key, a row held back by a blocking row is returned too,
-        // marked `parked`: the claim sets it aside (status 4), so no later
-        // claim steps over it again. Left in the live index, 10,000
-        // blocked keys cost every claim 10,000 rows read and probed: 3x
-        // the clean drain's time.
+        // Per key, a row held back is returned too, marked `parked` with
+        // the status it is set aside in: 4 behind a blocking row, 5 behind
+        // a row not yet due. No later claim steps over it again (left in
+        // the live index, 10,000 blocked keys cost every claim 10,000 rows
+        // read and probed: 3x the clean drain's time). A lease of a row
+        // sets its key's waiting rows back (see `unpark_waiting`).
         let candidates = |ordered: bool| {
             let (parked, order) = if ordered {
                 (
-                    format!("{blocked} AS parked"),
-                    format!("{{not_in_flight}} AND NOT {backing_off}"),
+                    format!("CASE WHEN {blocked} THEN 4 WHEN {backing_off} THEN 5 ELSE 0 END"),
+                    "{not_in_flight}",
                 )
             } else {
-                ("FALSE AS parked".to_owned(), String::new())
+                ("0".to_owned(), "")
             };
             format!(
-                "SELECT c.sequence, c.partition_key, c.suspect, c.suspect_span, {parked}
+                "SELECT c.sequence, c.partition_key, c.suspect, c.suspect_span, {parked} AS parked
                  FROM {events} c USE INDEX ({live})
                  WHERE {CLAIMABLE} {order}
                  ORDER BY c.sequence LIMIT ?"
@@ -299,7 +312,24 @@ impl Queries {
                  LOCK IN SHARE MODE"
             ),
             park_rows: format!(
-                "UPDATE {events} SET status = 4 WHERE sequence IN ({{in}}) AND status = 0"
+                "UPDATE {events} SET status = ? WHERE sequence IN ({{in}}) AND status = 0"
+            ),
+            any_waiting: format!(
+                "SELECT 1 AS n FROM {events} USE INDEX ({live}) WHERE status = 5 LIMIT 1"
+            ),
+            // `{{ranges}}`: each leased key's rows after its first leased
+            // one (see `with_key_ranges`).
+            unpark_waiting: format!("UPDATE {events} SET status = 0 WHERE status = 5 AND ({{ranges}})"),
+            // Rows waiting behind no row of their key that is not yet due
+            // (its head was leased by an earlier release or failed by a
+            // crash loop).
+            waiting_unheld: format!(
+                "SELECT c.sequence FROM {events} c USE INDEX ({live})
+                 WHERE c.status = 5 AND NOT EXISTS (
+                     SELECT 1 FROM {events} p USE INDEX ({by_key_due})
+                     WHERE p.partition_key = c.partition_key AND p.status = 0
+                       AND p.available_at > ? AND p.sequence < c.sequence)
+                 LIMIT ?"
             ),
             // The key's rows, behind a blocking row that no longer blocks.
             unpark_key: format!(
@@ -318,7 +348,7 @@ impl Queries {
                  LIMIT ?"
             ),
             unpark_rows: format!(
-                "UPDATE {events} SET status = 0 WHERE sequence IN ({{in}}) AND status = 4"
+                "UPDATE {events} SET status = 0 WHERE sequence IN ({{in}}) AND status IN (4, 5)"
             ),
             // Keys whose blocking row these replacements lift.
             superseded_keys: format!(

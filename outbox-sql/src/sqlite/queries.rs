@@ -27,6 +27,9 @@ pub struct Queries {
     pub claim_per_key: String,
     pub claim_unordered: String,
     pub park_rows: String,
+    pub any_waiting: String,
+    pub unpark_waiting: String,
+    pub heal_waiting: String,
     pub unpark_key: String,
     pub heal_parked: String,
     pub read_rows: String,
@@ -59,10 +62,12 @@ impl Queries {
         // yet due). One probe per kind, each on a partial index holding
         // only the key's rows of that kind: one probe over all kinds reads
         // the key's whole backlog for every candidate, quadratic in a key's
-        // backlog. A row behind a failed blocking row is returned too,
-        // marked `parked`: the claim sets it aside (status 4), so no later
-        // claim steps over it again (10,000 blocked keys cost every claim
-        // 10,000 rows probed while they stayed in the live index).
+        // backlog. A row held back by a failed blocking row, or by a row
+        // not yet due, is returned too, marked `parked` with the status the
+        // claim sets it aside in (4 or 5), so no later claim steps over it
+        // again (10,000 blocked keys cost every claim 10,000 rows probed
+        // while they stayed in the live index). The lease of a row sets its
+        // key's waiting rows back (`unpark_waiting`).
         let blocked = format!(
             "EXISTS (SELECT 1 FROM {events} p
                      WHERE p.partition_key = c.partition_key AND p.blocks_key AND p.status = 3
@@ -71,7 +76,13 @@ impl Queries {
         let claim = |ordered: bool| {
             let (parked, key_order) = if ordered {
                 (
-                    blocked.clone(),
+                    format!(
+                        "CASE WHEN {blocked} THEN 4
+                              WHEN EXISTS (SELECT 1 FROM {events} p
+                                           WHERE p.partition_key = c.partition_key AND p.status = 0
+                                             AND p.available_at > ?1 AND {earlier}) THEN 5
+                              ELSE 0 END"
+                    ),
                     format!(
                         "AND NOT EXISTS (
                             SELECT 1 FROM {events} p
@@ -80,11 +91,7 @@ impl Queries {
                               AND {earlier})
                          AND NOT EXISTS (
                             SELECT 1 FROM {events} p
-                            WHERE p.partition_key = c.partition_key AND p.status = 1 AND {earlier})
-                         AND NOT EXISTS (
-                            SELECT 1 FROM {events} p
-                            WHERE p.partition_key = c.partition_key AND p.status = 0
-                              AND p.available_at > ?1 AND {earlier})"
+                            WHERE p.partition_key = c.partition_key AND p.status = 1 AND {earlier})"
                     ),
                 )
             } else {
@@ -198,8 +205,22 @@ impl Queries {
             claim_per_key: claim(true),
             claim_unordered: claim(false),
             park_rows: format!(
-                "UPDATE {events} SET status = 4
+                "UPDATE {events} SET status = ?2
                  WHERE status = 0 AND sequence IN (SELECT value FROM json_each(?1))"
+            ),
+            any_waiting: format!("SELECT 1 AS n FROM {events} WHERE status = 5 LIMIT 1"),
+            unpark_waiting: format!(
+                "UPDATE {events} SET status = 0
+                 WHERE status = 5 AND partition_key IN (SELECT value FROM json_each(?1))"
+            ),
+            // Rows waiting behind no row of their key not yet due (its head
+            // was leased by an earlier release or failed by a crash loop).
+            heal_waiting: format!(
+                "UPDATE {events} AS c SET status = 0
+                 WHERE c.status = 5 AND NOT EXISTS (
+                     SELECT 1 FROM {events} p
+                     WHERE p.partition_key = c.partition_key AND p.status = 0
+                       AND p.available_at > ?1 AND {earlier})"
             ),
             unpark_key: format!(
                 "UPDATE {events} SET status = 0 WHERE partition_key = ?1 AND status = 4"

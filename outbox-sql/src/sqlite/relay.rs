@@ -100,10 +100,11 @@ impl<D: Driver> Protocol<D> {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if ordered && claims % HEAL_PARKED_EVERY == 0 {
             tx.execute(&self.queries.heal_parked, Vec::new()).await?;
+            tx.execute(&self.queries.heal_waiting, vec![now.into()])
+                .await?;
         }
-        let candidates = self
-            .candidates(&mut tx, query, vec![now.into(), limit(request.limit)])
-            .await?;
+        let bound = vec![now.into(), limit(request.limit)];
+        let candidates = self.candidates(&mut tx, query, bound, ordered).await?;
         let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
         let mut rows = ReadRows::new();
         let read = vec![json!(sequences).to_string().into()];
@@ -271,29 +272,67 @@ impl<D: Driver> Protocol<D> {
     }
 
     /// The claim's candidates for `query` with `bound`: rows marked
-    /// `parked` (behind a failed row that blocks their key) are parked and
-    /// the read runs again, until a read finds none (or [`PARK_ROUNDS`]).
+    /// `parked` (behind a failed row that blocks their key, or a row not
+    /// yet due) are set aside in the status it names, and (where rows
+    /// wait) the waiting rows of the candidates' keys come back: their
+    /// key's head is due now, so they are claimable behind it in this
+    /// batch. The read runs again while any row changed (at most
+    /// [`PARK_ROUNDS`] reads).
     async fn candidates(
         &self,
         tx: &mut D::Tx,
         query: &str,
         bound: Vec<Param>,
+        ordered: bool,
     ) -> Result<Vec<(i64, String, Option<u32>)>, StoreError> {
+        let waiting_somewhere = ordered
+            && !tx
+                .fetch(&self.queries.any_waiting, Vec::new())
+                .await?
+                .is_empty();
+        let mut unparked: HashSet<String> = HashSet::new();
         for round in 1.. {
             let mut candidates = Vec::new();
-            let mut parked = Vec::new();
+            let mut aside: [(i64, Vec<i64>); 2] = [
+                (codes::PARKED.into(), Vec::new()),
+                (codes::WAITING.into(), Vec::new()),
+            ];
             for r in tx.fetch(query, bound.clone()).await? {
-                if r.bool("parked")? {
-                    parked.push(r.int("sequence")?);
-                } else {
-                    candidates.push((r.int("sequence")?, r.text("partition_key")?, suspect(&r)?));
+                let sequence = r.int("sequence")?;
+                match r.int("parked")? {
+                    0 => candidates.push((sequence, r.text("partition_key")?, suspect(&r)?)),
+                    status => {
+                        if let Some((_, rows)) = aside.iter_mut().find(|(s, _)| *s == status) {
+                            rows.push(sequence);
+                        }
+                    }
                 }
             }
-            if parked.is_empty() || round == PARK_ROUNDS {
+            if round == PARK_ROUNDS {
                 return Ok(candidates);
             }
-            let park = vec![json!(parked).to_string().into()];
-            tx.execute(&self.queries.park_rows, park).await?;
+            let mut changed = 0;
+            // Back first: a row this read set aside is held by a row of
+            // its key not yet due, whatever its key's first candidate.
+            let fresh: HashSet<&str> = candidates
+                .iter()
+                .map(|c| c.1.as_str())
+                .filter(|k| !unparked.contains(*k))
+                .collect();
+            if waiting_somewhere && !fresh.is_empty() {
+                let keys = vec![json!(fresh).to_string().into()];
+                changed += tx.execute(&self.queries.unpark_waiting, keys).await?;
+                unparked.extend(fresh.into_iter().map(str::to_owned));
+            }
+            for (status, rows) in aside {
+                if !rows.is_empty() {
+                    let park = vec![json!(rows).to_string().into(), status.into()];
+                    changed += tx.execute(&self.queries.park_rows, park).await?;
+                }
+            }
+            if changed == 0 {
+                return Ok(candidates);
+            }
         }
         unreachable!("the rounds end at PARK_ROUNDS")
     }

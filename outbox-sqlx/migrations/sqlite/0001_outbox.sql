@@ -24,10 +24,11 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     headers           TEXT NOT NULL,
     created_at        INTEGER NOT NULL,
     available_at      INTEGER NOT NULL,
-    -- 0 pending, 1 in flight, 2 published, 3 failed, 4 pending but parked
-    -- behind a failed row that blocks its key (set aside by the claim that
-    -- met it, so no later claim steps over it; set back when the block is
-    -- lifted)
+    -- 0 pending, 1 in flight, 2 published, 3 failed; pending but set aside
+    -- by the claim that met it, so no later claim steps over it: 4 parked
+    -- behind a failed row that blocks its key (set back when the block is
+    -- lifted), 5 waiting behind a row of its key not yet due (set back when
+    -- a row of its key is leased)
     status            INTEGER NOT NULL DEFAULT 0,
     blocks_key        INTEGER NOT NULL DEFAULT 0,
     superseded_by     TEXT,
@@ -63,6 +64,9 @@ CREATE INDEX IF NOT EXISTS outbox_events_key_blocking
 -- A key's parked rows: set back by the operator action that lifts its block.
 CREATE INDEX IF NOT EXISTS outbox_events_key_parked
     ON outbox_events (partition_key) WHERE status = 4;
+-- A key's waiting rows: set back by the lease of a row of the key.
+CREATE INDEX IF NOT EXISTS outbox_events_key_waiting
+    ON outbox_events (partition_key) WHERE status = 5;
 -- Rows blamed for crashes: the crash-loop sweep reads only these.
 CREATE INDEX IF NOT EXISTS outbox_events_unfinished
     ON outbox_events (unfinished_claims) WHERE status = 0 AND unfinished_claims > 0;

@@ -2,7 +2,11 @@
 //! a per-key claim that meets them parks them (status 4), so no later
 //! claim reads past them again (10,000 blocked keys cost every claim 3x
 //! the clean drain's time while they stayed pending). A block lifted by
-//! hand, not through the store, lets them come back all the same.
+//! hand, not through the store, lets them come back all the same. Rows
+//! behind a head not yet due (a retry's backoff) wait aside the same way
+//! (status 5) until their head is due.
+
+use std::time::Duration;
 
 use outbox_core::store::{FailReason, Nack, NackAction, OutboxStore};
 use outbox_core::testing::{event, store_suite};
@@ -33,9 +37,9 @@ async fn claim_ids(store: &MySqlStore, limit: usize) -> Vec<EventId> {
     claimed.iter().map(|c| c.event.event_id).collect()
 }
 
-/// Blocks key `blocked` with `behind` events parked behind its head, and
-/// lets one claim meet them beside an event of another key.
-async fn block_with(store: &MySqlStore, behind: usize) -> EventId {
+/// Fails key `blocked`'s head (`action`) with `behind` events behind
+/// it, and lets one claim meet them beside an event of another key.
+async fn hold_with(store: &MySqlStore, behind: usize, action: NackAction) -> EventId {
     let head = event("blocked", 0);
     OutboxWriter::enqueue(store, std::slice::from_ref(&head))
         .await
@@ -47,10 +51,7 @@ async fn block_with(store: &MySqlStore, behind: usize) -> EventId {
         .events;
     let fail = Nack {
         lease: claimed[0].lease.clone(),
-        action: NackAction::Fail {
-            reason: FailReason::Permanent,
-            block_key: true,
-        },
+        action,
         error_class: ErrorClass::Permanent,
         error: "rejected".into(),
     };
@@ -63,6 +64,21 @@ async fn block_with(store: &MySqlStore, behind: usize) -> EventId {
         .unwrap();
     assert_eq!(claim_ids(store, 10).await, vec![other.event_id]);
     head.event_id
+}
+
+/// Blocks key `blocked` with `behind` events parked behind its head.
+async fn block_with(store: &MySqlStore, behind: usize) -> EventId {
+    let block = NackAction::Fail {
+        reason: FailReason::Permanent,
+        block_key: true,
+    };
+    hold_with(store, behind, block).await
+}
+
+/// Key `blocked`'s head retries in a minute, `behind` events behind it.
+async fn back_off_with(store: &MySqlStore, behind: usize) -> EventId {
+    let after = Duration::from_secs(60);
+    hold_with(store, behind, NackAction::Retry { after }).await
 }
 
 /// The rows behind the block, those there when a claim met them and those
@@ -101,4 +117,35 @@ async fn rows_parked_behind_a_block_lifted_by_hand_come_back() {
     let restarted = MySqlStore::new(store.pool().clone(), store.config().clone());
     assert_eq!(claim_ids(&restarted, 10).await.len(), 3);
     assert_eq!(statuses(&store, "blocked").await, vec![(2, 4)]);
+}
+
+/// The rows behind a head that backs off wait aside (status 5); once the
+/// head is due, one claim takes it and every row behind it, in order.
+#[tokio::test]
+async fn rows_behind_a_backing_off_head_wait_aside_and_come_back_with_it() {
+    let clock = ManualClock::at_epoch();
+    let store = super::store_on(clock.clone()).await;
+    let head = back_off_with(&store, 20).await;
+    assert_eq!(statuses(&store, "blocked").await, vec![(0, 1), (5, 20)]);
+    clock.advance(Duration::from_secs(61));
+    let claimed = claim_ids(&store, 100).await;
+    assert_eq!(claimed.len(), 21, "the head and the rows behind it");
+    assert_eq!(claimed[0], head);
+    assert_eq!(statuses(&store, "blocked").await, vec![(2, 21)]);
+}
+
+/// A head that backs off removed by hand: a store handle's first claim
+/// sets back the rows that waited behind it.
+#[tokio::test]
+async fn rows_waiting_behind_a_head_removed_by_hand_come_back() {
+    let store = super::store_on(ManualClock::at_epoch()).await;
+    let head = back_off_with(&store, 3).await;
+    let events = store.config().tables.events();
+    sqlx::query(&format!("DELETE FROM {events} WHERE event_id = ?"))
+        .bind(head.to_string())
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let restarted = MySqlStore::new(store.pool().clone(), store.config().clone());
+    assert_eq!(claim_ids(&restarted, 10).await.len(), 3);
 }
