@@ -6,7 +6,7 @@
 //! waiting rows back; claims now and then set back any whose block or
 //! wait ended by other means.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use outbox_core::StoreError;
 
@@ -80,32 +80,47 @@ impl<D: Driver> Protocol<D> {
         tx.execute(&query, with([status.into()], sequences)).await
     }
 
-    /// Sets back the rows waiting behind the keys of `candidates` not in
-    /// `done` (each key's rows after its first candidate: its head is due
-    /// now, so they are claimable behind it in this batch), and adds those
-    /// keys to `done`. Returns how many rows came back.
+    /// Sets `waiting` (rows behind a row of their key not yet due, as
+    /// `(sequence, key)`) aside, and notes their keys.
+    async fn set_waiting(
+        &self,
+        tx: &mut D::Tx,
+        waiting: &[(i64, String)],
+    ) -> Result<u64, StoreError> {
+        if waiting.is_empty() {
+            return Ok(0);
+        }
+        let keys: BTreeSet<&str> = waiting.iter().map(|(_, k)| k.as_str()).collect();
+        let values = vec!["(?)"; keys.len()].join(", ");
+        let note = self.queries.note_waiting.replace("{values}", &values);
+        tx.execute(&note, params(&keys.into_iter().collect::<Vec<_>>()))
+            .await?;
+        let sequences: Vec<i64> = waiting.iter().map(|(s, _)| *s).collect();
+        self.set_aside(tx, &sequences, WAITING).await
+    }
+
+    /// Sets back the rows waiting behind `keys` (each key's rows after
+    /// its sequence: its first candidate, due now, so they are claimable
+    /// behind it in this batch) and forgets the keys. Returns how many
+    /// rows came back.
     async fn unpark_waiting(
         &self,
         tx: &mut D::Tx,
-        candidates: &Candidates,
-        done: &mut HashSet<String>,
+        keys: &BTreeMap<String, i64>,
     ) -> Result<u64, StoreError> {
-        let mut first: HashMap<&str, i64> = HashMap::new();
-        for (sequence, key, _) in candidates {
-            if !done.contains(key) {
-                first.entry(key.as_str()).or_insert(*sequence);
-            }
-        }
-        if first.is_empty() {
+        if keys.is_empty() {
             return Ok(0);
         }
-        let query = with_key_ranges(&self.queries.unpark_waiting, first.len());
-        let mut bound = Vec::with_capacity(first.len() * 2);
-        for (key, sequence) in first {
-            done.insert(key.to_owned());
-            bound.extend([Param::from(key), sequence.into()]);
+        let query = with_key_ranges(&self.queries.unpark_waiting, keys.len());
+        let mut bound = Vec::with_capacity(keys.len() * 2);
+        for (key, sequence) in keys {
+            bound.extend([Param::from(key.as_str()), (*sequence).into()]);
         }
-        tx.execute(&query, bound).await
+        let back = tx.execute(&query, bound).await?;
+        let forget = with_in_list(&self.queries.forget_waiting, keys.len());
+        tx.execute(&forget, params(&keys.keys().cloned().collect::<Vec<_>>()))
+            .await?;
+        Ok(back)
     }
 
     /// Sets the parked rows of `key` back to pending (its blocking row was
@@ -122,17 +137,30 @@ impl<D: Driver> Protocol<D> {
     }
 
     /// Sets back rows parked behind no blocking row any more, and rows
-    /// waiting behind no row of their key that is not yet due at `now`.
-    pub(super) async fn heal_parked(&self, tx: &mut D::Tx, now: i64) -> Result<(), StoreError> {
-        let parked = tx
-            .fetch(&self.queries.parked_unblocked, vec![limit(HEAL_MOST)])
-            .await?;
-        let waiting = tx
-            .fetch(
-                &self.queries.waiting_unheld,
-                vec![now.into(), limit(HEAL_MOST)],
+    /// waiting behind no row of their key that is not yet due at `now`;
+    /// for an unordered claim (`ordered` false), every row set aside.
+    pub(super) async fn heal_parked(
+        &self,
+        tx: &mut D::Tx,
+        now: i64,
+        ordered: bool,
+    ) -> Result<(), StoreError> {
+        let (parked, waiting) = if ordered {
+            let parked = tx
+                .fetch(&self.queries.parked_unblocked, vec![limit(HEAL_MOST)])
+                .await?;
+            let waiting = vec![now.into(), limit(HEAL_MOST)];
+            (
+                parked,
+                tx.fetch(&self.queries.waiting_unheld, waiting).await?,
             )
-            .await?;
+        } else {
+            let most = vec![limit(HEAL_MOST)];
+            (
+                tx.fetch(&self.queries.set_aside_rows, most).await?,
+                Vec::new(),
+            )
+        };
         let sequences = parked
             .iter()
             .chain(&waiting)
@@ -146,36 +174,34 @@ impl<D: Driver> Protocol<D> {
     }
 
     /// The claim's candidates for `query` with `bound` (its limit last):
-    /// rows marked `parked` are set aside, and (per key, where rows wait)
-    /// the waiting rows of the candidates' keys come back; the read runs
+    /// rows marked `parked` are set aside, and the waiting rows of the
+    /// candidates' keys come back (once per key and claim); the read runs
     /// again while any row changed (at most [`PARK_ROUNDS`] reads).
     pub(super) async fn candidates(
         &self,
         tx: &mut D::Tx,
         query: &str,
         bound: Vec<Param>,
-        ordered: bool,
     ) -> Result<Candidates, StoreError> {
-        let waiting_somewhere = ordered
-            && !tx
-                .fetch(&self.queries.any_waiting, Vec::new())
-                .await?
-                .is_empty();
         let mut unparked = HashSet::new();
         for round in 1.. {
             let mut candidates = Vec::new();
             let mut held = Vec::new();
             let mut waiting = Vec::new();
+            let mut back = BTreeMap::new();
             for r in tx.fetch(query, bound.clone()).await? {
                 let sequence = r.int("sequence")?;
                 let key = r.text("partition_key")?;
                 match r.int("parked")? {
                     0 => {
+                        if r.bool("key_waits")? && !unparked.contains(&key) {
+                            back.entry(key.clone()).or_insert(sequence);
+                        }
                         let span = suspect_span(r.bool("suspect")?, r.int("suspect_span")?);
                         candidates.push((sequence, key, span));
                     }
                     PARKED => held.push((sequence, key)),
-                    _ => waiting.push(sequence),
+                    _ => waiting.push((sequence, key)),
                 }
             }
             if round == PARK_ROUNDS {
@@ -183,11 +209,9 @@ impl<D: Driver> Protocol<D> {
             }
             // Back first: a row this read set aside is held by a row of
             // its key not yet due, whatever its key's first candidate.
-            let mut changed = 0;
-            if waiting_somewhere {
-                changed += self.unpark_waiting(tx, &candidates, &mut unparked).await?;
-            }
-            changed += self.park(tx, &held).await? + self.set_aside(tx, &waiting, WAITING).await?;
+            let mut changed = self.unpark_waiting(tx, &back).await?;
+            unparked.extend(back.into_keys());
+            changed += self.park(tx, &held).await? + self.set_waiting(tx, &waiting).await?;
             if changed == 0 {
                 return Ok(candidates);
             }

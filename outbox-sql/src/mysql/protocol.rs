@@ -146,8 +146,8 @@ impl<D: Driver> Protocol<D> {
         let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
 
         let ordered = request.ordering == Ordering::PerKey;
-        if ordered && claims % HEAL_PARKED_EVERY == 0 {
-            self.heal_parked(&mut tx, now).await?;
+        if claims % HEAL_PARKED_EVERY == 0 {
+            self.heal_parked(&mut tx, now, ordered).await?;
         }
         // Keys in flight beyond the statement's list are left out below.
         let listed = keys_in_flight.len().min(MAX_LISTED_KEYS);
@@ -175,7 +175,7 @@ impl<D: Driver> Protocol<D> {
             );
         }
         bound.push(limit(request.limit));
-        let candidates = self.candidates(&mut tx, &query, bound, ordered).await?;
+        let candidates = self.candidates(&mut tx, &query, bound).await?;
         let sequences: Vec<i64> = candidates.iter().map(|(s, _, _)| *s).collect();
         let locked = self.lock_claimable(&mut tx, &sequences, now).await?;
         // A row skipped as locked (a settlement in progress), a crash

@@ -38,11 +38,13 @@ pub struct Queries {
     pub lock_rows: String,
     pub blockers_of: String,
     pub park_rows: String,
-    pub any_waiting: String,
     pub unpark_waiting: String,
+    pub note_waiting: String,
+    pub forget_waiting: String,
     pub waiting_unheld: String,
     pub unpark_key: String,
     pub parked_unblocked: String,
+    pub set_aside_rows: String,
     pub unpark_rows: String,
     pub superseded_keys: String,
     pub fail_rows: String,
@@ -112,6 +114,7 @@ impl Queries {
         let claim_lock = format!("{}{}_claim_lock", names.qualifier(), names.prefix());
         let clock = format!("{}{}_clock", names.qualifier(), names.prefix());
         let owners = format!("{}{}_lease_owners", names.qualifier(), names.prefix());
+        let waiting_keys = format!("{}{}_waiting_keys", names.qualifier(), names.prefix());
         // Claims read pending rows in sequence order from the live index,
         // never the primary key (that would walk every published row).
         let live = format!("{}_events_live", names.prefix());
@@ -164,20 +167,31 @@ impl Queries {
         // the status it is set aside in: 4 behind a blocking row, 5 behind
         // a row not yet due. No later claim steps over it again (left in
         // the live index, 10,000 blocked keys cost every claim 10,000 rows
-        // read and probed: 3x the clean drain's time). A lease of a row
-        // sets its key's waiting rows back (see `unpark_waiting`).
+        // read and probed: 3x the clean drain's time). `key_waits` says
+        // whether rows of the candidate's key wait aside: its head is due
+        // now, so the claim sets them back (`unpark_waiting`) to lease
+        // them behind it.
         let candidates = |ordered: bool| {
-            let (parked, order) = if ordered {
+            let (parked, waits, order) = if ordered {
                 (
                     format!("CASE WHEN {blocked} THEN 4 WHEN {backing_off} THEN 5 ELSE 0 END"),
+                    format!(
+                        "w.partition_key IS NOT NULL AS key_waits
+                         FROM {events} c USE INDEX ({live})
+                         LEFT JOIN {waiting_keys} w ON w.partition_key = c.partition_key"
+                    ),
                     "{not_in_flight}",
                 )
             } else {
-                ("0".to_owned(), "")
+                (
+                    "0".to_owned(),
+                    format!("FALSE AS key_waits FROM {events} c USE INDEX ({live})"),
+                    "",
+                )
             };
             format!(
-                "SELECT c.sequence, c.partition_key, c.suspect, c.suspect_span, {parked} AS parked
-                 FROM {events} c USE INDEX ({live})
+                "SELECT c.sequence, c.partition_key, c.suspect, c.suspect_span, {parked} AS parked,
+                        {waits}
                  WHERE {CLAIMABLE} {order}
                  ORDER BY c.sequence LIMIT ?"
             )
@@ -314,12 +328,11 @@ impl Queries {
             park_rows: format!(
                 "UPDATE {events} SET status = ? WHERE sequence IN ({{in}}) AND status = 0"
             ),
-            any_waiting: format!(
-                "SELECT 1 AS n FROM {events} USE INDEX ({live}) WHERE status = 5 LIMIT 1"
-            ),
-            // `{{ranges}}`: each leased key's rows after its first leased
-            // one (see `with_key_ranges`).
+            // `{{ranges}}`: each key's rows after its first candidate (see
+            // `with_key_ranges`).
             unpark_waiting: format!("UPDATE {events} SET status = 0 WHERE status = 5 AND ({{ranges}})"),
+            note_waiting: format!("INSERT IGNORE INTO {waiting_keys} (partition_key) VALUES {{values}}"),
+            forget_waiting: format!("DELETE FROM {waiting_keys} WHERE partition_key IN ({{in}})"),
             // Rows waiting behind no row of their key that is not yet due
             // (its head was leased by an earlier release or failed by a
             // crash loop).
@@ -346,6 +359,11 @@ impl Queries {
                      WHERE p.partition_key = c.partition_key AND p.blocks_key = TRUE
                        AND p.status = 3 AND p.sequence < c.sequence)
                  LIMIT ?"
+            ),
+            // Every row set aside, for an unordered claim: it honours no
+            // key's order, and publishes them as it did before they were.
+            set_aside_rows: format!(
+                "SELECT sequence FROM {events} USE INDEX ({live}) WHERE status IN (4, 5) LIMIT ?"
             ),
             unpark_rows: format!(
                 "UPDATE {events} SET status = 0 WHERE sequence IN ({{in}}) AND status IN (4, 5)"

@@ -30,6 +30,7 @@ pub struct Queries {
     pub any_waiting: String,
     pub unpark_waiting: String,
     pub heal_waiting: String,
+    pub unpark_all: [String; 2],
     pub unpark_key: String,
     pub heal_parked: String,
     pub read_rows: String,
@@ -215,6 +216,12 @@ impl Queries {
             ),
             // Rows waiting behind no row of their key not yet due (its head
             // was leased by an earlier release or failed by a crash loop).
+            // Every row set aside, for an unordered claim: it honours no
+            // key's order, and publishes them as it did before they were
+            // (one status a statement: each reads its own partial index).
+            unpark_all: [4, 5].map(|status| {
+                format!("UPDATE {events} SET status = 0 WHERE status = {status}")
+            }),
             heal_waiting: format!(
                 "UPDATE {events} AS c SET status = 0
                  WHERE c.status = 5 AND NOT EXISTS (

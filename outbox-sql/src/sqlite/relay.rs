@@ -98,10 +98,8 @@ impl<D: Driver> Protocol<D> {
         let claims = self
             .claims
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if ordered && claims % HEAL_PARKED_EVERY == 0 {
-            tx.execute(&self.queries.heal_parked, Vec::new()).await?;
-            tx.execute(&self.queries.heal_waiting, vec![now.into()])
-                .await?;
+        if claims % HEAL_PARKED_EVERY == 0 {
+            self.heal_parked(&mut tx, now, ordered).await?;
         }
         let bound = vec![now.into(), limit(request.limit)];
         let candidates = self.candidates(&mut tx, query, bound, ordered).await?;
@@ -335,6 +333,22 @@ impl<D: Driver> Protocol<D> {
             }
         }
         unreachable!("the rounds end at PARK_ROUNDS")
+    }
+
+    /// Sets back rows parked behind no blocking row any more, and rows
+    /// waiting behind no row of their key that is not yet due at `now`;
+    /// for an unordered claim (`ordered` false), every row set aside.
+    async fn heal_parked(&self, tx: &mut D::Tx, now: i64, ordered: bool) -> Result<(), StoreError> {
+        if ordered {
+            tx.execute(&self.queries.heal_parked, Vec::new()).await?;
+            tx.execute(&self.queries.heal_waiting, vec![now.into()])
+                .await?;
+        } else {
+            for query in &self.queries.unpark_all {
+                tx.execute(query, Vec::new()).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Sets the parked rows of `key` back to pending (its blocking row was

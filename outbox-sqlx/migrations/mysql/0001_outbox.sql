@@ -85,6 +85,14 @@ CREATE TABLE IF NOT EXISTS outbox_keys (
     partition_key VARCHAR(255) NOT NULL PRIMARY KEY
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
+-- Keys with rows a claim set aside behind a row not yet due (status 5 in
+-- outbox_events): a claim that finds a key's head due sets them back. Only
+-- claims write it (producers never lock it), so a claim's read of it waits
+-- for no business transaction.
+CREATE TABLE IF NOT EXISTS outbox_waiting_keys (
+    partition_key VARCHAR(255) NOT NULL PRIMARY KEY
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
 -- Store time is the database clock, shifted only by tests.
 CREATE TABLE IF NOT EXISTS outbox_clock (
     id             INT NOT NULL PRIMARY KEY,

@@ -146,3 +146,17 @@ async fn rows_waiting_behind_a_head_removed_by_hand_come_back() {
     let restarted = SqliteStore::new(store.pool().clone(), StoreConfig::default()).unwrap();
     assert_eq!(claim_ids(&restarted, 10).await.len(), 3);
 }
+
+/// An unordered relay honours no key's order: a store handle's first
+/// unordered claim sets back the rows per-key claims set aside, and takes
+/// them, as it did before they were set aside.
+#[tokio::test]
+async fn an_unordered_claim_takes_the_rows_set_aside() {
+    let store = super::store_on(ManualClock::at_epoch()).await;
+    block_with(&store, 3).await;
+    let unordered = SqliteStore::new(store.pool().clone(), StoreConfig::default()).unwrap();
+    let mut request = store_suite::request("u", 10);
+    request.ordering = outbox_core::Ordering::Unordered;
+    let claimed = unordered.claim_batch(&request).await.unwrap().events;
+    assert_eq!(claimed.len(), 3);
+}
