@@ -69,28 +69,31 @@ impl Queries {
         // again (10,000 blocked keys cost every claim 10,000 rows probed
         // while they stayed in the live index). The lease of a row sets its
         // key's waiting rows back (`unpark_waiting`).
-        let blocked = format!(
-            "EXISTS (SELECT 1 FROM {events} p
-                     WHERE p.partition_key = c.partition_key AND p.blocks_key AND p.status = 3
-                       AND {earlier})"
+        // The parked status per key, from one probe of the key's blocking
+        // rows: 4 behind a failed one; 9 (held, not set aside) behind one
+        // that is neither failed nor claimable; else 5 behind a row not
+        // yet due; else 0. The blocking probe names its index: SQLite
+        // chose the key's live rows instead, every live row of the key
+        // read for each candidate (a claim's read 1.9 ms, against 1.3).
+        let blocking = format!("{}_events_key_blocking", names.prefix());
+        let parked = format!(
+            "CASE (SELECT MAX(p.status = 3) FROM {events} p INDEXED BY {blocking}
+                   WHERE p.partition_key = c.partition_key AND p.blocks_key
+                     AND NOT (p.status = 0 AND p.available_at <= ?1) AND {earlier})
+                 WHEN 1 THEN 4
+                 WHEN 0 THEN 9
+                 ELSE CASE WHEN EXISTS (SELECT 1 FROM {events} p
+                                        WHERE p.partition_key = c.partition_key AND p.status = 0
+                                          AND p.available_at > ?1 AND {earlier}) THEN 5
+                           ELSE 0 END
+             END"
         );
         let claim = |ordered: bool| {
             let (parked, key_order) = if ordered {
                 (
-                    format!(
-                        "CASE WHEN {blocked} THEN 4
-                              WHEN EXISTS (SELECT 1 FROM {events} p
-                                           WHERE p.partition_key = c.partition_key AND p.status = 0
-                                             AND p.available_at > ?1 AND {earlier}) THEN 5
-                              ELSE 0 END"
-                    ),
+                    parked.clone(),
                     format!(
                         "AND NOT EXISTS (
-                            SELECT 1 FROM {events} p
-                            WHERE p.partition_key = c.partition_key AND p.blocks_key
-                              AND p.status <> 3 AND NOT (p.status = 0 AND p.available_at <= ?1)
-                              AND {earlier})
-                         AND NOT EXISTS (
                             SELECT 1 FROM {events} p
                             WHERE p.partition_key = c.partition_key AND p.status = 1 AND {earlier})"
                     ),

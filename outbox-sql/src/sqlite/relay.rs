@@ -297,6 +297,7 @@ impl<D: Driver> Protocol<D> {
             ];
             for r in tx.fetch(query, bound.clone()).await? {
                 let sequence = r.int("sequence")?;
+                // Any other status: held back, but not set aside.
                 match r.int("parked")? {
                     0 => candidates.push((sequence, r.text("partition_key")?, suspect(&r)?)),
                     status => {
