@@ -453,6 +453,30 @@ where
     Ok(heads)
 }
 
+/// One per-key claim over keys that only wait (nothing to lease), as a
+/// relay's claims meet them within a poll of their failure: MySQL and
+/// SQLite set their rows aside there, once. Returns how long it took.
+pub async fn meet_waiting<S>(store: &S) -> Result<Duration, Error>
+where
+    S: OutboxStore + ?Sized,
+{
+    let started = std::time::Instant::now();
+    let claimed = store
+        .claim_batch(&ClaimRequest {
+            owner: RelayId::new("bench-meets-waiting"),
+            limit: 1_000,
+            lease_duration: Duration::from_secs(600),
+            ordering: Ordering::PerKey,
+            poison: PoisonPolicy::Block,
+            crash_loop_limit: 5,
+        })
+        .await?;
+    if !claimed.events.is_empty() {
+        return Err(format!("{} events leased among waiting keys", claimed.events.len()).into());
+    }
+    Ok(started.elapsed())
+}
+
 /// Nacks every one of `claimed` with `action`, the publish having failed
 /// with `error`, 1,000 a call.
 pub async fn nack_all<S>(
