@@ -23,6 +23,8 @@ pub fn unreachable(service: &str, url: &str, error: impl std::fmt::Display) -> !
 }
 #[cfg(feature = "postgres")]
 pub mod pg;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub mod set_aside;
 pub mod tenants;
 
 /// On a store whose pool was closed: `stats` and the inbox's `begin` fail
