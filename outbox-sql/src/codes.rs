@@ -21,9 +21,19 @@ pub const FAILED: i16 = 3;
 pub const PARKED: i16 = 4;
 /// Row status (MySQL, SQLite): pending, waiting behind an earlier row of
 /// its key that is not yet due (a retry's backoff, a delay). A per-key
-/// claim that meets such a row sets it aside; the lease of a row of its
-/// key sets it back to [`PENDING`].
+/// claim that meets such a row sets it aside; a claim that finds its key's
+/// head due sets it back to [`PENDING`] and leases it behind the head.
 pub const WAITING: i16 = 5;
+
+/// How often (in claims of one store handle) a claim sets back rows set
+/// aside ([`PARKED`], [`WAITING`]) whose block or wait ended by other
+/// means (SQL by hand, an earlier release): that read steps over every
+/// such row, so most claims skip it.
+pub const HEAL_SET_ASIDE_EVERY: u64 = 64;
+
+/// At most this many times one claim sets aside what its read found held
+/// back and reads again (each time up to a batch of rows).
+pub const SET_ASIDE_ROUNDS: usize = 16;
 
 /// The text stored for an attempt kind.
 pub fn attempt_kind_code(kind: AttemptKind) -> &'static str {

@@ -2,9 +2,9 @@
 //! later claims read past none of them: parked behind a failed row that
 //! blocks their key (status 4), or waiting behind a row of their key not
 //! yet due (status 5). An operator's requeue or skip or a published
-//! replacement sets parked rows back; the lease of a key's row sets its
-//! waiting rows back; claims now and then set back any whose block or
-//! wait ended by other means.
+//! replacement sets parked rows back; a claim that finds a key's head due
+//! sets its waiting rows back; claims now and then set back any whose
+//! block or wait ended by other means.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -15,26 +15,13 @@ use super::protocol::Protocol;
 use super::statements::{limit, params, with};
 use super::{with_in_list, with_key_ranges};
 use crate::blame::suspect_span;
-
-/// How often (in claims of one store) a claim looks for parked rows
-/// whose block is gone (lifted by an earlier release or by hand): the
-/// read steps over every parked row, so most claims skip it.
-pub const HEAL_PARKED_EVERY: u64 = 64;
+use crate::codes::{self, SET_ASIDE_ROUNDS};
 
 /// At most this many parked rows are set back by one claim's look.
 const HEAL_MOST: usize = 10_000;
 
-/// At most this many times one claim parks what it found and reads again
-/// (each time it parks up to a batch of rows).
-pub const PARK_ROUNDS: usize = 16;
-
 /// A claim's candidate rows: `(sequence, key, suspect span)`.
 pub(super) type Candidates = Vec<(i64, String, Option<u32>)>;
-
-/// Status of a row parked behind a blocking failure.
-const PARKED: i64 = crate::codes::PARKED as i64;
-/// Status of a row waiting behind a row of its key not yet due.
-const WAITING: i64 = crate::codes::WAITING as i64;
 
 impl<D: Driver> Protocol<D> {
     /// Parks `held` (rows a claim found behind a blocking row, as
@@ -63,7 +50,7 @@ impl<D: Driver> Protocol<D> {
         if parked.is_empty() {
             return Ok(0);
         }
-        self.set_aside(tx, &parked, PARKED).await
+        self.set_aside(tx, &parked, codes::PARKED).await
     }
 
     /// Sets `sequences` aside in `status`, where still pending.
@@ -71,13 +58,14 @@ impl<D: Driver> Protocol<D> {
         &self,
         tx: &mut D::Tx,
         sequences: &[i64],
-        status: i64,
+        status: i16,
     ) -> Result<u64, StoreError> {
         if sequences.is_empty() {
             return Ok(0);
         }
         let query = with_in_list(&self.queries.park_rows, sequences.len());
-        tx.execute(&query, with([status.into()], sequences)).await
+        tx.execute(&query, with([i64::from(status).into()], sequences))
+            .await
     }
 
     /// Sets `waiting` (rows behind a row of their key not yet due, as
@@ -96,7 +84,7 @@ impl<D: Driver> Protocol<D> {
         tx.execute(&note, params(&keys.into_iter().collect::<Vec<_>>()))
             .await?;
         let sequences: Vec<i64> = waiting.iter().map(|(s, _)| *s).collect();
-        self.set_aside(tx, &sequences, WAITING).await
+        self.set_aside(tx, &sequences, codes::WAITING).await
     }
 
     /// Sets back the rows waiting behind `keys` (each key's rows after
@@ -176,7 +164,7 @@ impl<D: Driver> Protocol<D> {
     /// The claim's candidates for `query` with `bound` (its limit last):
     /// rows marked `parked` are set aside, and the waiting rows of the
     /// candidates' keys come back (once per key and claim); the read runs
-    /// again while any row changed (at most [`PARK_ROUNDS`] reads).
+    /// again while any row changed (at most [`SET_ASIDE_ROUNDS`] reads).
     pub(super) async fn candidates(
         &self,
         tx: &mut D::Tx,
@@ -192,19 +180,24 @@ impl<D: Driver> Protocol<D> {
             for r in tx.fetch(query, bound.clone()).await? {
                 let sequence = r.int("sequence")?;
                 let key = r.text("partition_key")?;
-                match r.int("parked")? {
-                    0 => {
+                match i16::try_from(r.int("parked")?).unwrap_or(-1) {
+                    codes::PENDING => {
                         if r.bool("key_waits")? && !unparked.contains(&key) {
                             back.entry(key.clone()).or_insert(sequence);
                         }
                         let span = suspect_span(r.bool("suspect")?, r.int("suspect_span")?);
                         candidates.push((sequence, key, span));
                     }
-                    PARKED => held.push((sequence, key)),
-                    _ => waiting.push((sequence, key)),
+                    codes::PARKED => held.push((sequence, key)),
+                    codes::WAITING => waiting.push((sequence, key)),
+                    other => {
+                        return Err(StoreError::fatal(format!(
+                            "claim read parked status {other}"
+                        )));
+                    }
                 }
             }
-            if round == PARK_ROUNDS {
+            if round == SET_ASIDE_ROUNDS {
                 return Ok(candidates);
             }
             // Back first: a row this read set aside is held by a row of
@@ -216,6 +209,6 @@ impl<D: Driver> Protocol<D> {
                 return Ok(candidates);
             }
         }
-        unreachable!("the rounds end at PARK_ROUNDS")
+        unreachable!("the rounds end at SET_ASIDE_ROUNDS")
     }
 }

@@ -19,7 +19,6 @@ use outbox_core::{EventId, Ordering, PoisonPolicy, StoreError, StoredEvent, Unre
 use serde_json::{Value as Json, json};
 
 use super::driver::{Driver, Exec, Param, from_micros};
-use super::park::HEAL_PARKED_EVERY;
 use super::statements::{FORGET_OWNERS_EVERY, Statements, limit, micros, params, with};
 use super::{MAX_LISTED_KEYS, with_in_list, with_keys_in_flight};
 use crate::blame::{blame, new_lease_id, suspect_span};
@@ -146,7 +145,7 @@ impl<D: Driver> Protocol<D> {
         let crash_looped = self.fail_crash_loops(&mut tx, request, now).await?;
 
         let ordered = request.ordering == Ordering::PerKey;
-        if claims % HEAL_PARKED_EVERY == 0 {
+        if claims % codes::HEAL_SET_ASIDE_EVERY == 0 {
             self.heal_parked(&mut tx, now, ordered).await?;
         }
         // Keys in flight beyond the statement's list are left out below.

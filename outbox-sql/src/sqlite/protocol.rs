@@ -24,8 +24,8 @@ pub struct Statements {
     /// The statements for the settings' names.
     pub queries: Arc<Queries>,
     /// Claims made through this store (and its clones): every
-    /// [`HEAL_PARKED_EVERY`](super::relay::HEAL_PARKED_EVERY)th sets back
-    /// rows parked behind a block lifted by other means.
+    /// [`HEAL_SET_ASIDE_EVERY`](crate::codes::HEAL_SET_ASIDE_EVERY)th sets
+    /// back rows set aside whose block or wait ended by other means.
     pub(super) claims: Arc<std::sync::atomic::AtomicU64>,
 }
 

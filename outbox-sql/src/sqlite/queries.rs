@@ -67,8 +67,8 @@ impl Queries {
         // not yet due, is returned too, marked `parked` with the status the
         // claim sets it aside in (4 or 5), so no later claim steps over it
         // again (10,000 blocked keys cost every claim 10,000 rows probed
-        // while they stayed in the live index). The lease of a row sets its
-        // key's waiting rows back (`unpark_waiting`).
+        // while they stayed in the live index). A claim that finds a key's
+        // head due sets its waiting rows back first (`unpark_waiting`).
         // The parked status per key, from one probe of the key's blocking
         // rows: 4 behind a failed one; 9 (held, not set aside) behind one
         // that is neither failed nor claimable; else 5 behind a row not

@@ -19,14 +19,6 @@ use crate::history::HistoryEntry;
 use crate::param::{limit, micros};
 use crate::settle::report_by_ids;
 
-/// How often (in claims of one store) a claim sets back rows parked
-/// behind a block lifted by other means (an earlier release, SQL by hand):
-/// the statement reads every parked row, so most claims skip it.
-pub const HEAL_PARKED_EVERY: u64 = 64;
-
-/// At most this many times one claim parks what it found and reads again.
-const PARK_ROUNDS: usize = 16;
-
 /// A row's crash suspicion (`suspect`, `suspect_span`), as blame reads it.
 fn suspect(row: &Row) -> Result<Option<u32>, StoreError> {
     Ok(suspect_span(row.bool("suspect")?, row.int("suspect_span")?))
@@ -98,7 +90,7 @@ impl<D: Driver> Protocol<D> {
         let claims = self
             .claims
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if claims % HEAL_PARKED_EVERY == 0 {
+        if claims % codes::HEAL_SET_ASIDE_EVERY == 0 {
             self.heal_parked(&mut tx, now, ordered).await?;
         }
         let bound = vec![now.into(), limit(request.limit)];
@@ -275,7 +267,7 @@ impl<D: Driver> Protocol<D> {
     /// wait) the waiting rows of the candidates' keys come back: their
     /// key's head is due now, so they are claimable behind it in this
     /// batch. The read runs again while any row changed (at most
-    /// [`PARK_ROUNDS`] reads).
+    /// [`codes::SET_ASIDE_ROUNDS`] reads).
     async fn candidates(
         &self,
         tx: &mut D::Tx,
@@ -291,23 +283,20 @@ impl<D: Driver> Protocol<D> {
         let mut unparked: HashSet<String> = HashSet::new();
         for round in 1.. {
             let mut candidates = Vec::new();
-            let mut aside: [(i64, Vec<i64>); 2] = [
-                (codes::PARKED.into(), Vec::new()),
-                (codes::WAITING.into(), Vec::new()),
-            ];
+            let (mut parked, mut waiting) = (Vec::new(), Vec::new());
             for r in tx.fetch(query, bound.clone()).await? {
                 let sequence = r.int("sequence")?;
-                // Any other status: held back, but not set aside.
-                match r.int("parked")? {
-                    0 => candidates.push((sequence, r.text("partition_key")?, suspect(&r)?)),
-                    status => {
-                        if let Some((_, rows)) = aside.iter_mut().find(|(s, _)| *s == status) {
-                            rows.push(sequence);
-                        }
+                match i16::try_from(r.int("parked")?).unwrap_or(-1) {
+                    codes::PENDING => {
+                        candidates.push((sequence, r.text("partition_key")?, suspect(&r)?));
                     }
+                    codes::PARKED => parked.push(sequence),
+                    codes::WAITING => waiting.push(sequence),
+                    // Held back by a blocking row that is not failed: not set aside.
+                    _ => {}
                 }
             }
-            if round == PARK_ROUNDS {
+            if round == codes::SET_ASIDE_ROUNDS {
                 return Ok(candidates);
             }
             let mut changed = 0;
@@ -323,9 +312,9 @@ impl<D: Driver> Protocol<D> {
                 changed += tx.execute(&self.queries.unpark_waiting, keys).await?;
                 unparked.extend(fresh.into_iter().map(str::to_owned));
             }
-            for (status, rows) in aside {
+            for (status, rows) in [(codes::PARKED, parked), (codes::WAITING, waiting)] {
                 if !rows.is_empty() {
-                    let park = vec![json!(rows).to_string().into(), status.into()];
+                    let park = vec![json!(rows).to_string().into(), i64::from(status).into()];
                     changed += tx.execute(&self.queries.park_rows, park).await?;
                 }
             }
@@ -333,7 +322,7 @@ impl<D: Driver> Protocol<D> {
                 return Ok(candidates);
             }
         }
-        unreachable!("the rounds end at PARK_ROUNDS")
+        unreachable!("the rounds end at SET_ASIDE_ROUNDS")
     }
 
     /// Sets back rows parked behind no blocking row any more, and rows

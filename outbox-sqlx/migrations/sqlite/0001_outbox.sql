@@ -27,8 +27,8 @@ CREATE TABLE IF NOT EXISTS outbox_events (
     -- 0 pending, 1 in flight, 2 published, 3 failed; pending but set aside
     -- by the claim that met it, so no later claim steps over it: 4 parked
     -- behind a failed row that blocks its key (set back when the block is
-    -- lifted), 5 waiting behind a row of its key not yet due (set back when
-    -- a row of its key is leased)
+    -- lifted), 5 waiting behind a row of its key not yet due (set back by
+    -- the claim that finds that row due)
     status            INTEGER NOT NULL DEFAULT 0,
     blocks_key        INTEGER NOT NULL DEFAULT 0,
     superseded_by     TEXT,
