@@ -14,12 +14,26 @@ use tokio::process::{Child, Command};
 /// The W3C key of an element reference.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
-/// A browser session; ChromeDriver (and so Chromium) ends with it.
+/// A browser session. ChromeDriver runs in a process group of its own,
+/// with the Chromium it starts; dropping the session kills the group
+/// (killing ChromeDriver alone left every Chromium of every run behind).
 pub struct Browser {
     _driver: Child,
     port: u16,
     session: String,
     _profile: tempdir::Dir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(group) = self._driver.id() {
+            // `kill -KILL -<group>`: ChromeDriver and its Chromium.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{group}")])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
 }
 
 impl Browser {
@@ -34,6 +48,7 @@ impl Browser {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
+            .process_group(0)
             .spawn()
             .expect("chromedriver runs (install it with scripts/chromium.sh)");
         let profile = tempdir::Dir::new("outbox-chromium");
