@@ -158,18 +158,34 @@ listen = "{http}"
     }
 
     /// Waits (up to `limit`) until `/health` says `ok: N of N tenants
-    /// running` with `tenants` tenants.
-    pub(super) async fn until_all_running(&self, tenants: usize, limit: Duration) -> bool {
-        let wanted = format!("ok: {tenants} of {tenants} tenants running");
+    /// running` where N is the number of tenant schemas in the database at
+    /// that poll (the churn adds one before it drops another, so a count
+    /// taken once goes stale); on timeout, the last `/health` body.
+    pub(super) async fn until_all_running(
+        &self,
+        pool: &sqlx::PgPool,
+        limit: Duration,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if self.health().await.contains(&wanted) {
-                return true;
+        loop {
+            let tenants = tenant_schemas(pool).await.map_err(|e| e.to_string())?;
+            let last = self.health().await;
+            if last.contains(&format!("ok: {tenants} of {tenants} tenants running")) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("{tenants} tenant schemas; /health said: {last}"));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        false
     }
+}
+
+/// The schemas the daemon's `schemas = "t\\_%"` source lists now.
+async fn tenant_schemas(pool: &sqlx::PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(r"SELECT count(*) FROM pg_namespace WHERE nspname LIKE 't\_%'")
+        .fetch_one(pool)
+        .await
 }
 
 impl Drop for Daemon {

@@ -122,6 +122,9 @@ struct Observed {
     /// Tenants created while running, and when.
     joined: HashMap<String, u128>,
     dropped: usize,
+    /// Drops that met a relay mid-claim (`deadlock detected`) and were
+    /// tried again.
+    drops_retried: usize,
     samples: Vec<Sample>,
 }
 
@@ -183,12 +186,12 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     let dir = std::env::temp_dir().join(format!("outbox-tenants-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut daemon = Daemon::start(&dir, &url, &redis.url(), &settings)?;
-    if !daemon
-        .until_all_running(settings.tenants, Duration::from_secs(60))
+    if let Err(health) = daemon
+        .until_all_running(&pool, Duration::from_secs(60))
         .await
     {
         return Err(format!(
-            "the daemon did not run every tenant within 60 s (log: {})",
+            "the daemon did not run every tenant within 60 s ({health}; log: {})",
             daemon.log().display()
         )
         .into());
@@ -215,6 +218,11 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     let mut tick = 0u64;
     while traffic_started.elapsed() < settings.duration {
         tokio::time::sleep(Duration::from_secs(2)).await;
+        // A producer or churner that stopped on an error says why now,
+        // not as whatever check its absence breaks later.
+        if producer.is_finished() || churner.is_finished() {
+            break;
+        }
         tick += 1;
         let sample = Sample {
             at_ms: now_ms(),
@@ -231,12 +239,15 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
             let from = now_ms();
             // It waits for the old process's drain: off the async workers.
             tokio::task::block_in_place(|| daemon.redeploy())?;
-            let tenants = live.lock().await.tenants.len() + 1;
-            if !daemon
-                .until_all_running(tenants, Duration::from_secs(60))
+            if let Err(health) = daemon
+                .until_all_running(&pool, Duration::from_secs(60))
                 .await
             {
-                return Err("the redeployed daemon did not run every tenant within 60 s".into());
+                return Err(format!(
+                    "the redeployed daemon did not run every tenant within 60 s ({health}; log: {})",
+                    daemon.log().display()
+                )
+                .into());
             }
             observed
                 .lock()
@@ -254,7 +265,7 @@ pub(crate) async fn run(settings: Settings) -> Result<(), Error> {
     );
 
     let outcome =
-        checks::settle_and_check(&settings, &daemon, &redis.url(), &live, &observed).await;
+        checks::settle_and_check(&settings, &daemon, &redis.url(), &pool, &observed).await;
     if outcome.is_err() {
         eprintln!("the daemon's log: {}", daemon.log().display());
     } else {
