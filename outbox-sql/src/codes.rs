@@ -25,6 +25,11 @@ pub const PARKED: i16 = 4;
 /// head due sets it back to [`PENDING`] and leases it behind the head.
 pub const WAITING: i16 = 5;
 
+/// Mark (SQLite's claim read only, never stored): a row held back behind
+/// a blocking row of its key that is neither failed nor claimable (in
+/// flight, not yet due): it stays where it is.
+pub const HELD_BACK: i16 = 9;
+
 /// How often (in claims of one store handle) a claim sets back rows set
 /// aside ([`PARKED`], [`WAITING`]) whose block or wait ended by other
 /// means (SQL by hand, an earlier release): that read steps over every

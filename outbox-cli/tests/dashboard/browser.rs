@@ -18,7 +18,7 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 /// with the Chromium it starts; dropping the session kills the group
 /// (killing ChromeDriver alone left every Chromium of every run behind).
 pub struct Browser {
-    _driver: Child,
+    driver: Child,
     port: u16,
     session: String,
     _profile: tempdir::Dir,
@@ -26,7 +26,7 @@ pub struct Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        if let Some(group) = self._driver.id() {
+        if let Some(group) = self.driver.id() {
             // `kill -KILL -<group>`: ChromeDriver and its Chromium.
             let _ = std::process::Command::new("kill")
                 .args(["-KILL", "--", &format!("-{group}")])
@@ -53,7 +53,7 @@ impl Browser {
             .expect("chromedriver runs (install it with scripts/chromium.sh)");
         let profile = tempdir::Dir::new("outbox-chromium");
         let mut browser = Self {
-            _driver: driver,
+            driver,
             port,
             session: String::new(),
             _profile: profile,

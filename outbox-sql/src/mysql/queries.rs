@@ -174,7 +174,12 @@ impl Queries {
         let candidates = |ordered: bool| {
             let (parked, waits, order) = if ordered {
                 (
-                    format!("CASE WHEN {blocked} THEN 4 WHEN {backing_off} THEN 5 ELSE 0 END"),
+                    format!(
+                        "CASE WHEN {blocked} THEN {} WHEN {backing_off} THEN {} ELSE {} END",
+                        crate::codes::PARKED,
+                        crate::codes::WAITING,
+                        crate::codes::PENDING
+                    ),
                     format!(
                         "w.partition_key IS NOT NULL AS key_waits
                          FROM {events} c USE INDEX ({live})

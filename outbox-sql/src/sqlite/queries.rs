@@ -76,16 +76,22 @@ impl Queries {
         // chose the key's live rows instead, every live row of the key
         // read for each candidate (a claim's read 1.9 ms, against 1.3).
         let blocking = format!("{}_events_key_blocking", names.prefix());
+        let (parked_mark, held_mark, waiting_mark, pending_mark) = (
+            crate::codes::PARKED,
+            crate::codes::HELD_BACK,
+            crate::codes::WAITING,
+            crate::codes::PENDING,
+        );
         let parked = format!(
             "CASE (SELECT MAX(p.status = 3) FROM {events} p INDEXED BY {blocking}
                    WHERE p.partition_key = c.partition_key AND p.blocks_key
                      AND NOT (p.status = 0 AND p.available_at <= ?1) AND {earlier})
-                 WHEN 1 THEN 4
-                 WHEN 0 THEN 9
+                 WHEN 1 THEN {parked_mark}
+                 WHEN 0 THEN {held_mark}
                  ELSE CASE WHEN EXISTS (SELECT 1 FROM {events} p
                                         WHERE p.partition_key = c.partition_key AND p.status = 0
-                                          AND p.available_at > ?1 AND {earlier}) THEN 5
-                           ELSE 0 END
+                                          AND p.available_at > ?1 AND {earlier}) THEN {waiting_mark}
+                           ELSE {pending_mark} END
              END"
         );
         let claim = |ordered: bool| {

@@ -292,8 +292,12 @@ impl<D: Driver> Protocol<D> {
                     }
                     codes::PARKED => parked.push(sequence),
                     codes::WAITING => waiting.push(sequence),
-                    // Held back by a blocking row that is not failed: not set aside.
-                    _ => {}
+                    codes::HELD_BACK => {}
+                    other => {
+                        return Err(StoreError::fatal(format!(
+                            "claim read parked status {other}"
+                        )));
+                    }
                 }
             }
             if round == codes::SET_ASIDE_ROUNDS {
