@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use outbox_core::store::{ClaimedEvent, FailReason, NackAction, OutboxStore, OutboxWriter};
+use outbox_core::store::{
+    ClaimRequest, ClaimedEvent, FailReason, NackAction, OutboxStore, OutboxWriter,
+};
 use outbox_core::testing::event;
 use outbox_core::testing::store_suite::request;
 use outbox_core::{Clock, ManualClock, NewEvent, Ordering, PoisonPolicy};
@@ -171,11 +173,22 @@ async fn the_plain_pick_decides_as_the_general_one_wherever_it_applies() {
     let mut random = xorshift(0x9e37_79b9_7f4a_7c15);
     let mut in_flight: Vec<Vec<ClaimedEvent>> = Vec::new();
     let mut coverage = PlainCoverage::default();
+    // Store time is the server's clock plus the manual shift, so a lease
+    // also runs out in real time. The rounds below advance the clock by
+    // 14 s and the batches left in flight are settled at the end: with the
+    // suite's 10 s lease, the oldest (7.7 s of shift old) expired whenever
+    // the rounds after it took 2.3 s on a busy machine, another relay took
+    // its rows and the final ack found none (CI, once). No lease here runs
+    // out during the test.
+    let claim = |owner: &str, limit: usize| ClaimRequest {
+        lease_duration: Duration::from_secs(600),
+        ..request(owner, limit)
+    };
     // First a hot key's young batch in flight with its burst behind it: a
     // window its rows dominate.
     let hot: Vec<NewEvent> = (0..300).map(|i| event("hot", i)).collect();
     OutboxWriter::enqueue(&store, &hot).await.unwrap();
-    let first = store.claim_batch(&request("hot-relay", 50)).await.unwrap();
+    let first = store.claim_batch(&claim("hot-relay", 50)).await.unwrap();
     in_flight.push(first.events);
     for limit in [20, 100, 200] {
         compare_picks(&store, &schema, limit, &mut coverage).await;
@@ -194,7 +207,7 @@ async fn the_plain_pick_decides_as_the_general_one_wherever_it_applies() {
         n += burst.len();
         OutboxWriter::enqueue(&store, &burst).await.unwrap();
         for _ in 0..random(3) + 1 {
-            let mut req = request(&format!("relay-{}", random(4)), 10 + random(120) as usize);
+            let mut req = claim(&format!("relay-{}", random(4)), 10 + random(120) as usize);
             if random(6) == 0 {
                 req.ordering = Ordering::Unordered;
             }
