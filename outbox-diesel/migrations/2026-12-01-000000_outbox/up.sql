@@ -1132,7 +1132,6 @@ DECLARE
     v_lane_keys text[];
     v_lanes     bigint[];
     v_taken     integer[];
-    v_waiting   boolean;
 BEGIN
     -- Whether this is the case, asked first and cheaply: a key blocked
     -- for days must not cost every claim a plain pick thrown away. Asked
@@ -1141,16 +1140,14 @@ BEGIN
     -- a lease), and the pick must decide on one state of the tables.
     -- Rows waiting outside the stream leave this case only where they
     -- can matter to this claim (as in outbox_pick's waiting_keys): a
-    -- tracked row due now, or a key of the window or of a ready lane
-    -- that waits. Keys blocked for days, delayed events and retries
-    -- backing off elsewhere leave claims here (beside 10,000 of them a
-    -- claim took 3.8 ms in the general pick, 2.8-3.1 here, 2.5 beside
-    -- none: `outbox-bench claim`, BENCHMARKS.md).
+    -- tracked row due now (asked here), or a key of the window or of a
+    -- ready lane that waits (asked by the statements below). Keys blocked
+    -- for days, delayed events and retries backing off elsewhere leave
+    -- claims here (`outbox-bench claim`, BENCHMARKS.md).
     IF EXISTS (SELECT 1 FROM outbox_events e
                WHERE e.status = 4 AND e.available_at <= p_now) THEN
         RETURN;
     END IF;
-    v_waiting := EXISTS (SELECT 1 FROM outbox_events e WHERE e.status = 4 OR e.blocks_key);
     v_live_keys := ARRAY(SELECT DISTINCT unnest(l.keys) FROM outbox_leases l
                          WHERE p_ordered AND l.token >= outbox_live_from()
                            AND cardinality(l.held) > 0);
@@ -1166,19 +1163,14 @@ BEGIN
         RETURN;
     END IF;
     -- Keys that wait matter only where the pick decides: the rows up to
-    -- its cut (picked, or left out before it). Asked here of the window's
-    -- first p_limit positions (the cut of a pick with nothing in flight),
-    -- below of the rows up to the cut itself.
-    IF p_ordered AND v_waiting AND outbox_keys_wait(ARRAY(
-           SELECT u.key
-           FROM outbox_window_runs(p_from, least(p_to, p_from + p_limit)) o
-           CROSS JOIN LATERAL unnest(o.keys) WITH ORDINALITY AS u(key, i)
-           WHERE o.first_position + u.i - 1 >= p_from
-             AND o.first_position + u.i - 1 < least(p_to, p_from + p_limit)
-           UNION
-           SELECT z.partition_key FROM outbox_lanes z WHERE z.ready_at <= p_now)) THEN
-        RETURN;
-    END IF;
+    -- its cut (picked, or left out before it), and the keys of ready
+    -- lanes. The statements below ask that of their own snapshot; it is
+    -- not asked here first as well. Beside 10,000 keys backing off
+    -- elsewhere, the window's 257 keys cost 0.7 ms of index probes each
+    -- time they are asked (auto_explain, `outbox-bench claim`'s
+    -- `retrying-10k`), and a window whose keys wait is short-lived: the
+    -- general pick that follows sets their rows aside.
+    --
     -- Nothing in flight from the window on (no live key; no position
     -- beyond the cursor that a claim took or set aside): nothing is held or
     -- set aside, the stream is whole, and the picks are the window's first
@@ -2130,4 +2122,4 @@ SELECT outbox_sequences_past_rows();
 
 -- Applied: what the next migrate() compares against.
 DELETE FROM outbox_schema_applied;
-INSERT INTO outbox_schema_applied (fingerprint) VALUES ('9362abb719907e7f');
+INSERT INTO outbox_schema_applied (fingerprint) VALUES ('5db538e234891524');
