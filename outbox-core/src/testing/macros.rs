@@ -8,6 +8,7 @@ macro_rules! store_conformance_tests {
     ($factory:expr) => {
         $crate::__conformance_tests!(store_suite, $factory;
             duplicate_enqueue_is_reported_noop,
+            every_field_comes_back_enqueued_alone_or_in_a_batch,
             invalid_events_are_refused_atomically,
             claims_are_exclusive_under_concurrency,
             per_key_claims_are_ordered_prefixes,

@@ -80,6 +80,22 @@ impl Statements {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        if let [event] = events {
+            let headers = columns.headers.into_iter().next().unwrap_or_default();
+            let params = vec![
+                Param::Uuid(*event.event_id.as_uuid()),
+                Param::Text(event.aggregate_type.clone()),
+                Param::Text(event.aggregate_id.clone()),
+                Param::Text(event.event_type.clone()),
+                Param::Text(event.partition_key.clone()),
+                Param::Text(event.payload.as_str().to_owned()),
+                Param::Int(columns.payload_versions[0]),
+                Param::Text(headers),
+                Param::OptBigInt(columns.delays_ms[0]),
+            ];
+            let rows = conn.fetch(&self.queries.enqueue_one, params).await?;
+            return crate::enqueue::outcomes_of_rows(events, &rows);
+        }
         let params = vec![
             Param::Uuids(columns.event_ids),
             texts(columns.aggregate_types),

@@ -22,6 +22,103 @@ pub async fn duplicate_enqueue_is_reported_noop<F: StoreFactory>(factory: &F) {
     assert_eq!(stored, original, "the original row is untouched");
 }
 
+/// Every field of an event comes back from a claim as it was enqueued,
+/// whether the event was enqueued alone or in a batch (a store may write
+/// the two with different statements), its delay counted from store time
+/// either way.
+pub async fn every_field_comes_back_enqueued_alone_or_in_a_batch<F: StoreFactory>(factory: &F) {
+    let clock = ManualClock::at_epoch();
+    let store = factory.create(clock.clone()).await;
+    let shaped = |n: u32, delayed: bool| {
+        let mut builder = NewEvent::builder(
+            format!("invoice.paid.v{n}"),
+            format!("invoice-{n}"),
+            format!("inv-{n}"),
+        )
+        .event_id(EventId::random())
+        .partition_key(format!("customer-{n}"))
+        .payload(&serde_json::json!({ "n": n, "currency": "EUR", "lines": [n, n + 1] }))
+        .payload_version(n + 1)
+        .correlation_id(format!("corr-{n}"))
+        .causation_id(format!("cause-{n}"))
+        .header("tenant", format!("t-{n}"));
+        if delayed {
+            builder = builder.available_at(clock.now_plus(Duration::from_secs(30)));
+        }
+        builder.build().unwrap()
+    };
+    let alone = shaped(1, false);
+    let alone_delayed = shaped(2, true);
+    let batch = [shaped(3, false), shaped(4, true), shaped(5, false)];
+    for e in [&alone, &alone_delayed] {
+        let outcome = store.enqueue(std::slice::from_ref(e)).await.unwrap();
+        assert!(matches!(outcome[..], [EnqueueOutcome::Inserted { .. }]));
+    }
+    let outcomes = store.enqueue(&batch).await.unwrap();
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, EnqueueOutcome::Inserted { .. }))
+    );
+    let check = |claimed: &ClaimedEvent, original: &NewEvent| {
+        let got = &claimed.event;
+        assert_eq!(
+            (
+                &got.aggregate_type,
+                &got.aggregate_id,
+                &got.event_type,
+                &got.partition_key
+            ),
+            (
+                &original.aggregate_type,
+                &original.aggregate_id,
+                &original.event_type,
+                &original.partition_key
+            ),
+            "{}",
+            original.event_id
+        );
+        assert_eq!(got.payload_version, original.payload_version);
+        assert_eq!(got.headers, original.headers, "{}", original.event_id);
+        // As JSON values: a store may normalise the text (jsonb does).
+        let stored: serde_json::Value = got.payload.deserialize().unwrap();
+        let sent: serde_json::Value = original.payload.deserialize().unwrap();
+        assert_eq!(stored, sent);
+        assert_eq!(got.attempts, 0);
+    };
+    let now = claim(&*store, &request("r1", 10)).await;
+    assert_eq!(
+        ids(&now),
+        [alone.event_id, batch[0].event_id, batch[2].event_id]
+    );
+    for (claimed, original) in now.iter().zip([&alone, &batch[0], &batch[2]]) {
+        check(claimed, original);
+        assert!(
+            claimed.event.available_at <= claimed.event.created_at + chrono::Duration::seconds(1)
+        );
+    }
+    ack_all(&*store, &now).await;
+    clock.advance(Duration::from_secs(31));
+    let later = claim(&*store, &request("r1", 10)).await;
+    let mut later_ids = ids(&later);
+    later_ids.sort();
+    let mut delayed_ids = vec![alone_delayed.event_id, batch[1].event_id];
+    delayed_ids.sort();
+    assert_eq!(later_ids, delayed_ids, "the delayed events, once due");
+    for claimed in &later {
+        let original = [&alone_delayed, &batch[1]]
+            .into_iter()
+            .find(|e| e.event_id == claimed.event.event_id)
+            .unwrap();
+        check(claimed, original);
+        let delay = claimed.event.available_at - claimed.event.created_at;
+        assert!(
+            (29..=31).contains(&delay.num_seconds()),
+            "a 30 s delay counted from store time, got {delay}"
+        );
+    }
+}
+
 /// Bad input is refused with a typed error and nothing of the batch is written.
 pub async fn invalid_events_are_refused_atomically<F: StoreFactory>(factory: &F) {
     let store = factory.create(ManualClock::at_epoch()).await;
