@@ -47,6 +47,9 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
         // last block's share of such noise decided the ratio).
         let contenders = [UPDATE_ONLY, UPDATE_EVENT, UPDATE_PGQ];
         let mut spent = [std::time::Duration::ZERO; 3];
+        // Each transaction's time as well: the mean carries a checkpoint or
+        // a neighbour's burst whole, the median does not.
+        let mut each: [Vec<f64>; 3] = Default::default();
         for i in 0..transactions {
             let id = (i as i64 % INVOICES) + 1;
             for turn in 0..contenders.len() {
@@ -66,16 +69,24 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
                     _ => {}
                 }
                 tx.commit().await?;
-                spent[which] += started.elapsed();
+                let took = started.elapsed();
+                spent[which] += took;
+                each[which].push(took.as_secs_f64() * 1e6);
             }
         }
-        for (name, spent) in contenders.iter().zip(spent) {
+        let mut p50 = [0.0; 3];
+        for (i, (name, spent)) in contenders.iter().zip(spent).enumerate() {
             let micros = spent.as_secs_f64() * 1e6 / transactions as f64;
+            p50[i] = median(&mut each[i]);
             rounds.add(name, "µs/txn", micros, false);
+            rounds.add(name, "p50 µs/txn", p50[i], false);
             progress(format!(
-                "round {round} {name}: {micros:.0} µs per transaction"
+                "round {round} {name}: {micros:.0} µs per transaction, p50 {:.0}",
+                p50[i]
             ));
         }
+        // The same ratio as the target's, of this round's medians.
+        rounds.add("ours / PgQ, medians", "ratio", p50[1] / p50[2], false);
         let written: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_events")
             .fetch_one(&pool)
             .await?;
@@ -122,4 +133,10 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
     ));
     pool.close().await;
     Ok(())
+}
+
+/// The median of `values` (sorted in place).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
