@@ -158,7 +158,7 @@ pub async fn pg_reset_tables(pool: &PgPool, prefix: &str) -> Result<(), Error> {
              {p}_order, {p}_cursor_states, {p}_lanes;
          ALTER SEQUENCE {p}_events_seq RESTART;
          ALTER SEQUENCE {p}_pass_window RESTART;
-         UPDATE {p}_control SET relay_waiting = FALSE"
+         SELECT setval('{p}_relay_waiting', 0)"
     ))
     .await?;
     Ok(())

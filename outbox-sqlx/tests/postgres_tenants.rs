@@ -473,7 +473,11 @@ async fn idle_tenants_wake_through_one_shared_listen_connection_even_after_it_is
     // set `relay_waiting`): from here only a NOTIFY wakes it.
     let waiting = schemas
         .iter()
-        .map(|s| format!("SELECT relay_waiting FROM {s}.outbox_control"))
+        .map(|s| {
+            format!(
+                "SELECT pg_sequence_last_value('{s}.outbox_relay_waiting') IS NOT DISTINCT FROM 1"
+            )
+        })
         .collect::<Vec<_>>()
         .join(" UNION ALL ");
     let all_waiting = tokio::time::timeout(Duration::from_secs(20), async {

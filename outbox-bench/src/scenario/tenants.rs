@@ -396,9 +396,11 @@ async fn warm_pool(n: u32) -> Result<PgPool, Error> {
 /// Waits until tenant `i`'s relay has found nothing and asked for NOTIFY
 /// (its idle probe set `relay_waiting`).
 async fn wait_until_listening(setup: &PgPool, i: usize) -> Result<(), Error> {
-    let waiting = format!("SELECT relay_waiting FROM {}.outbox_control", schema(i));
+    let waiting = format!(
+        "SELECT pg_sequence_last_value('{}.outbox_relay_waiting') IS NOT DISTINCT FROM 1",
+        schema(i)
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
-    // The row is written by the relay's first claim.
     while sqlx::query_scalar::<_, bool>(&waiting)
         .fetch_optional(setup)
         .await?
@@ -464,7 +466,7 @@ impl Quiet<'_> {
         sqlx::query("CHECKPOINT").execute(setup).await?;
         // A flag a former fleet left set would end the wait below at once.
         sqlx::query(&format!(
-            "UPDATE {}.outbox_control SET relay_waiting = FALSE",
+            "SELECT setval('{}.outbox_relay_waiting', 0)",
             schema(0)
         ))
         .execute(setup)

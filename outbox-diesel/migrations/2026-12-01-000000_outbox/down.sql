@@ -4,7 +4,7 @@
 DROP TABLE IF EXISTS outbox_schema_version, outbox_schema_applied, outbox_control,
     outbox_events, outbox_order, outbox_lanes, outbox_cursor_states, outbox_cursor_log,
     outbox_leases, outbox_attempts, outbox_inbox, outbox_relays, outbox_cursor CASCADE;
-DROP SEQUENCE IF EXISTS outbox_events_seq, outbox_pass_window;
+DROP SEQUENCE IF EXISTS outbox_events_seq, outbox_relay_waiting, outbox_pass_window;
 DO $$
 DECLARE
     f regprocedure;

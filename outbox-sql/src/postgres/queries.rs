@@ -83,7 +83,15 @@ impl Queries {
         let live_from = function("live_from");
         let kept_from = function("kept_from");
         let now = format!("{}()", function("now"));
+        // Store time written into the statement, for the statements every
+        // business transaction or consumed event runs: the same value as
+        // `outbox_now()`, planned once with the prepared statement, without
+        // a PL/pgSQL call and its own query (6-10 µs of a one-event
+        // enqueue; BENCHMARKS.md, "The enqueue's store time and wake-up flag").
+        let now_inline =
+            format!("(now() + coalesce((SELECT clock_shift FROM {control}), interval '0'))");
         let seq = format!("{}{}_events_seq", names.qualifier(), names.prefix());
+        let waiting = names.table("relay_waiting");
         // A requeue and a skip of the failed events `target` names,
         // returning `returning`.
         let requeue_of = |target: &str, returning: &str| {
@@ -196,7 +204,7 @@ impl Queries {
             // columns' defaults called the function twice per row (226,000
             // calls for a burst of 113,000 events, 1.5 s of server time).
             enqueue: format!(
-                "WITH clock AS MATERIALIZED (SELECT {now} AS at)
+                "WITH clock AS MATERIALIZED (SELECT {now_inline} AS at)
                  INSERT INTO {events} (sequence, event_id, aggregate_type, aggregate_id, event_type,
                      partition_key, payload, payload_version, headers, created_at, available_at)
                  SELECT s, event_id, aggregate_type, aggregate_id, event_type, partition_key,
@@ -219,7 +227,7 @@ impl Queries {
             // and the unnest, and the business transaction 3 % more
             // (BENCHMARKS.md, "The enqueue beside pgq.insert_event").
             enqueue_one: format!(
-                "WITH clock AS MATERIALIZED (SELECT {now} AS at)
+                "WITH clock AS MATERIALIZED (SELECT {now_inline} AS at)
                  INSERT INTO {events} (sequence, event_id, aggregate_type, aggregate_id, event_type,
                      partition_key, payload, payload_version, headers, created_at, available_at)
                  SELECT nextval('{seq}'), $1, $2, $3, $4, $5, $6::jsonb, $7, $8::jsonb,
@@ -237,19 +245,22 @@ impl Queries {
             // With a wake-up attached it also (re)sets relay_waiting, and
             // says whether it had to (then a producer may have read the
             // flag just before: the wake-up looks again shortly).
+            // The flag is a sequence (see the schema): set at once, seen by
+            // every producer's trigger from then on, before this statement
+            // commits.
             probe: format!(
-                "WITH registered AS (
-                     UPDATE {control} SET relay_waiting = TRUE
-                     WHERE $1 AND NOT relay_waiting RETURNING 1
-                 )
-                 SELECT {any}() AS anything, EXISTS (SELECT 1 FROM registered) AS registered",
+                "SELECT {any}() AS anything,
+                     CASE WHEN $1 AND pg_sequence_last_value('{waiting}') IS DISTINCT FROM 1
+                          THEN setval('{waiting}', 1) = 1 ELSE FALSE END AS registered",
                 any = function("anything_to_do"),
             ),
             watch_producers: format!(
                 "SELECT in_flight, anything FROM {}($1)",
                 function("watch_producers")
             ),
-            stop_waiting: format!("UPDATE {control} SET relay_waiting = FALSE WHERE relay_waiting"),
+            stop_waiting: format!(
+                "SELECT setval('{waiting}', 0) WHERE pg_sequence_last_value('{waiting}') = 1"
+            ),
             claim: format!(
                 "SELECT * FROM {}($1, $2, $3 * interval '1 millisecond', $4, $5, $6)",
                 function("claim")
@@ -434,7 +445,7 @@ impl Queries {
                    AND g.position < (SELECT max(position) FROM {cursor_log})"
             ),
             inbox_claim: format!(
-                "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES ($1, $2, {now})
+                "INSERT INTO {inbox} (consumer, event_id, claimed_at) VALUES ($1, $2, {now_inline})
                  ON CONFLICT (consumer, event_id) DO NOTHING"
             ),
             inbox_purge: format!(

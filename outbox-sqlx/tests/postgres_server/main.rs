@@ -232,7 +232,7 @@ async fn nested_enqueues_complete_while_a_relay_waits() {
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let registered: bool = sqlx::query_scalar(&format!(
-                "SELECT relay_waiting FROM {schema}.outbox_control"
+                "SELECT pg_sequence_last_value('{schema}.outbox_relay_waiting') IS NOT DISTINCT FROM 1"
             ))
             .fetch_one(store.pool())
             .await
@@ -313,7 +313,7 @@ async fn a_producer_mid_transaction_when_the_relay_registers_wakes_it_on_commit(
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let registered: bool = sqlx::query_scalar(&format!(
-                "SELECT relay_waiting FROM {schema}.outbox_control"
+                "SELECT pg_sequence_last_value('{schema}.outbox_relay_waiting') IS NOT DISTINCT FROM 1"
             ))
             .fetch_one(store.pool())
             .await

@@ -162,7 +162,7 @@ pub(super) async fn two_phase_producers_prepare_with_notify_off() {
         .spawn(shutdown.clone());
     tokio::time::timeout(Duration::from_secs(10), async {
         while !sqlx::query_scalar::<_, bool>(
-            "SELECT coalesce((SELECT relay_waiting FROM outbox_control), false)",
+            "SELECT pg_sequence_last_value('outbox_relay_waiting') IS NOT DISTINCT FROM 1",
         )
         .fetch_one(&pool)
         .await

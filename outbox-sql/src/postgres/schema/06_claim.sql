@@ -50,7 +50,9 @@ BEGIN
     -- more to make than to run.
     PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     v_now := {{schema}}outbox_now();
-    UPDATE {{schema}}outbox_control SET relay_waiting = FALSE WHERE relay_waiting;
+    IF pg_sequence_last_value('{{schema}}outbox_relay_waiting') = 1 THEN
+        PERFORM setval('{{schema}}outbox_relay_waiting', 0);
+    END IF;
     PERFORM {{schema}}outbox_reap(v_now);
     -- Rows are read by primary key, one lateral probe each, whatever the
     -- planner guesses of an array's length or the table's size (a LIMIT
