@@ -12,6 +12,7 @@ use super::{Queries, SCHEMA_VERSION, migrate_lock_timeout, schema_fingerprint, s
 use crate::config::{Migrated, StoreConfig};
 use crate::enqueue::EnqueueColumns;
 use crate::settle::ClaimRow;
+use crate::validate::{check_event, headers_json};
 
 /// The settings and statements: what runs on a connection the caller
 /// holds (enqueue, an inbox claim, migrate), with no pool of its own.
@@ -76,12 +77,8 @@ impl Statements {
         conn: &mut (impl Exec + ?Sized),
         events: &[NewEvent],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        let columns = EnqueueColumns::checked(events, &self.config, true)?;
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
         if let [event] = events {
-            let headers = columns.headers.into_iter().next().unwrap_or_default();
+            check_event(event, &self.config.limits, true)?;
             let params = vec![
                 Param::Uuid(*event.event_id.as_uuid()),
                 Param::Text(event.aggregate_type.clone()),
@@ -89,12 +86,16 @@ impl Statements {
                 Param::Text(event.event_type.clone()),
                 Param::Text(event.partition_key.clone()),
                 Param::Text(event.payload.as_str().to_owned()),
-                Param::Int(columns.payload_versions[0]),
-                Param::Text(headers),
-                Param::OptBigInt(columns.delays_ms[0]),
+                Param::Int(event.payload_version as i32),
+                Param::Text(headers_json(event)),
+                Param::OptBigInt(self.config.delay_ms(event.available_at)),
             ];
             let rows = conn.fetch(&self.queries.enqueue_one, params).await?;
             return crate::enqueue::outcomes_of_rows(events, &rows);
+        }
+        let columns = EnqueueColumns::checked(events, &self.config, true)?;
+        if events.is_empty() {
+            return Ok(Vec::new());
         }
         let params = vec![
             Param::Uuids(columns.event_ids),
