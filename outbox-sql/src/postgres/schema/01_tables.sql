@@ -27,6 +27,10 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_control (
     clock_shift   INTERVAL NOT NULL DEFAULT '0',
     relay_waiting BOOLEAN NOT NULL DEFAULT FALSE
 );
+-- Its one row is written by the first claim (outbox_tick), not here: a
+-- logical replica's tables made by migrate() stay empty until the
+-- subscription's initial copy brings the primary's row (a row made here
+-- would collide with it, and the copy would retry forever).
 
 -- Whether a relay waits for a NOTIFY: 1 while one does, 0 (or never set)
 -- otherwise. A sequence, not a column: every producer's trigger reads it,
@@ -39,10 +43,6 @@ CREATE TABLE IF NOT EXISTS {{schema}}outbox_control (
 -- the ones they had.
 CREATE SEQUENCE IF NOT EXISTS {{schema}}outbox_relay_waiting MINVALUE 0 MAXVALUE 1 START 0;
 GRANT SELECT, UPDATE ON SEQUENCE {{schema}}outbox_relay_waiting TO PUBLIC;
--- Its one row is written by the first claim (outbox_tick), not here: a
--- logical replica's tables made by migrate() stay empty until the
--- subscription's initial copy brings the primary's row (a row made here
--- would collide with it, and the copy would retry forever).
 
 -- The small functions reading store time and the lease watermarks are
 -- PL/pgSQL, not SQL: a SQL function with a sub-select is not inlined, and
