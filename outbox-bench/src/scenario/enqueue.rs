@@ -86,7 +86,18 @@ pub async fn run(scale: Scale, report: &mut Report) -> Result<(), Error> {
             ));
         }
         // The same ratio as the target's, of this round's medians.
-        rounds.add("ours / PgQ, medians", "ratio", p50[1] / p50[2], false);
+        let at = |name: &str| {
+            p50[contenders
+                .iter()
+                .position(|c| *c == name)
+                .expect("a contender")]
+        };
+        rounds.add(
+            "ours / PgQ, medians",
+            "ratio",
+            at(UPDATE_EVENT) / at(UPDATE_PGQ),
+            false,
+        );
         let written: i64 = sqlx::query_scalar("SELECT count(*) FROM bench_events")
             .fetch_one(&pool)
             .await?;

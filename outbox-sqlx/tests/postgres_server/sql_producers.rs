@@ -210,3 +210,76 @@ pub(super) async fn two_phase_producers_prepare_with_notify_off() {
     shutdown.cancel();
     relay.await.unwrap().unwrap();
 }
+
+/// A producer whose role holds only what the enqueue itself touches (the
+/// events table, its sequence, the control row store time is read from)
+/// enqueues, and its commit wakes a waiting relay: `migrate()` grants the
+/// wake-up flag to every role, so the flag asked no team for a new grant.
+/// A relay's role may set it back the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+pub(super) async fn a_producer_role_with_only_the_tables_grants_enqueues_and_wakes_the_relay() {
+    let (store, schema) = shared_store(ManualClock::at_epoch()).await;
+    let role = format!("{schema}_producer");
+    sqlx::raw_sql(&format!(
+        "CREATE ROLE {role} NOLOGIN;
+         GRANT USAGE ON SCHEMA {schema} TO {role};
+         GRANT INSERT, SELECT ON {schema}.outbox_events TO {role};
+         GRANT USAGE ON SEQUENCE {schema}.outbox_events_seq TO {role};
+         GRANT SELECT ON {schema}.outbox_control TO {role};"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .unwrap();
+    listener.listen(store.channel()).await.unwrap();
+    // A relay waits: what its idle probe leaves behind.
+    let flag = format!("{schema}.outbox_relay_waiting");
+    sqlx::query(&format!("SELECT setval('{flag}', 1)"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    let mut producer = store.pool().begin().await.unwrap();
+    sqlx::query(&format!("SET LOCAL ROLE {role}"))
+        .execute(&mut *producer)
+        .await
+        .unwrap();
+    let enqueued = store.enqueue(&mut producer, &[event("a", 1)]).await;
+    producer.commit().await.unwrap();
+    let cleared = async {
+        let mut relay = store.pool().begin().await.unwrap();
+        sqlx::query(&format!("SET LOCAL ROLE {role}"))
+            .execute(&mut *relay)
+            .await
+            .unwrap();
+        let cleared = sqlx::query(&format!("SELECT setval('{flag}', 0)"))
+            .execute(&mut *relay)
+            .await;
+        relay.rollback().await.unwrap();
+        cleared
+    }
+    .await;
+    let woken = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await;
+    sqlx::raw_sql(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+
+    assert!(
+        matches!(
+            enqueued.expect("the producer's role enqueues")[..],
+            [outbox_core::store::EnqueueOutcome::Inserted { .. }]
+        ),
+        "one new row"
+    );
+    assert_eq!(
+        woken
+            .expect("the producer's commit notified the waiting relay")
+            .unwrap()
+            .payload(),
+        ""
+    );
+    cleared.expect("a role without grants on the flag sets it back");
+}
